@@ -1,0 +1,368 @@
+//! YAML text to [`DomainConfig`], with envoyproxy/ratelimit's checks in its order:
+//! parse, then a walk over every map key, then field types and rule semantics.
+
+use std::collections::{BTreeMap, HashSet};
+
+use serde::Deserialize;
+use yaml_serde::{Mapping, Value};
+
+use super::{
+    ConfigError, ConfigErrorKind, DescriptorRule, DomainConfig, Limit, Metadata, RateLimitRule,
+};
+use crate::unit::{Unit, Window};
+
+/// Every field name the schema knows, at any depth (envoyproxy/ratelimit checks one flat
+/// list, so a known field in the wrong place is ignored rather than rejected).
+const KNOWN_KEYS: [&str; 16] = [
+    "domain",
+    "key",
+    "value",
+    "descriptors",
+    "rate_limit",
+    "unit",
+    "requests_per_unit",
+    "unlimited",
+    "shadow_mode",
+    "quota_mode",
+    "name",
+    "replaces",
+    "detailed_metric",
+    "value_to_metric",
+    "share_threshold",
+    "metadata",
+];
+
+/// Parses and validates one file.
+pub(super) fn decode_file(file: &str, text: &str) -> Result<DomainConfig, ConfigError> {
+    let root = parse_first_document(file, text)?;
+    let cx = Cx { file };
+    cx.check_keys(&root, &mut String::new())?;
+    let root = match &root {
+        Value::Null => &Mapping::new(),
+        Value::Mapping(map) => map,
+        other => return Err(cx.wrong_type("", "a map with 'domain' and 'descriptors'", other)),
+    };
+    let domain = cx.string_field(root, "domain", "")?.unwrap_or_default();
+    if domain.is_empty() {
+        return Err(cx.error("domain", ConfigErrorKind::EmptyDomain));
+    }
+    let descriptors = cx.rules(root, "", &format!("{domain}."))?;
+    Ok(DomainConfig {
+        domain,
+        descriptors,
+    })
+}
+
+/// The key envoyproxy/ratelimit uses to detect duplicates: `domain.parent_value.key_value`.
+pub(super) fn composite_key(domain: &str, parents: &str, rule: &DescriptorRule) -> String {
+    let mut key = if parents.is_empty() {
+        format!("{domain}.")
+    } else {
+        parents.to_owned()
+    };
+    key.push_str(&rule.key);
+    if let Some(value) = &rule.value {
+        key.push('_');
+        key.push_str(value);
+    }
+    key
+}
+
+/// Only the first YAML document of a file is read, as envoyproxy/ratelimit does.
+fn parse_first_document(file: &str, text: &str) -> Result<Value, ConfigError> {
+    let Some(document) = yaml_serde::Deserializer::from_str(text).next() else {
+        return Ok(Value::Null);
+    };
+    Value::deserialize(document).map_err(|e| {
+        let mut error = ConfigError::new(file, "", ConfigErrorKind::Yaml(e.to_string()));
+        error.location = e.location().map(|l| (l.line(), l.column()));
+        error
+    })
+}
+
+struct Cx<'a> {
+    file: &'a str,
+}
+
+impl Cx<'_> {
+    fn error(&self, path: &str, kind: ConfigErrorKind) -> ConfigError {
+        ConfigError::new(self.file, path, kind)
+    }
+
+    fn wrong_type(&self, path: &str, expected: &'static str, found: &Value) -> ConfigError {
+        self.error(
+            path,
+            ConfigErrorKind::WrongType {
+                expected,
+                found: describe(found),
+            },
+        )
+    }
+
+    /// The first pass: map keys must be known strings, lists must hold maps, and leaves
+    /// must be strings, integers, booleans or null. `metadata` is free-form.
+    fn check_keys(&self, value: &Value, path: &mut String) -> Result<(), ConfigError> {
+        match value {
+            Value::Mapping(map) => {
+                for (key, child) in map {
+                    let Value::String(key) = key else {
+                        return Err(self.error(path, ConfigErrorKind::NonStringKey(describe(key))));
+                    };
+                    let len = path.len();
+                    if !path.is_empty() {
+                        path.push('.');
+                    }
+                    path.push_str(key);
+                    if !KNOWN_KEYS.contains(&key.as_str()) {
+                        return Err(self.error(path, ConfigErrorKind::UnknownKey(key.clone())));
+                    }
+                    if key != "metadata" {
+                        self.check_keys(child, path)?;
+                    }
+                    path.truncate(len);
+                }
+                Ok(())
+            }
+            Value::Sequence(items) => {
+                for (index, item) in items.iter().enumerate() {
+                    let len = path.len();
+                    path.push_str(&format!("[{index}]"));
+                    if !matches!(item, Value::Mapping(_)) {
+                        return Err(self.error(path, ConfigErrorKind::ListOfNonMap(describe(item))));
+                    }
+                    self.check_keys(item, path)?;
+                    path.truncate(len);
+                }
+                Ok(())
+            }
+            Value::Number(n) if n.is_f64() => {
+                Err(self.error(path, ConfigErrorKind::UnsupportedValue("float")))
+            }
+            Value::Tagged(_) => Err(self.error(path, ConfigErrorKind::UnsupportedValue("tagged"))),
+            Value::Null | Value::Bool(_) | Value::Number(_) | Value::String(_) => Ok(()),
+        }
+    }
+
+    fn rules(
+        &self,
+        map: &Mapping,
+        path: &str,
+        parents: &str,
+    ) -> Result<Vec<DescriptorRule>, ConfigError> {
+        let path = join(path, "descriptors");
+        let items = match map.get("descriptors") {
+            None | Some(Value::Null) => return Ok(Vec::new()),
+            Some(Value::Sequence(items)) => items,
+            Some(other) => return Err(self.wrong_type(&path, "a list of descriptors", other)),
+        };
+        let mut seen = HashSet::new();
+        let mut rules = Vec::with_capacity(items.len());
+        for (index, item) in items.iter().enumerate() {
+            let path = format!("{path}[{index}]");
+            let Value::Mapping(item) = item else {
+                return Err(self.error(&path, ConfigErrorKind::ListOfNonMap(describe(item))));
+            };
+            rules.push(self.rule(item, &path, parents, &mut seen)?);
+        }
+        Ok(rules)
+    }
+
+    fn rule(
+        &self,
+        map: &Mapping,
+        path: &str,
+        parents: &str,
+        seen: &mut HashSet<String>,
+    ) -> Result<DescriptorRule, ConfigError> {
+        let key = self.string_field(map, "key", path)?.unwrap_or_default();
+        let value = self
+            .string_field(map, "value", path)?
+            .filter(|v| !v.is_empty());
+        let mut rule = DescriptorRule {
+            key,
+            value,
+            rate_limit: None,
+            shadow_mode: self.bool_field(map, "shadow_mode", path)?,
+            quota_mode: self.bool_field(map, "quota_mode", path)?,
+            detailed_metric: self.bool_field(map, "detailed_metric", path)?,
+            value_to_metric: self.bool_field(map, "value_to_metric", path)?,
+            share_threshold: self.bool_field(map, "share_threshold", path)?,
+            metadata: None,
+            descriptors: Vec::new(),
+        };
+        if rule.key.is_empty() {
+            return Err(self.error(&join(path, "key"), ConfigErrorKind::EmptyKey));
+        }
+        let composite = composite_key("", parents, &rule);
+        if !seen.insert(composite.clone()) {
+            return Err(self.error(path, ConfigErrorKind::DuplicateKey(composite)));
+        }
+        rule.rate_limit = self.rate_limit(map, path)?;
+        if rule.share_threshold && !rule.value.as_deref().is_some_and(|v| v.contains('*')) {
+            let shown = match &rule.value {
+                Some(value) => format!("{}_{value}", rule.key),
+                None => rule.key.clone(),
+            };
+            return Err(self.error(
+                &join(path, "share_threshold"),
+                ConfigErrorKind::ShareThresholdWithoutWildcard(shown),
+            ));
+        }
+        if let Some(metadata) = map.get("metadata") {
+            rule.metadata =
+                Some(metadata_value(metadata).map_err(|m| {
+                    self.error(&join(path, "metadata"), ConfigErrorKind::Metadata(m))
+                })?);
+        }
+        rule.descriptors = self.rules(map, path, &format!("{composite}."))?;
+        Ok(rule)
+    }
+
+    fn rate_limit(&self, map: &Mapping, path: &str) -> Result<Option<RateLimitRule>, ConfigError> {
+        let path = join(path, "rate_limit");
+        let block = match map.get("rate_limit") {
+            None | Some(Value::Null) => return Ok(None),
+            Some(Value::Mapping(block)) => block,
+            Some(other) => return Err(self.wrong_type(&path, "a rate_limit map", other)),
+        };
+        let unit_name = self.string_field(block, "unit", &path)?.unwrap_or_default();
+        let requests_per_unit = self.u32_field(block, "requests_per_unit", &path)?;
+        let unlimited = self.bool_field(block, "unlimited", &path)?;
+        let name = self
+            .string_field(block, "name", &path)?
+            .filter(|n| !n.is_empty());
+        let unit = Unit::parse(&unit_name);
+        let limit = match (unlimited, unit) {
+            (true, Some(_)) => {
+                return Err(self.error(&join(&path, "unit"), ConfigErrorKind::UnlimitedWithUnit));
+            }
+            (true, None) => Limit::Unlimited,
+            (false, Some(unit)) => Limit::Fixed {
+                window: Window::of(unit),
+                requests_per_unit,
+            },
+            (false, None) => {
+                return Err(self.error(
+                    &join(&path, "unit"),
+                    ConfigErrorKind::InvalidUnit(unit_name),
+                ));
+            }
+        };
+        let replaces = self.replaces(block, &path, name.as_deref())?;
+        Ok(Some(RateLimitRule {
+            limit,
+            name,
+            replaces,
+        }))
+    }
+
+    fn replaces(
+        &self,
+        block: &Mapping,
+        path: &str,
+        own_name: Option<&str>,
+    ) -> Result<Vec<String>, ConfigError> {
+        let path = join(path, "replaces");
+        let items = match block.get("replaces") {
+            None | Some(Value::Null) => return Ok(Vec::new()),
+            Some(Value::Sequence(items)) => items,
+            Some(other) => return Err(self.wrong_type(&path, "a list of {name: ...} maps", other)),
+        };
+        let mut names = Vec::with_capacity(items.len());
+        for (index, item) in items.iter().enumerate() {
+            let path = format!("{path}[{index}]");
+            let Value::Mapping(item) = item else {
+                return Err(self.error(&path, ConfigErrorKind::ListOfNonMap(describe(item))));
+            };
+            let name = self.string_field(item, "name", &path)?.unwrap_or_default();
+            if name.is_empty() {
+                return Err(self.error(&path, ConfigErrorKind::EmptyReplaces));
+            }
+            if Some(name.as_str()) == own_name {
+                return Err(self.error(&path, ConfigErrorKind::ReplacesSelf));
+            }
+            names.push(name);
+        }
+        Ok(names)
+    }
+
+    /// Strings, and scalars written without quotes (`key: 123`), as the YAML decoder of
+    /// envoyproxy/ratelimit reads them. Null or absent is `None`.
+    fn string_field(
+        &self,
+        map: &Mapping,
+        field: &str,
+        path: &str,
+    ) -> Result<Option<String>, ConfigError> {
+        match map.get(field) {
+            None | Some(Value::Null) => Ok(None),
+            Some(Value::String(s)) => Ok(Some(s.clone())),
+            Some(Value::Number(n)) => Ok(Some(n.to_string())),
+            Some(Value::Bool(b)) => Ok(Some(b.to_string())),
+            Some(other) => Err(self.wrong_type(&join(path, field), "string", other)),
+        }
+    }
+
+    fn bool_field(&self, map: &Mapping, field: &str, path: &str) -> Result<bool, ConfigError> {
+        match map.get(field) {
+            None | Some(Value::Null) => Ok(false),
+            Some(Value::Bool(b)) => Ok(*b),
+            Some(other) => Err(self.wrong_type(&join(path, field), "bool", other)),
+        }
+    }
+
+    fn u32_field(&self, map: &Mapping, field: &str, path: &str) -> Result<u32, ConfigError> {
+        match map.get(field) {
+            None | Some(Value::Null) => Ok(0),
+            Some(value @ Value::Number(n)) => n
+                .as_u64()
+                .and_then(|n| u32::try_from(n).ok())
+                .ok_or_else(|| self.wrong_type(&join(path, field), "uint32", value)),
+            Some(other) => Err(self.wrong_type(&join(path, field), "uint32", other)),
+        }
+    }
+}
+
+fn join(path: &str, field: &str) -> String {
+    if path.is_empty() {
+        field.to_owned()
+    } else {
+        format!("{path}.{field}")
+    }
+}
+
+/// A short rendering of a YAML value for messages: scalars as written, containers by kind.
+fn describe(value: &Value) -> String {
+    match value {
+        Value::Null => "null".to_owned(),
+        Value::Bool(b) => b.to_string(),
+        Value::Number(n) => n.to_string(),
+        Value::String(s) => s.clone(),
+        Value::Sequence(_) => "a list".to_owned(),
+        Value::Mapping(_) => "a map".to_owned(),
+        Value::Tagged(t) => format!("a value tagged {}", t.tag),
+    }
+}
+
+fn metadata_value(value: &Value) -> Result<Metadata, String> {
+    Ok(match value {
+        Value::Null => Metadata::Null,
+        Value::Bool(b) => Metadata::Bool(*b),
+        Value::Number(n) => Metadata::Number(n.as_f64().unwrap_or_default()),
+        Value::String(s) => Metadata::String(s.clone()),
+        Value::Sequence(items) => {
+            Metadata::List(items.iter().map(metadata_value).collect::<Result<_, _>>()?)
+        }
+        Value::Mapping(map) => {
+            let mut out = BTreeMap::new();
+            for (key, child) in map {
+                let Value::String(key) = key else {
+                    return Err(format!("key {} is not a string", describe(key)));
+                };
+                out.insert(key.clone(), metadata_value(child)?);
+            }
+            Metadata::Map(out)
+        }
+        Value::Tagged(t) => return Err(format!("tagged value {} has no Struct form", t.tag)),
+    })
+}

@@ -1,0 +1,156 @@
+//! Rate-limit configuration: the YAML schema of envoyproxy/ratelimit, loaded and validated.
+
+mod decode;
+mod error;
+
+use std::collections::BTreeMap;
+
+pub use error::{ConfigError, ConfigErrorKind};
+
+use crate::unit::Window;
+
+/// A validated set of domains, ready to be compiled by [`crate::Limiter`].
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Config {
+    domains: Vec<DomainConfig>,
+}
+
+/// The rules of one domain.
+#[derive(Clone, Debug, PartialEq)]
+pub struct DomainConfig {
+    /// The domain name requests refer to.
+    pub domain: String,
+    /// Top-level descriptor rules, in file order.
+    pub descriptors: Vec<DescriptorRule>,
+}
+
+/// One entry of a `descriptors` list.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct DescriptorRule {
+    /// The descriptor key this rule matches.
+    pub key: String,
+    /// The value it matches; `None` matches any value (each value counted on its own).
+    /// May hold `*` wildcards.
+    pub value: Option<String>,
+    /// The limit; `None` with no children whitelists the descriptor.
+    pub rate_limit: Option<RateLimitRule>,
+    /// Over-limit results of this rule are reported but answered `OK`.
+    pub shadow_mode: bool,
+    /// This rule takes part in quota mode (see [`crate::Settings::quota_mode`]).
+    pub quota_mode: bool,
+    /// Statistics are kept per runtime value of every entry.
+    pub detailed_metric: bool,
+    /// Statistics include the runtime value of this entry.
+    pub value_to_metric: bool,
+    /// All values matching the wildcard share one counter.
+    pub share_threshold: bool,
+    /// Free-form metadata attached to the rule.
+    pub metadata: Option<Metadata>,
+    /// Rules for the next entry of the descriptor.
+    pub descriptors: Vec<DescriptorRule>,
+}
+
+/// A `rate_limit` block.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RateLimitRule {
+    /// What the rule allows.
+    pub limit: Limit,
+    /// Name another rule can replace; also reported in `current_limit.name`.
+    pub name: Option<String>,
+    /// Names of the limits this rule replaces when both match one request.
+    pub replaces: Vec<String>,
+}
+
+/// The allowance of a rule.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Limit {
+    /// `unlimited: true`: never counted, always `OK`.
+    Unlimited,
+    /// `requests_per_unit` hits per fixed window; 0 blocks everything.
+    Fixed {
+        /// The window the hits are counted in.
+        window: Window,
+        /// Hits allowed per window.
+        requests_per_unit: u32,
+    },
+}
+
+/// Rule metadata, shaped like a protobuf `Struct` value.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Metadata {
+    /// `null`.
+    Null,
+    /// A boolean.
+    Bool(bool),
+    /// Any number (protobuf `Struct` numbers are doubles).
+    Number(f64),
+    /// A string.
+    String(String),
+    /// A list.
+    List(Vec<Metadata>),
+    /// A map with string keys.
+    Map(BTreeMap<String, Metadata>),
+}
+
+impl Config {
+    /// Loads YAML files given as `(name, text)` pairs, in the order given.
+    ///
+    /// With `merge_domains` false a domain may appear in one file only (envoyproxy/ratelimit's
+    /// default); with it true, the descriptors of files sharing a domain are concatenated and
+    /// must still be unique. The whole set is rejected on the first error.
+    pub fn from_files<I, N, T>(files: I, merge_domains: bool) -> Result<Config, ConfigError>
+    where
+        I: IntoIterator<Item = (N, T)>,
+        N: AsRef<str>,
+        T: AsRef<str>,
+    {
+        let mut config = Config::default();
+        let mut top_keys: Vec<std::collections::HashSet<String>> = Vec::new();
+        for (name, text) in files {
+            let name = name.as_ref();
+            let file = decode::decode_file(name, text.as_ref())?;
+            match config.domains.iter().position(|d| d.domain == file.domain) {
+                Some(_) if !merge_domains => {
+                    return Err(ConfigError::new(
+                        name,
+                        "domain",
+                        ConfigErrorKind::DuplicateDomain(file.domain),
+                    ));
+                }
+                Some(i) => {
+                    for (index, rule) in file.descriptors.iter().enumerate() {
+                        let composite = decode::composite_key(&file.domain, "", rule);
+                        if !top_keys[i].insert(composite.clone()) {
+                            return Err(ConfigError::new(
+                                name,
+                                &format!("descriptors[{index}]"),
+                                ConfigErrorKind::DuplicateKey(composite),
+                            ));
+                        }
+                    }
+                    config.domains[i].descriptors.extend(file.descriptors);
+                }
+                None => {
+                    top_keys.push(
+                        file.descriptors
+                            .iter()
+                            .map(|rule| decode::composite_key(&file.domain, "", rule))
+                            .collect(),
+                    );
+                    config.domains.push(file);
+                }
+            }
+        }
+        Ok(config)
+    }
+
+    /// Loads one YAML file.
+    pub fn from_yaml(name: &str, text: &str) -> Result<Config, ConfigError> {
+        Config::from_files([(name, text)], false)
+    }
+
+    /// The domains, in the order their first file was given.
+    pub fn domains(&self) -> &[DomainConfig] {
+        &self.domains
+    }
+}

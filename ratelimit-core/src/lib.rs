@@ -1,0 +1,56 @@
+//! A rate-limit engine that reads envoyproxy/ratelimit's YAML rules and decides requests
+//! the way that service does, without doing any I/O.
+//!
+//! Time is passed in as unix seconds; nothing here reads a clock, opens a file or a
+//! socket, or spawns a task, so the same engine runs in a server, in a proxy-wasm filter
+//! and inside any Rust program.
+//!
+//! ```
+//! use ratelimit_core::{Code, Config, Descriptor, Limiter, MemoryStore, Request, Settings};
+//!
+//! let config = Config::from_yaml(
+//!     "api.yaml",
+//!     "domain: api\ndescriptors:\n  - key: user\n    rate_limit: {unit: minute, requests_per_unit: 2}\n",
+//! )?;
+//! let limiter = Limiter::new(&config, Settings::default());
+//! let store = MemoryStore::default();
+//! let request = Request::new("api", vec![Descriptor::new([("user", "alice")])]);
+//!
+//! let now = 1_700_000_000;
+//! let codes: Vec<Code> = (0..3)
+//!     .map(|_| limiter.should_rate_limit(&request, &store, now).unwrap().overall_code)
+//!     .collect();
+//! assert_eq!(codes, [Code::Ok, Code::Ok, Code::OverLimit]);
+//!
+//! // A minute later the window has rolled over.
+//! let later = limiter.should_rate_limit(&request, &store, now + 60)?;
+//! assert_eq!(later.statuses[0].limit_remaining, 1);
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
+//! For a remote counter store, [`Limiter::plan`] lists the counters a request adds to
+//! ([`Plan::increments`]); run them in one round trip and pass the totals to
+//! [`Plan::decide`].
+#![warn(missing_docs)]
+
+pub mod config;
+mod limiter;
+mod memory;
+mod plan;
+mod request;
+mod response;
+mod rules;
+pub mod stats;
+mod store;
+mod unit;
+mod wildcard;
+
+pub use config::{Config, ConfigError, ConfigErrorKind};
+pub use limiter::{Limiter, Settings};
+pub use memory::{MemoryStore, MemoryUsage};
+pub use plan::{Increment, Plan};
+pub use request::{Descriptor, Entry, LimitOverride, Request, RequestError};
+pub use response::{Code, CurrentLimit, DescriptorStatus, RateLimitHeaders, Response};
+pub use store::CounterStore;
+pub use unit::{Unit, Window};
+pub use wildcard::Pattern;

@@ -1,0 +1,173 @@
+//! The entry point: compiled rules, global settings and statistics.
+
+use std::sync::Arc;
+
+use arc_swap::ArcSwapOption;
+
+use crate::config::Config;
+use crate::plan::Plan;
+use crate::request::{Request, RequestError};
+use crate::response::Response;
+use crate::rules::RuleSet;
+use crate::stats::{Counter, StatsRegistry};
+use crate::store::CounterStore;
+
+/// Settings that apply to every request (envoyproxy/ratelimit's environment variables of
+/// the same names).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Settings {
+    /// `NEAR_LIMIT_RATIO`: share of the limit above which hits count as `near_limit`.
+    pub near_limit_ratio: f32,
+    /// `CACHE_KEY_PREFIX`: prepended to every counter key.
+    pub cache_key_prefix: String,
+    /// `STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT`: when some descriptor of a request would
+    /// go over its limit, leave the counters of the others alone.
+    pub stop_cache_key_increment_when_overlimit: bool,
+    /// `SHADOW_MODE`: answer `OK` overall even when over limit (statuses keep the truth).
+    pub shadow_mode: bool,
+    /// `QUOTA_MODE`: every descriptor is a quota; the request is over limit only when
+    /// all of them are.
+    pub quota_mode: bool,
+}
+
+impl Default for Settings {
+    fn default() -> Settings {
+        Settings {
+            near_limit_ratio: 0.8,
+            cache_key_prefix: String::new(),
+            stop_cache_key_increment_when_overlimit: false,
+            shadow_mode: false,
+            quota_mode: false,
+        }
+    }
+}
+
+/// Decides rate-limit requests against a configuration that can be replaced at any time.
+///
+/// Requests in flight during [`Limiter::set_config`] finish with the configuration they
+/// started with. Statistics live in the limiter's [`StatsRegistry`] and survive reloads.
+#[derive(Debug)]
+pub struct Limiter {
+    settings: Settings,
+    stats: Arc<StatsRegistry>,
+    global_shadow: Arc<Counter>,
+    engine: ArcSwapOption<Engine>,
+}
+
+/// One configuration, compiled, with what deciding needs next to it.
+#[derive(Debug)]
+pub(crate) struct Engine {
+    pub rules: RuleSet,
+    pub settings: Settings,
+    pub stats: Arc<StatsRegistry>,
+    pub global_shadow: Arc<Counter>,
+}
+
+impl Limiter {
+    /// A limiter serving `config`.
+    pub fn new(config: &Config, settings: Settings) -> Limiter {
+        let limiter = Limiter::without_config(settings);
+        limiter.set_config(config);
+        limiter
+    }
+
+    /// A limiter with no configuration yet: every request fails with
+    /// [`RequestError::NoConfiguration`] until [`Limiter::set_config`].
+    pub fn without_config(settings: Settings) -> Limiter {
+        let stats = Arc::new(StatsRegistry::default());
+        Limiter {
+            global_shadow: stats.counter("ratelimit.service.global_shadow_mode"),
+            settings,
+            stats,
+            engine: ArcSwapOption::empty(),
+        }
+    }
+
+    /// Replaces the configuration atomically.
+    pub fn set_config(&self, config: &Config) {
+        let engine = Engine {
+            rules: RuleSet::compile(config, &self.stats),
+            settings: self.settings.clone(),
+            stats: Arc::clone(&self.stats),
+            global_shadow: Arc::clone(&self.global_shadow),
+        };
+        self.engine.store(Some(Arc::new(engine)));
+    }
+
+    /// Whether a configuration was loaded.
+    pub fn has_config(&self) -> bool {
+        self.engine.load().is_some()
+    }
+
+    /// The settings given at construction.
+    pub fn settings(&self) -> &Settings {
+        &self.settings
+    }
+
+    /// The statistics of every rule, and any counters the caller adds.
+    pub fn stats(&self) -> &Arc<StatsRegistry> {
+        &self.stats
+    }
+
+    /// The loaded rules, one line per limited rule, as envoyproxy/ratelimit's `/rlconfig`
+    /// prints them: `<domain>.<key>_<value>: unit=MINUTE requests_per_unit=5, shadow_mode: false, quota_mode: false`.
+    pub fn describe(&self) -> String {
+        self.engine
+            .load()
+            .as_ref()
+            .map(|e| e.rules.describe())
+            .unwrap_or_default()
+    }
+
+    /// Plans `request` at `now` (unix seconds) for a remote counter store.
+    pub fn plan(&self, request: &Request, now: u64) -> Result<Plan, RequestError> {
+        let engine = self
+            .engine
+            .load_full()
+            .ok_or(RequestError::NoConfiguration)?;
+        check(request)?;
+        let body = engine.plan_body(request, now);
+        Ok(Plan { engine, body })
+    }
+
+    /// Decides `request` at `now` (unix seconds) against counters in `store`.
+    pub fn should_rate_limit<S>(
+        &self,
+        request: &Request,
+        store: &S,
+        now: u64,
+    ) -> Result<Response, RequestError>
+    where
+        S: CounterStore + ?Sized,
+    {
+        let guard = self.engine.load();
+        let engine = guard.as_ref().ok_or(RequestError::NoConfiguration)?;
+        check(request)?;
+        let mut body = engine.plan_body(request, now);
+        if engine.settings.stop_cache_key_increment_when_overlimit && !body.increments().is_empty()
+        {
+            let current: Vec<u64> = body
+                .increments()
+                .iter()
+                .map(|i| store.get(&i.key, now))
+                .collect();
+            body.apply_current(engine, &current);
+        }
+        let counts: Vec<u64> = body
+            .increments()
+            .iter()
+            .map(|i| store.increment(&i.key, i.hits, i.window_end, now))
+            .collect();
+        Ok(body.decide(engine, &counts))
+    }
+}
+
+fn check(request: &Request) -> Result<(), RequestError> {
+    if request.domain.is_empty() {
+        return Err(RequestError::EmptyDomain);
+    }
+    if request.descriptors.is_empty() {
+        return Err(RequestError::NoDescriptors);
+    }
+    Ok(())
+}

@@ -1,0 +1,246 @@
+//! The embedded counter store.
+
+use std::collections::HashMap;
+use std::hash::BuildHasher;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};
+
+use foldhash::fast::RandomState;
+
+use crate::store::CounterStore;
+
+const SHARDS: usize = 64;
+/// Bytes a counter costs beyond its key: the slot, the boxed key's pointer and length, and
+/// the hash table's control byte, rounded up.
+const COUNTER_OVERHEAD: usize = 48;
+/// How many counters an eviction looks at to pick the one whose window ends first.
+const EVICTION_SAMPLE: usize = 8;
+
+/// Sharded fixed-window counters in this process's memory.
+///
+/// Lookups of existing counters take a shard's read lock and an atomic add, so two cores
+/// rarely wait on each other. Counters whose window has ended are removed as new ones are
+/// created, and the number of counters is capped: when a shard is full, the counter whose
+/// window ends soonest among a small sample is evicted (and counted in
+/// [`MemoryUsage::evictions`]).
+#[derive(Debug)]
+pub struct MemoryStore {
+    shards: Box<[Shard]>,
+    hasher: RandomState,
+    max_per_shard: usize,
+    evictions: AtomicU64,
+}
+
+/// How much a [`MemoryStore`] holds.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct MemoryUsage {
+    /// Live and not yet reclaimed counters.
+    pub counters: usize,
+    /// Approximate bytes held by them.
+    pub bytes: usize,
+    /// Counters evicted because the store was full.
+    pub evictions: u64,
+}
+
+#[derive(Debug, Default)]
+#[repr(align(64))]
+struct Shard(RwLock<ShardMap>);
+
+#[derive(Debug, Default)]
+struct ShardMap {
+    counters: HashMap<Box<str>, Slot, RandomState>,
+    /// The earliest window end among the counters: nothing expires before it.
+    next_expiry: u64,
+    bytes: usize,
+}
+
+#[derive(Debug)]
+struct Slot {
+    count: AtomicU64,
+    window_end: u64,
+}
+
+impl MemoryStore {
+    /// A store holding at most about `max_counters` counters (at least one per shard).
+    pub fn new(max_counters: usize) -> MemoryStore {
+        MemoryStore {
+            shards: (0..SHARDS).map(|_| Shard::default()).collect(),
+            hasher: RandomState::default(),
+            max_per_shard: max_counters.div_ceil(SHARDS).max(1),
+            evictions: AtomicU64::new(0),
+        }
+    }
+
+    /// Counters, bytes and evictions right now.
+    pub fn usage(&self) -> MemoryUsage {
+        let mut usage = MemoryUsage {
+            evictions: self.evictions.load(Ordering::Relaxed),
+            ..MemoryUsage::default()
+        };
+        for shard in self.shards.iter() {
+            let map = shard.read();
+            usage.counters += map.counters.len();
+            usage.bytes += map.bytes;
+        }
+        usage
+    }
+
+    fn shard(&self, key: &str) -> &Shard {
+        let hash = self.hasher.hash_one(key);
+        // High bits: the map inside the shard uses the low ones of its own hash.
+        &self.shards[(hash >> 58) as usize % SHARDS]
+    }
+}
+
+impl Default for MemoryStore {
+    /// A store capped at one million counters (roughly 100 MB with typical keys).
+    fn default() -> MemoryStore {
+        MemoryStore::new(1 << 20)
+    }
+}
+
+impl CounterStore for MemoryStore {
+    fn increment(&self, key: &str, hits: u64, window_end: u64, now: u64) -> u64 {
+        let shard = self.shard(key);
+        if let Some(slot) = shard.read().counters.get(key) {
+            return slot.count.fetch_add(hits, Ordering::Relaxed) + hits;
+        }
+        let mut map = shard.write();
+        if let Some(slot) = map.counters.get(key) {
+            return slot.count.fetch_add(hits, Ordering::Relaxed) + hits;
+        }
+        if now >= map.next_expiry {
+            map.remove_expired(now);
+        }
+        if map.counters.len() >= self.max_per_shard {
+            map.evict_one();
+            self.evictions.fetch_add(1, Ordering::Relaxed);
+        }
+        if map.counters.is_empty() || window_end < map.next_expiry {
+            map.next_expiry = window_end;
+        }
+        map.bytes += key.len() + COUNTER_OVERHEAD;
+        map.counters.insert(
+            key.into(),
+            Slot {
+                count: AtomicU64::new(hits),
+                window_end,
+            },
+        );
+        hits
+    }
+
+    fn get(&self, key: &str, now: u64) -> u64 {
+        self.shard(key)
+            .read()
+            .counters
+            .get(key)
+            .filter(|slot| slot.window_end > now)
+            .map_or(0, |slot| slot.count.load(Ordering::Relaxed))
+    }
+}
+
+impl Shard {
+    fn read(&self) -> RwLockReadGuard<'_, ShardMap> {
+        self.0
+            .read()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    fn write(&self) -> RwLockWriteGuard<'_, ShardMap> {
+        self.0
+            .write()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
+
+impl ShardMap {
+    fn remove_expired(&mut self, now: u64) {
+        let mut freed = 0;
+        let mut next = u64::MAX;
+        self.counters.retain(|key, slot| {
+            let live = slot.window_end > now;
+            if live {
+                next = next.min(slot.window_end);
+            } else {
+                freed += key.len() + COUNTER_OVERHEAD;
+            }
+            live
+        });
+        self.bytes -= freed;
+        self.next_expiry = next;
+    }
+
+    fn evict_one(&mut self) {
+        let victim = self
+            .counters
+            .iter()
+            .take(EVICTION_SAMPLE)
+            .min_by_key(|(_, slot)| slot.window_end)
+            .map(|(key, _)| key.clone());
+        if let Some(key) = victim {
+            self.counters.remove(&key);
+            self.bytes -= key.len() + COUNTER_OVERHEAD;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counts_per_key_and_reads_back() {
+        let store = MemoryStore::new(100);
+        assert_eq!(store.increment("a_60", 1, 120, 61), 1);
+        assert_eq!(store.increment("a_60", 2, 120, 62), 3);
+        assert_eq!(store.increment("b_60", 5, 120, 62), 5);
+        assert_eq!(store.get("a_60", 63), 3);
+        assert_eq!(store.get("missing", 63), 0);
+        assert_eq!(store.get("a_60", 120), 0, "an ended window reads as zero");
+    }
+
+    #[test]
+    fn ended_windows_are_reclaimed_when_new_counters_arrive() {
+        let store = MemoryStore::new(10_000);
+        for i in 0..1_000 {
+            store.increment(&format!("k{i}_0"), 1, 60, 10);
+        }
+        assert_eq!(store.usage().counters, 1_000);
+        let full = store.usage().bytes;
+        assert!(full >= 1_000 * COUNTER_OVERHEAD);
+        // A later window: each shard sweeps on its first insert after the old windows end.
+        for i in 0..1_000 {
+            store.increment(&format!("k{i}_60"), 1, 120, 70);
+        }
+        let usage = store.usage();
+        assert_eq!(usage.counters, 1_000, "old windows were dropped");
+        assert_eq!(usage.evictions, 0);
+    }
+
+    #[test]
+    fn memory_is_capped_by_evicting() {
+        let store = MemoryStore::new(SHARDS * 4);
+        for i in 0..10_000 {
+            store.increment(&format!("key-{i}"), 1, 1_000 + i, 0);
+        }
+        let usage = store.usage();
+        assert!(usage.counters <= SHARDS * 4, "{usage:?}");
+        assert_eq!(usage.evictions, 10_000 - usage.counters as u64);
+    }
+
+    #[test]
+    fn concurrent_increments_are_never_lost() {
+        let store = MemoryStore::new(1_000);
+        std::thread::scope(|s| {
+            for _ in 0..4 {
+                s.spawn(|| {
+                    for _ in 0..10_000 {
+                        store.increment("hot_0", 1, 60, 1);
+                    }
+                });
+            }
+        });
+        assert_eq!(store.get("hot_0", 1), 40_000);
+    }
+}

@@ -1,0 +1,253 @@
+//! Configuration compiled into per-domain lookup trees.
+//!
+//! Each level maps a descriptor key to its rules; inside a key, an exact value is tried
+//! first, then the wildcard values in file order, then the key-only rule. Lookups borrow
+//! the request's strings and allocate nothing.
+
+use std::collections::HashMap;
+use std::fmt::Write as _;
+use std::sync::Arc;
+
+use foldhash::fast::RandomState;
+
+use crate::config::{Config, DescriptorRule, Limit};
+use crate::request::Entry;
+use crate::stats::{RuleStats, StatsRegistry, push_key_part};
+use crate::wildcard::Pattern;
+
+type Map<V> = HashMap<Box<str>, V, RandomState>;
+
+/// Index of a node in [`RuleSet::nodes`].
+pub(crate) type NodeId = u32;
+
+/// How an entry matched its rule.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum MatchKind {
+    /// `key` and `value` both equal.
+    Exact,
+    /// `value` matched a `*` pattern.
+    Wildcard,
+    /// The key-only rule.
+    Default,
+}
+
+/// The rules of one configuration, compiled.
+#[derive(Debug, Default)]
+pub(crate) struct RuleSet {
+    domains: Map<Level>,
+    nodes: Vec<Node>,
+}
+
+#[derive(Debug, Default)]
+pub(crate) struct Level {
+    keys: Map<KeyRules>,
+}
+
+#[derive(Debug, Default)]
+struct KeyRules {
+    exact: Map<NodeId>,
+    wildcards: Vec<(Pattern, NodeId)>,
+    default: Option<NodeId>,
+}
+
+/// One compiled descriptor rule.
+#[derive(Debug)]
+pub(crate) struct Node {
+    /// The configured value or pattern.
+    pub value: Option<Box<str>>,
+    pub limit: Option<NodeLimit>,
+    children: Option<Level>,
+    pub shadow_mode: bool,
+    pub quota_mode: bool,
+    pub detailed_metric: bool,
+    pub value_to_metric: bool,
+    pub share_threshold: bool,
+    /// Statistics under the node's static key; `None` for nodes without a counted limit.
+    pub stats: Option<Arc<RuleStats>>,
+    /// The static statistics key (`domain.key_value.key`).
+    pub full_key: Box<str>,
+    /// Some level on the path to this node shares a counter across a wildcard, so the
+    /// cache key depends on which rule matched at each level.
+    pub per_level_cache_key: bool,
+    /// The statistics key depends on the runtime values (`value_to_metric` on the path or
+    /// `detailed_metric` here).
+    pub per_level_stats_key: bool,
+}
+
+/// A compiled `rate_limit` block.
+#[derive(Debug)]
+pub(crate) struct NodeLimit {
+    pub limit: Limit,
+    pub name: Option<Arc<str>>,
+    pub replaces: Box<[Box<str>]>,
+}
+
+impl RuleSet {
+    /// Compiles `config`, taking statistics counters from `stats`.
+    pub fn compile(config: &Config, stats: &StatsRegistry) -> RuleSet {
+        let mut set = RuleSet::default();
+        for domain in config.domains() {
+            let mut path = Path {
+                full_key: domain.domain.clone(),
+                share_threshold: false,
+                value_to_metric: false,
+            };
+            let level = set.compile_level(&domain.descriptors, &mut path, stats);
+            set.domains.insert(domain.domain.as_str().into(), level);
+        }
+        set
+    }
+
+    fn compile_level(
+        &mut self,
+        rules: &[DescriptorRule],
+        path: &mut Path,
+        stats: &StatsRegistry,
+    ) -> Level {
+        let mut level = Level::default();
+        for rule in rules {
+            let id = self.compile_node(rule, path, stats);
+            let key_rules = level.keys.entry(rule.key.as_str().into()).or_default();
+            match rule.value.as_deref() {
+                None => key_rules.default = Some(id),
+                Some(value) => match Pattern::new(value) {
+                    Some(pattern) => key_rules.wildcards.push((pattern, id)),
+                    None => {
+                        key_rules.exact.insert(value.into(), id);
+                    }
+                },
+            }
+        }
+        level
+    }
+
+    fn compile_node(
+        &mut self,
+        rule: &DescriptorRule,
+        path: &mut Path,
+        stats: &StatsRegistry,
+    ) -> NodeId {
+        let saved = path.clone();
+        push_key_part(&mut path.full_key, &rule.key, rule.value.as_deref());
+        path.share_threshold |= rule.share_threshold;
+        path.value_to_metric |= rule.value_to_metric;
+        let limit = rule.rate_limit.as_ref().map(|r| NodeLimit {
+            limit: r.limit,
+            name: r.name.as_deref().map(Arc::from),
+            replaces: r.replaces.iter().map(|n| n.as_str().into()).collect(),
+        });
+        let counted = matches!(
+            limit,
+            Some(NodeLimit {
+                limit: Limit::Fixed { .. },
+                ..
+            })
+        );
+        let node = Node {
+            value: rule.value.as_deref().map(Into::into),
+            limit,
+            children: None,
+            shadow_mode: rule.shadow_mode,
+            quota_mode: rule.quota_mode,
+            detailed_metric: rule.detailed_metric,
+            value_to_metric: rule.value_to_metric,
+            share_threshold: rule.share_threshold,
+            stats: counted.then(|| stats.rule(&path.full_key)),
+            full_key: path.full_key.as_str().into(),
+            per_level_cache_key: path.share_threshold,
+            per_level_stats_key: path.value_to_metric || rule.detailed_metric,
+        };
+        let id = NodeId::try_from(self.nodes.len()).expect("fewer than 2^32 rules");
+        self.nodes.push(node);
+        if !rule.descriptors.is_empty() {
+            let children = self.compile_level(&rule.descriptors, path, stats);
+            self.nodes[id as usize].children = Some(children);
+        }
+        *path = saved;
+        id
+    }
+
+    /// The root level of `domain`, if it is configured.
+    pub fn domain(&self, domain: &str) -> Option<&Level> {
+        self.domains.get(domain)
+    }
+
+    /// The node with id `id`.
+    pub fn node(&self, id: NodeId) -> &Node {
+        &self.nodes[id as usize]
+    }
+
+    /// Walks `entries` down from `level`, calling `visit` for each level's match, and
+    /// returns the node matched at exactly the depth of the descriptor. There is no
+    /// backtracking: once an entry matched a rule, deeper entries are looked up only under
+    /// that rule.
+    pub fn find(
+        &self,
+        level: &Level,
+        entries: &[Entry],
+        mut visit: impl FnMut(&Entry, &Node, MatchKind),
+    ) -> Option<NodeId> {
+        let mut level = level;
+        let mut found = None;
+        for (depth, entry) in entries.iter().enumerate() {
+            if depth > 0 {
+                level = self.node(found?).children.as_ref()?;
+            }
+            let (id, kind) = level.lookup(entry)?;
+            visit(entry, self.node(id), kind);
+            found = Some(id);
+        }
+        found
+    }
+
+    /// One line per rule with a limit, as envoyproxy/ratelimit's `/rlconfig` prints them,
+    /// sorted.
+    pub fn describe(&self) -> String {
+        let mut lines: Vec<String> = self
+            .nodes
+            .iter()
+            .filter_map(|node| {
+                let (unit, requests) = match node.limit.as_ref()?.limit {
+                    Limit::Unlimited => ("UNKNOWN", 0),
+                    Limit::Fixed {
+                        window,
+                        requests_per_unit,
+                    } => (window.unit().as_upper_str(), requests_per_unit),
+                };
+                Some(format!(
+                    "{}: unit={unit} requests_per_unit={requests}, shadow_mode: {}, quota_mode: {}",
+                    node.full_key, node.shadow_mode, node.quota_mode
+                ))
+            })
+            .collect();
+        lines.sort();
+        lines.iter().fold(String::new(), |mut out, line| {
+            let _ = writeln!(out, "{line}");
+            out
+        })
+    }
+}
+
+impl Level {
+    fn lookup(&self, entry: &Entry) -> Option<(NodeId, MatchKind)> {
+        let rules = self.keys.get(entry.key.as_str())?;
+        if let Some(&id) = rules.exact.get(entry.value.as_str()) {
+            return Some((id, MatchKind::Exact));
+        }
+        if let Some((_, id)) = rules
+            .wildcards
+            .iter()
+            .find(|(p, _)| p.matches(&entry.value))
+        {
+            return Some((*id, MatchKind::Wildcard));
+        }
+        rules.default.map(|id| (id, MatchKind::Default))
+    }
+}
+
+#[derive(Clone)]
+struct Path {
+    full_key: String,
+    share_threshold: bool,
+    value_to_metric: bool,
+}

@@ -1,0 +1,181 @@
+//! Loading and validating configuration files.
+
+use std::fs;
+use std::path::Path;
+
+use ratelimit_core::config::{DescriptorRule, Limit, Metadata};
+use ratelimit_core::{Config, ConfigErrorKind, Unit, Window};
+
+/// Every file in `fixtures/invalid` starts with `# error: <message>`: loading it must fail
+/// with exactly that message.
+#[test]
+fn every_invalid_fixture_fails_with_its_message() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/invalid");
+    let mut checked = 0;
+    for entry in fs::read_dir(&dir).unwrap() {
+        let path = entry.unwrap().path();
+        let name = path.file_name().unwrap().to_str().unwrap().to_owned();
+        let text = fs::read_to_string(&path).unwrap();
+        let expected = text
+            .lines()
+            .next()
+            .and_then(|l| l.strip_prefix("# error: "))
+            .unwrap_or_else(|| panic!("{name} must start with '# error: '"));
+        let error = Config::from_yaml(&name, &text).expect_err(&name);
+        assert_eq!(error.to_string(), expected, "{name}");
+        checked += 1;
+    }
+    assert!(checked >= 20, "only {checked} fixtures found");
+}
+
+#[test]
+fn yaml_syntax_errors_carry_line_and_column() {
+    let error = Config::from_yaml("f.yaml", "domain: x\ndescriptors:\n  - key: [\n").unwrap_err();
+    assert!(matches!(error.kind, ConfigErrorKind::Yaml(_)), "{error}");
+    assert!(error.location.is_some(), "{error:?}");
+}
+
+#[test]
+fn duplicate_domain_is_blamed_on_the_later_file_unless_merging() {
+    let a = ("a.yaml", "domain: d\ndescriptors:\n  - key: k1\n");
+    let b = ("b.yaml", "domain: d\ndescriptors:\n  - key: k2\n");
+    let error = Config::from_files([a, b], false).unwrap_err();
+    assert_eq!(
+        error.to_string(),
+        "b.yaml: domain: duplicate domain 'd' in config file"
+    );
+
+    let merged = Config::from_files([a, b], true).unwrap();
+    assert_eq!(merged.domains().len(), 1);
+    let keys: Vec<&str> = merged.domains()[0]
+        .descriptors
+        .iter()
+        .map(|r| r.key.as_str())
+        .collect();
+    assert_eq!(keys, ["k1", "k2"]);
+}
+
+#[test]
+fn merging_still_rejects_the_same_key_in_two_files() {
+    let a = (
+        "a.yaml",
+        "domain: d\ndescriptors:\n  - key: k\n    value: v\n",
+    );
+    let b = (
+        "b.yaml",
+        "domain: d\ndescriptors:\n  - key: k\n    value: v\n",
+    );
+    let error = Config::from_files([a, b], true).unwrap_err();
+    assert_eq!(
+        error.to_string(),
+        "b.yaml: descriptors[0]: duplicate descriptor composite key 'd.k_v'"
+    );
+}
+
+fn only_rule(yaml: &str) -> DescriptorRule {
+    let config = Config::from_yaml("f.yaml", yaml).unwrap();
+    config.domains()[0].descriptors[0].clone()
+}
+
+#[test]
+fn every_field_is_read() {
+    let rule = only_rule(
+        "domain: d
+descriptors:
+  - key: path
+    value: /api/*
+    shadow_mode: true
+    quota_mode: true
+    detailed_metric: true
+    value_to_metric: true
+    share_threshold: true
+    metadata: {team: core, weight: 1.5, tags: [a, b]}
+    rate_limit:
+      unit: Hour
+      requests_per_unit: 12
+      name: api
+      replaces: [{name: old}]
+    descriptors:
+      - key: method
+",
+    );
+    assert_eq!(rule.key, "path");
+    assert_eq!(rule.value.as_deref(), Some("/api/*"));
+    assert!(rule.shadow_mode && rule.quota_mode && rule.detailed_metric);
+    assert!(rule.value_to_metric && rule.share_threshold);
+    let limit = rule.rate_limit.unwrap();
+    assert_eq!(
+        limit.limit,
+        Limit::Fixed {
+            window: Window::of(Unit::Hour),
+            requests_per_unit: 12
+        }
+    );
+    assert_eq!(limit.name.as_deref(), Some("api"));
+    assert_eq!(limit.replaces, ["old"]);
+    assert_eq!(rule.descriptors[0].key, "method");
+    let Some(Metadata::Map(metadata)) = rule.metadata else {
+        panic!("metadata is a map")
+    };
+    assert_eq!(metadata["weight"], Metadata::Number(1.5));
+    assert_eq!(metadata["team"], Metadata::String("core".into()));
+}
+
+#[test]
+fn lenient_forms_that_envoy_ratelimit_accepts() {
+    // Scalars become strings, an empty value is no value, a null rate_limit whitelists,
+    // a missing requests_per_unit is 0, and unlimited tolerates requests_per_unit.
+    let config = Config::from_yaml(
+        "f.yaml",
+        "domain: 42
+descriptors:
+  - key: 123
+    value: ''
+    rate_limit:
+  - key: flag
+    value: true
+    rate_limit: {unit: second}
+  - key: free
+    rate_limit: {unlimited: true, requests_per_unit: 3}
+",
+    )
+    .unwrap();
+    let domain = &config.domains()[0];
+    assert_eq!(domain.domain, "42");
+    assert_eq!(domain.descriptors[0].key, "123");
+    assert_eq!(domain.descriptors[0].value, None);
+    assert_eq!(domain.descriptors[0].rate_limit, None);
+    assert_eq!(domain.descriptors[1].value.as_deref(), Some("true"));
+    assert_eq!(
+        domain.descriptors[1].rate_limit.as_ref().unwrap().limit,
+        Limit::Fixed {
+            window: Window::of(Unit::Second),
+            requests_per_unit: 0
+        }
+    );
+    assert_eq!(
+        domain.descriptors[2].rate_limit.as_ref().unwrap().limit,
+        Limit::Unlimited
+    );
+}
+
+#[test]
+fn known_keys_in_the_wrong_place_are_ignored_as_upstream_does() {
+    let rule =
+        only_rule("domain: d\ndescriptors:\n  - key: k\n    unit: second\n    domain: other\n");
+    assert_eq!(rule.rate_limit, None);
+}
+
+#[test]
+fn only_the_first_yaml_document_is_read() {
+    let config =
+        Config::from_yaml("f.yaml", "domain: first\n---\ndomain: second\nbogus: 1\n").unwrap();
+    assert_eq!(config.domains().len(), 1);
+    assert_eq!(config.domains()[0].domain, "first");
+}
+
+#[test]
+fn empty_descriptor_list_is_valid() {
+    let config = Config::from_yaml("f.yaml", "domain: d\n").unwrap();
+    assert!(config.domains()[0].descriptors.is_empty());
+}

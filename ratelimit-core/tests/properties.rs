@@ -1,0 +1,98 @@
+//! Properties that must hold for any input.
+
+use std::collections::HashMap;
+
+use proptest::prelude::*;
+use ratelimit_core::{Code, Config, Descriptor, Limiter, MemoryStore, Request, Settings};
+
+const RULES: &str = "
+domain: p
+descriptors:
+  - key: user
+    rate_limit: {unit: minute, requests_per_unit: 7}
+  - key: path
+    value: /a/*/b*
+    rate_limit: {unit: second, requests_per_unit: 3}
+";
+
+fn limiter() -> Limiter {
+    Limiter::new(
+        &Config::from_yaml("p.yaml", RULES).unwrap(),
+        Settings::default(),
+    )
+}
+
+proptest! {
+    /// Two different values of a key-only rule never share a counter.
+    #[test]
+    fn key_only_rule_never_shares_a_counter(a in "[a-z0-9_.]{0,12}", b in "[a-z0-9_.]{0,12}", now in 0u64..10_000_000) {
+        prop_assume!(a != b);
+        let limiter = limiter();
+        let store = MemoryStore::default();
+        let for_value = |v: &str| Request::new("p", vec![Descriptor::new([("user", v)])]);
+        let key_a = limiter.plan(&for_value(&a), now).unwrap().increments()[0].key.clone();
+        let key_b = limiter.plan(&for_value(&b), now).unwrap().increments()[0].key.clone();
+        prop_assert_ne!(&key_a, &key_b);
+        for _ in 0..7 {
+            limiter.should_rate_limit(&for_value(&a), &store, now).unwrap();
+        }
+        let other = limiter.should_rate_limit(&for_value(&b), &store, now).unwrap();
+        prop_assert_eq!(other.statuses[0].limit_remaining, 6);
+    }
+
+    /// Whatever the interleaving of clients, times and hit counts, the hits answered OK
+    /// within one window never exceed the limit.
+    #[test]
+    fn a_window_never_admits_more_than_the_limit(
+        calls in proptest::collection::vec((0usize..3, 0u64..200, 0u64..4), 1..300)
+    ) {
+        let limiter = limiter();
+        let store = MemoryStore::default();
+        let mut calls = calls;
+        calls.sort_by_key(|c| c.1); // time moves forward
+        let mut admitted: HashMap<(usize, u64), u64> = HashMap::new();
+        for (client, t, hits) in calls {
+            let now = 1_000_000 + t;
+            let request = Request::new("p", vec![Descriptor::new([("user", format!("u{client}"))]).with_hits(hits)]);
+            let response = limiter.should_rate_limit(&request, &store, now).unwrap();
+            if response.overall_code == Code::Ok {
+                *admitted.entry((client, now / 60)).or_default() += hits;
+            }
+        }
+        for (window, hits) in admitted {
+            prop_assert!(hits <= 7, "{window:?} admitted {hits}");
+        }
+    }
+
+    /// Through the whole engine, a wildcard rule limits exactly the values a naive
+    /// matcher accepts.
+    #[test]
+    fn wildcard_rules_match_like_a_naive_matcher(value in "(/a/|/b/|/a)[ab/]{0,6}") {
+        let limiter = limiter();
+        let request = Request::new("p", vec![Descriptor::new([("path", value.as_str())])]);
+        let planned = !limiter.plan(&request, 0).unwrap().increments().is_empty();
+        let naive = value.starts_with("/a/") && value[3..].contains("/b");
+        prop_assert_eq!(planned, naive, "{}", value);
+    }
+}
+
+#[test]
+fn concurrent_clients_never_exceed_the_limit() {
+    let limiter = limiter();
+    let store = MemoryStore::default();
+    let admitted = std::sync::atomic::AtomicU64::new(0);
+    let request = Request::new("p", vec![Descriptor::new([("user", "hot")])]);
+    std::thread::scope(|s| {
+        for _ in 0..8 {
+            s.spawn(|| {
+                for _ in 0..1_000 {
+                    let r = limiter.should_rate_limit(&request, &store, 600).unwrap();
+                    if r.overall_code == Code::Ok {
+                        admitted.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    }
+                }
+            });
+        }
+    });
+    assert_eq!(admitted.into_inner(), 7);
+}
