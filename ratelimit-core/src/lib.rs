@@ -34,6 +34,7 @@
 #![warn(missing_docs)]
 
 pub mod config;
+mod keymap;
 mod limiter;
 mod memory;
 mod plan;

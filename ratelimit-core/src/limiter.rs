@@ -1,8 +1,10 @@
 //! The entry point: compiled rules, global settings and statistics.
 
+use std::cell::RefCell;
 use std::sync::Arc;
 
 use arc_swap::ArcSwapOption;
+use smallvec::SmallVec;
 
 use crate::config::Config;
 use crate::plan::Plan;
@@ -11,6 +13,11 @@ use crate::response::Response;
 use crate::rules::RuleSet;
 use crate::stats::{Counter, StatsRegistry};
 use crate::store::CounterStore;
+
+thread_local! {
+    /// Cache keys of the in-process path are built here, not allocated per request.
+    static KEY_BUFFER: RefCell<String> = const { RefCell::new(String::new()) };
+}
 
 /// Settings that apply to every request (envoyproxy/ratelimit's environment variables of
 /// the same names).
@@ -143,21 +150,25 @@ impl Limiter {
         let guard = self.engine.load();
         let engine = guard.as_ref().ok_or(RequestError::NoConfiguration)?;
         check(request)?;
-        let mut body = engine.plan_body(request, now);
-        if engine.settings.stop_cache_key_increment_when_overlimit && !body.increments().is_empty()
-        {
-            let current: Vec<u64> = body
-                .increments()
-                .iter()
-                .map(|i| store.get(&i.key, now))
-                .collect();
-            body.apply_current(engine, &current);
-        }
-        let counts: Vec<u64> = body
-            .increments()
-            .iter()
-            .map(|i| store.increment(&i.key, i.hits, i.window_end, now))
-            .collect();
+        let body = engine.match_request(request, now);
+        let counts = KEY_BUFFER.with_borrow_mut(|buffer| {
+            let increment = if engine.settings.stop_cache_key_increment_when_overlimit {
+                let mut current: SmallVec<[u64; 8]> = SmallVec::new();
+                engine.for_each_counter(&body, request, buffer, |key, _, _| {
+                    current.push(store.get(key, now))
+                });
+                body.counters_to_increment(engine, &current)
+            } else {
+                None
+            };
+            let mut counts: SmallVec<[u64; 8]> = SmallVec::new();
+            engine.for_each_counter(&body, request, buffer, |key, hits, window| {
+                let included = increment.as_ref().is_none_or(|inc| inc[counts.len()]);
+                let end = window.start(now) + window.seconds();
+                counts.push(store.increment(key, if included { hits } else { 0 }, end, now));
+            });
+            counts
+        });
         Ok(body.decide(engine, &counts))
     }
 }

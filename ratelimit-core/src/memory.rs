@@ -1,11 +1,11 @@
 //! The embedded counter store.
 
-use std::collections::HashMap;
 use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use foldhash::fast::RandomState;
+use hashbrown::HashTable;
 
 use crate::store::CounterStore;
 
@@ -48,7 +48,8 @@ struct Shard(RwLock<ShardMap>);
 
 #[derive(Debug, Default)]
 struct ShardMap {
-    counters: HashMap<Box<str>, Slot, RandomState>,
+    /// Counters by the hash of their key, computed once per call for shard and slot.
+    counters: HashTable<Slot>,
     /// The earliest window end among the counters: nothing expires before it.
     next_expiry: u64,
     bytes: usize,
@@ -56,6 +57,7 @@ struct ShardMap {
 
 #[derive(Debug)]
 struct Slot {
+    key: Box<str>,
     count: AtomicU64,
     window_end: u64,
 }
@@ -85,9 +87,8 @@ impl MemoryStore {
         usage
     }
 
-    fn shard(&self, key: &str) -> &Shard {
-        let hash = self.hasher.hash_one(key);
-        // High bits: the map inside the shard uses the low ones of its own hash.
+    fn shard(&self, hash: u64) -> &Shard {
+        // High bits: the table inside the shard indexes with the low ones.
         &self.shards[(hash >> 58) as usize % SHARDS]
     }
 }
@@ -101,40 +102,41 @@ impl Default for MemoryStore {
 
 impl CounterStore for MemoryStore {
     fn increment(&self, key: &str, hits: u64, window_end: u64, now: u64) -> u64 {
-        let shard = self.shard(key);
-        if let Some(slot) = shard.read().counters.get(key) {
+        let hash = self.hasher.hash_one(key);
+        let shard = self.shard(hash);
+        if let Some(slot) = shard.read().find(hash, key) {
             return slot.count.fetch_add(hits, Ordering::Relaxed) + hits;
         }
         let mut map = shard.write();
-        if let Some(slot) = map.counters.get(key) {
+        if let Some(slot) = map.find(hash, key) {
             return slot.count.fetch_add(hits, Ordering::Relaxed) + hits;
         }
         if now >= map.next_expiry {
             map.remove_expired(now);
         }
         if map.counters.len() >= self.max_per_shard {
-            map.evict_one();
+            map.evict_one(&self.hasher);
             self.evictions.fetch_add(1, Ordering::Relaxed);
         }
         if map.counters.is_empty() || window_end < map.next_expiry {
             map.next_expiry = window_end;
         }
         map.bytes += key.len() + COUNTER_OVERHEAD;
-        map.counters.insert(
-            key.into(),
-            Slot {
-                count: AtomicU64::new(hits),
-                window_end,
-            },
-        );
+        let slot = Slot {
+            key: key.into(),
+            count: AtomicU64::new(hits),
+            window_end,
+        };
+        map.counters
+            .insert_unique(hash, slot, |s| self.hasher.hash_one(&*s.key));
         hits
     }
 
     fn get(&self, key: &str, now: u64) -> u64 {
-        self.shard(key)
+        let hash = self.hasher.hash_one(key);
+        self.shard(hash)
             .read()
-            .counters
-            .get(key)
+            .find(hash, key)
             .filter(|slot| slot.window_end > now)
             .map_or(0, |slot| slot.count.load(Ordering::Relaxed))
     }
@@ -155,15 +157,19 @@ impl Shard {
 }
 
 impl ShardMap {
+    fn find(&self, hash: u64, key: &str) -> Option<&Slot> {
+        self.counters.find(hash, |slot| *slot.key == *key)
+    }
+
     fn remove_expired(&mut self, now: u64) {
         let mut freed = 0;
         let mut next = u64::MAX;
-        self.counters.retain(|key, slot| {
+        self.counters.retain(|slot| {
             let live = slot.window_end > now;
             if live {
                 next = next.min(slot.window_end);
             } else {
-                freed += key.len() + COUNTER_OVERHEAD;
+                freed += slot.key.len() + COUNTER_OVERHEAD;
             }
             live
         });
@@ -171,16 +177,19 @@ impl ShardMap {
         self.next_expiry = next;
     }
 
-    fn evict_one(&mut self) {
+    fn evict_one(&mut self, hasher: &RandomState) {
         let victim = self
             .counters
             .iter()
             .take(EVICTION_SAMPLE)
-            .min_by_key(|(_, slot)| slot.window_end)
-            .map(|(key, _)| key.clone());
+            .min_by_key(|slot| slot.window_end)
+            .map(|slot| slot.key.clone());
         if let Some(key) = victim {
-            self.counters.remove(&key);
-            self.bytes -= key.len() + COUNTER_OVERHEAD;
+            let hash = hasher.hash_one(&*key);
+            if let Ok(entry) = self.counters.find_entry(hash, |slot| slot.key == key) {
+                entry.remove();
+                self.bytes -= key.len() + COUNTER_OVERHEAD;
+            }
         }
     }
 }

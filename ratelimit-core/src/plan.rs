@@ -5,8 +5,9 @@
 //! against a [`crate::CounterStore`]. Matching, windows, replaces, shadow and quota modes
 //! and statistics all happen here, once.
 
-use std::fmt::Write as _;
 use std::sync::Arc;
+
+use smallvec::SmallVec;
 
 use crate::config::Limit;
 use crate::limiter::Engine;
@@ -72,7 +73,13 @@ impl Plan {
     /// any descriptor would go over its limit, only those descriptors are incremented and
     /// the others are only checked, as envoyproxy/ratelimit does.
     pub fn apply_current(&mut self, current: &[u64]) {
-        self.body.apply_current(&self.engine, current);
+        if let Some(increment) = self.body.counters_to_increment(&self.engine, current) {
+            for (counter, increment) in self.body.increments.iter_mut().zip(increment) {
+                if !increment {
+                    counter.hits = 0;
+                }
+            }
+        }
     }
 
     /// The response, from the counter totals after the increments.
@@ -87,8 +94,8 @@ impl Plan {
 #[derive(Debug)]
 pub(crate) struct PlanBody {
     now: u64,
-    items: Vec<Item>,
-    increments: Vec<Increment>,
+    items: SmallVec<[Item; 4]>,
+    increments: SmallVec<[Increment; 4]>,
 }
 
 #[derive(Debug)]
@@ -123,7 +130,8 @@ struct Applied<'a> {
 }
 
 impl Engine {
-    pub(crate) fn plan_body(&self, request: &Request, now: u64) -> PlanBody {
+    /// Matches `request`: what applies to each descriptor, and which counters it needs.
+    pub(crate) fn match_request(&self, request: &Request, now: u64) -> PlanBody {
         let root = self.rules.domain(&request.domain);
         if root.is_none() {
             self.stats
@@ -135,7 +143,7 @@ impl Engine {
         }
         let default_addend = u64::from(request.hits_addend.max(1));
         let mut replaces = false;
-        let mut items: Vec<Item> = request
+        let mut items: SmallVec<[Item; 4]> = request
             .descriptors
             .iter()
             .map(|descriptor| {
@@ -181,24 +189,64 @@ impl Engine {
         if replaces {
             self.apply_replaces(&mut items);
         }
-        let mut increments = Vec::with_capacity(items.len());
-        for (item, descriptor) in items.iter_mut().zip(&request.descriptors) {
+        let mut counters = 0;
+        for item in items.iter_mut() {
             if let Item::Limited(limited) = item {
-                let window = self.applied(limited).window;
-                limited.increment = increments.len();
-                let start = window.start(now);
-                increments.push(Increment {
-                    key: self.cache_key(&request.domain, root, descriptor, limited.source, start),
-                    hits: limited.addend,
-                    window,
-                    window_end: start + window.seconds(),
-                });
+                limited.increment = counters;
+                counters += 1;
             }
         }
         PlanBody {
             now,
             items,
-            increments,
+            increments: SmallVec::new(),
+        }
+    }
+
+    /// Matches `request` and lists its counters with their keys.
+    pub(crate) fn plan_body(&self, request: &Request, now: u64) -> PlanBody {
+        let mut body = self.match_request(request, now);
+        let mut increments = SmallVec::with_capacity(body.items.len());
+        let mut key = String::new();
+        self.for_each_counter(&body, request, &mut key, |key, hits, window| {
+            let start = window.start(now);
+            increments.push(Increment {
+                key: std::mem::take(key),
+                hits,
+                window,
+                window_end: start + window.seconds(),
+            });
+        });
+        body.increments = increments;
+        body
+    }
+
+    /// Calls `f(cache key, hits, window)` for each counter of `body`, in counter order,
+    /// building each key in `buffer`: the in-process path reuses one buffer and allocates
+    /// no key, a plan takes each key out of it.
+    pub(crate) fn for_each_counter(
+        &self,
+        body: &PlanBody,
+        request: &Request,
+        buffer: &mut String,
+        mut f: impl FnMut(&mut String, u64, Window),
+    ) {
+        let root = self.rules.domain(&request.domain);
+        for (item, descriptor) in body.items.iter().zip(&request.descriptors) {
+            if let Item::Limited(limited) = item {
+                let window = self.applied(limited).window;
+                buffer.clear();
+                let start = window.start(body.now);
+                self.cache_key(
+                    buffer,
+                    &request.domain,
+                    root,
+                    descriptor,
+                    limited.source,
+                    start,
+                );
+                f(buffer, limited.addend, window);
+            }
         }
     }
 
@@ -237,20 +285,14 @@ impl Engine {
 
     fn cache_key(
         &self,
+        key: &mut String,
         domain: &str,
         root: Option<&Level>,
         descriptor: &Descriptor,
         source: Source,
         start: u64,
-    ) -> String {
-        let prefix = &self.settings.cache_key_prefix;
-        let entries_len: usize = descriptor
-            .entries
-            .iter()
-            .map(|e| e.key.len() + e.value.len() + 2)
-            .sum();
-        let mut key = String::with_capacity(prefix.len() + domain.len() + entries_len + 21);
-        key.push_str(prefix);
+    ) {
+        key.push_str(&self.settings.cache_key_prefix);
         key.push_str(domain);
         key.push('_');
         let per_level = match source {
@@ -270,17 +312,16 @@ impl Engine {
                             (Some(pattern), MatchKind::Wildcard) if node.share_threshold => pattern,
                             _ => entry.value.as_str(),
                         };
-                        push_entry(&mut key, &entry.key, value);
+                        push_entry(key, &entry.key, value);
                     });
             }
             None => {
                 for entry in &descriptor.entries {
-                    push_entry(&mut key, &entry.key, &entry.value);
+                    push_entry(key, &entry.key, &entry.value);
                 }
             }
         }
-        let _ = write!(key, "{start}");
-        key
+        key.push_str(itoa::Buffer::new().format(start));
     }
 
     /// The statistics key of a rule whose key carries runtime values.
@@ -379,26 +420,23 @@ fn override_stats_key(domain: &str, descriptor: &Descriptor) -> String {
 }
 
 impl PlanBody {
-    pub(crate) fn increments(&self) -> &[Increment] {
-        &self.increments
-    }
-
-    pub(crate) fn apply_current(&mut self, engine: &Engine, current: &[u64]) {
-        let mut exceeds = vec![false; self.increments.len()];
+    /// With `STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT`: given each counter's current
+    /// value, which counters to increment. `None` means all: no descriptor would go over.
+    /// Otherwise only the ones that would go over are incremented, as upstream does.
+    pub(crate) fn counters_to_increment(
+        &self,
+        engine: &Engine,
+        current: &[u64],
+    ) -> Option<SmallVec<[bool; 8]>> {
+        let mut exceeds: SmallVec<[bool; 8]> = SmallVec::new();
         for item in &self.items {
             if let Item::Limited(limited) = item {
                 let count = current.get(limited.increment).copied().unwrap_or(0);
                 let limit = u64::from(engine.applied(limited).requests_per_unit);
-                exceeds[limited.increment] = count.saturating_add(limited.addend) > limit;
+                exceeds.push(count.saturating_add(limited.addend) > limit);
             }
         }
-        if exceeds.contains(&true) {
-            for (increment, exceeds) in self.increments.iter_mut().zip(exceeds) {
-                if !exceeds {
-                    increment.hits = 0;
-                }
-            }
-        }
+        exceeds.contains(&true).then_some(exceeds)
     }
 
     pub(crate) fn decide(&self, engine: &Engine, counts: &[u64]) -> Response {

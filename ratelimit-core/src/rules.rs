@@ -8,14 +8,11 @@ use std::collections::HashMap;
 use std::fmt::Write as _;
 use std::sync::Arc;
 
-use foldhash::fast::RandomState;
-
 use crate::config::{Config, DescriptorRule, Limit};
+use crate::keymap::KeyMap;
 use crate::request::Entry;
 use crate::stats::{RuleStats, StatsRegistry, push_key_part};
 use crate::wildcard::Pattern;
-
-type Map<V> = HashMap<Box<str>, V, RandomState>;
 
 /// Index of a node in [`RuleSet::nodes`].
 pub(crate) type NodeId = u32;
@@ -34,18 +31,25 @@ pub(crate) enum MatchKind {
 /// The rules of one configuration, compiled.
 #[derive(Debug, Default)]
 pub(crate) struct RuleSet {
-    domains: Map<Level>,
+    domains: KeyMap<Level>,
     nodes: Vec<Node>,
 }
 
 #[derive(Debug, Default)]
 pub(crate) struct Level {
-    keys: Map<KeyRules>,
+    keys: KeyMap<KeyRules>,
 }
 
-#[derive(Debug, Default)]
+#[derive(Default)]
+struct KeyRulesBuilder {
+    exact: Vec<(Box<str>, NodeId)>,
+    wildcards: Vec<(Pattern, NodeId)>,
+    default: Option<NodeId>,
+}
+
+#[derive(Debug)]
 struct KeyRules {
-    exact: Map<NodeId>,
+    exact: KeyMap<NodeId>,
     wildcards: Vec<(Pattern, NodeId)>,
     default: Option<NodeId>,
 }
@@ -86,6 +90,7 @@ impl RuleSet {
     /// Compiles `config`, taking statistics counters from `stats`.
     pub fn compile(config: &Config, stats: &StatsRegistry) -> RuleSet {
         let mut set = RuleSet::default();
+        let mut domains = Vec::with_capacity(config.domains().len());
         for domain in config.domains() {
             let mut path = Path {
                 full_key: domain.domain.clone(),
@@ -93,8 +98,9 @@ impl RuleSet {
                 value_to_metric: false,
             };
             let level = set.compile_level(&domain.descriptors, &mut path, stats);
-            set.domains.insert(domain.domain.as_str().into(), level);
+            domains.push((domain.domain.as_str().into(), level));
         }
+        set.domains = KeyMap::from_pairs(domains);
         set
     }
 
@@ -104,21 +110,37 @@ impl RuleSet {
         path: &mut Path,
         stats: &StatsRegistry,
     ) -> Level {
-        let mut level = Level::default();
+        let mut keys: Vec<(Box<str>, KeyRulesBuilder)> = Vec::new();
+        let mut index: HashMap<&str, usize> = HashMap::new();
         for rule in rules {
             let id = self.compile_node(rule, path, stats);
-            let key_rules = level.keys.entry(rule.key.as_str().into()).or_default();
+            let at = *index.entry(rule.key.as_str()).or_insert_with(|| {
+                keys.push((rule.key.as_str().into(), KeyRulesBuilder::default()));
+                keys.len() - 1
+            });
+            let building = &mut keys[at].1;
             match rule.value.as_deref() {
-                None => key_rules.default = Some(id),
+                None => building.default = Some(id),
                 Some(value) => match Pattern::new(value) {
-                    Some(pattern) => key_rules.wildcards.push((pattern, id)),
-                    None => {
-                        key_rules.exact.insert(value.into(), id);
-                    }
+                    Some(pattern) => building.wildcards.push((pattern, id)),
+                    None => building.exact.push((value.into(), id)),
                 },
             }
         }
-        level
+        let keys = keys
+            .into_iter()
+            .map(|(key, b)| {
+                let rules = KeyRules {
+                    exact: KeyMap::from_pairs(b.exact),
+                    wildcards: b.wildcards,
+                    default: b.default,
+                };
+                (key, rules)
+            })
+            .collect();
+        Level {
+            keys: KeyMap::from_pairs(keys),
+        }
     }
 
     fn compile_node(
@@ -229,6 +251,7 @@ impl RuleSet {
 }
 
 impl Level {
+    #[inline]
     fn lookup(&self, entry: &Entry) -> Option<(NodeId, MatchKind)> {
         let rules = self.keys.get(entry.key.as_str())?;
         if let Some(&id) = rules.exact.get(entry.value.as_str()) {

@@ -179,3 +179,50 @@ fn empty_descriptor_list_is_valid() {
     let config = Config::from_yaml("f.yaml", "domain: d\n").unwrap();
     assert!(config.domains()[0].descriptors.is_empty());
 }
+
+#[test]
+fn bundled_example_config_loads_and_behaves_as_its_comments_say() {
+    use ratelimit_core::{Code, Descriptor, Limiter, MemoryStore, Request, Settings};
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/config/example.yaml");
+    let config = Config::from_yaml("example.yaml", &fs::read_to_string(path).unwrap()).unwrap();
+    let limiter = Limiter::new(&config, Settings::default());
+    let store = MemoryStore::default();
+    let ask = |entries: &[(&str, &str)]| {
+        let request = Request::new("edge", vec![Descriptor::new(entries.iter().copied())]);
+        limiter
+            .should_rate_limit(&request, &store, 1_000_000)
+            .unwrap()
+    };
+    assert_eq!(
+        ask(&[("remote_address", "192.0.2.66")]).overall_code,
+        Code::OverLimit
+    );
+    assert_eq!(
+        ask(&[("remote_address", "127.0.0.1")]).statuses[0].current_limit,
+        None
+    );
+    assert_eq!(
+        ask(&[("remote_address", "10.1.1.1")]).statuses[0].limit_remaining,
+        59
+    );
+    assert_eq!(
+        ask(&[("user", "a"), ("method", "POST")]).statuses[0].limit_remaining,
+        9
+    );
+    assert_eq!(
+        ask(&[("tenant", "t")]).statuses[0].limit_remaining,
+        u32::MAX
+    );
+    for _ in 0..6 {
+        assert_eq!(
+            ask(&[("path", "/api/v2/x")]).overall_code,
+            Code::Ok,
+            "shadow mode"
+        );
+    }
+    ask(&[("path", "/downloads/a")]);
+    assert_eq!(
+        ask(&[("path", "/downloads/b")]).statuses[0].limit_remaining,
+        48
+    );
+}

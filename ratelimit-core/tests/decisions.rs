@@ -719,3 +719,35 @@ fn reload_swaps_rules_and_keeps_counters_and_statistics() {
         "re.k: unit=MINUTE requests_per_unit=2, shadow_mode: false, quota_mode: false\n"
     );
 }
+
+#[test]
+fn a_remote_plan_with_the_stop_flag_increments_only_what_would_go_over() {
+    let yaml = "
+domain: stop
+descriptors:
+  - key: a
+    rate_limit: {unit: minute, requests_per_unit: 20}
+  - key: b
+    rate_limit: {unit: hour, requests_per_unit: 10}
+";
+    let settings = Settings {
+        stop_cache_key_increment_when_overlimit: true,
+        ..Settings::default()
+    };
+    let l = limiter_with(yaml, settings);
+    let request = Request::new("stop", vec![d(&[("a", "1")]), d(&[("b", "1")])]);
+    let mut plan = l.plan(&request, NOW).unwrap();
+    assert!(plan.needs_current_counts());
+    plan.apply_current(&[3, 4]);
+    let hits: Vec<u64> = plan.increments().iter().map(|i| i.hits).collect();
+    assert_eq!(hits, [1, 1], "nothing would go over: everything counts");
+    let mut plan = l.plan(&request, NOW).unwrap();
+    plan.apply_current(&[3, 10]);
+    let hits: Vec<u64> = plan.increments().iter().map(|i| i.hits).collect();
+    assert_eq!(hits, [0, 1]);
+    let r = plan.decide(&[3, 11]);
+    assert_eq!(r.overall_code, Code::OverLimit);
+    assert_eq!(r.statuses[0].limit_remaining, 17);
+    let without_flag = limiter(yaml).plan(&request, NOW).unwrap();
+    assert!(!without_flag.needs_current_counts());
+}

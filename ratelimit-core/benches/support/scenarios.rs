@@ -1,0 +1,70 @@
+//! The decision workloads shared by the core's benchmark and the peer comparison.
+
+use ratelimit_core::{Config, Descriptor, Limiter, MemoryStore, Request, Settings};
+
+/// Rules large enough that no workload ever goes over its limit: every iteration takes
+/// the full decision path.
+pub const RULES: &str = "
+domain: bench
+descriptors:
+  - key: user
+    rate_limit: {unit: minute, requests_per_unit: 4000000000}
+  - key: route
+    value: /api
+    descriptors:
+      - key: user
+        rate_limit: {unit: minute, requests_per_unit: 4000000000}
+  - key: path
+    value: /api/v1/users/*
+    rate_limit: {unit: minute, requests_per_unit: 4000000000}
+  - key: client
+    rate_limit: {unit: minute, requests_per_unit: 4000000000}
+";
+
+/// A fixed clock: 20 seconds into a minute.
+pub const NOW: u64 = 1_700_000_000;
+
+/// How many distinct values the high-cardinality workload cycles through.
+pub const DISTINCT: usize = 10_000;
+
+/// A limiter on [`RULES`] and an empty store.
+pub fn engine() -> (Limiter, MemoryStore) {
+    let config = Config::from_yaml("bench.yaml", RULES).expect("bench rules are valid");
+    (
+        Limiter::new(&config, Settings::default()),
+        MemoryStore::default(),
+    )
+}
+
+/// One entry, one hot key.
+pub fn one_entry() -> Request {
+    Request::new("bench", vec![Descriptor::new([("user", "alice")])])
+}
+
+/// Two nested entries, one hot key.
+pub fn two_entries() -> Request {
+    Request::new(
+        "bench",
+        vec![Descriptor::new([("route", "/api"), ("user", "alice")])],
+    )
+}
+
+/// One entry matched by a wildcard rule.
+pub fn wildcard() -> Request {
+    Request::new(
+        "bench",
+        vec![Descriptor::new([("path", "/api/v1/users/12345")])],
+    )
+}
+
+/// [`DISTINCT`] one-entry requests, each with its own counter.
+pub fn distinct() -> Vec<Request> {
+    (0..DISTINCT)
+        .map(|i| {
+            Request::new(
+                "bench",
+                vec![Descriptor::new([("client", format!("client-{i}"))])],
+            )
+        })
+        .collect()
+}
