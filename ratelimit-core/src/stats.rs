@@ -1,5 +1,6 @@
 //! Statistics counters, named as envoyproxy/ratelimit names them.
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
@@ -69,13 +70,17 @@ pub struct StatsRegistry {
 
 impl StatsRegistry {
     /// The counters of the rule key `key` (without the `ratelimit.service.rate_limit.` prefix).
+    /// The name is sanitized as envoyproxy/ratelimit sanitizes statistic names: `:` and `|`
+    /// become `_`, and so do the dots of IPv4 addresses, so that a value never adds levels
+    /// to the statistic hierarchy by accident.
     pub fn rule(&self, key: &str) -> Arc<RuleStats> {
-        get_or_insert(&self.rules, key)
+        get_or_insert(&self.rules, &sanitize(key))
     }
 
-    /// A counter with a full statistic name, such as `ratelimit.service.config_load_success`.
+    /// A counter with a full statistic name, such as `ratelimit.service.config_load_success`
+    /// (sanitized like [`StatsRegistry::rule`]).
     pub fn counter(&self, name: &str) -> Arc<Counter> {
-        get_or_insert(&self.counters, name)
+        get_or_insert(&self.counters, &sanitize(name))
     }
 
     /// Every statistic as `(full name, value)`, sorted by name.
@@ -106,48 +111,42 @@ fn get_or_insert<T: Default>(map: &RwLock<HashMap<Box<str>, Arc<T>>>, key: &str)
     Arc::clone(map.entry(key.into()).or_default())
 }
 
-/// Appends one level of a rule key (`key` or `key_value`) the way envoyproxy/ratelimit
-/// sanitizes statistic names: `:` and `|` become `_`, and so do the dots of IPv4 addresses,
-/// so that a value never adds levels to the statistic hierarchy by accident.
+/// Appends one level of a rule key: `.key` or `.key_value`.
 pub(crate) fn push_key_part(out: &mut String, key: &str, value: Option<&str>) {
     if !out.is_empty() {
         out.push('.');
     }
-    let start = out.len();
     out.push_str(key);
     if let Some(value) = value {
         out.push('_');
         out.push_str(value);
     }
-    let part = &out[start..];
-    if part.contains([':', '|']) || has_ipv4(part) {
-        let cleaned = sanitize(part);
-        out.truncate(start);
-        out.push_str(&cleaned);
-    }
 }
 
-fn sanitize(part: &str) -> String {
-    let replaced: String = part
-        .chars()
-        .map(|c| if c == ':' || c == '|' { '_' } else { c })
+fn sanitize(name: &str) -> Cow<'_, str> {
+    if !name.contains([':', '|']) && !has_ipv4(name) {
+        return Cow::Borrowed(name);
+    }
+    let mut out: Vec<u8> = name
+        .bytes()
+        .map(|b| if b == b':' || b == b'|' { b'_' } else { b })
         .collect();
-    let bytes = replaced.as_bytes();
-    let mut out = replaced.clone().into_bytes();
     let mut i = 0;
-    while i < bytes.len() {
-        if let Some(len) = ipv4_at(bytes, i) {
-            for b in &mut out[i..i + len] {
-                if *b == b'.' {
-                    *b = b'_';
+    while i < out.len() {
+        match ipv4_at(&out, i) {
+            Some(len) => {
+                for b in &mut out[i..i + len] {
+                    if *b == b'.' {
+                        *b = b'_';
+                    }
                 }
+                i += len;
             }
-            i += len;
-        } else {
-            i += 1;
+            None => i += 1,
         }
     }
-    String::from_utf8(out).unwrap_or(replaced)
+    // Only ASCII bytes were replaced by ASCII bytes.
+    Cow::Owned(String::from_utf8(out).expect("still UTF-8"))
 }
 
 fn has_ipv4(part: &str) -> bool {
@@ -193,7 +192,7 @@ mod tests {
         for (k, v) in parts {
             push_key_part(&mut out, k, *v);
         }
-        out
+        sanitize(&out).into_owned()
     }
 
     #[test]
