@@ -1,0 +1,17 @@
+//! A drop-in replacement for envoyproxy/ratelimit: Envoy's RLS v3 over gRPC, the HTTP
+//! `/json` facade, health, a debug server and hot-reloaded YAML rules, deciding with
+//! [`ratelimit_core`].
+
+pub mod convert;
+pub mod debug;
+pub mod grpc;
+pub mod health;
+pub mod http;
+pub mod json;
+pub mod logging;
+pub mod provider;
+pub mod runner;
+pub mod serve;
+pub mod service;
+pub mod settings;
+pub mod timing;

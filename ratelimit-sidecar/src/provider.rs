@@ -1,0 +1,190 @@
+//! Rules from YAML files, loaded at start and again whenever they change.
+//!
+//! With `RUNTIME_WATCH_ROOT=true` a reload happens when `RUNTIME_ROOT` itself is replaced
+//! (the usual symlink swap); with `false`, when a file under the application directory
+//! is written, created, changed in mode or removed. Every reload reads all files and
+//! either replaces the whole configuration or, on any error, keeps the previous one.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use notify::{EventKind, RecommendedWatcher, RecursiveMode, Watcher};
+use ratelimit_core::{Config, ConfigError};
+use tokio::sync::mpsc;
+
+use crate::service::Service;
+use crate::settings::ConfigSettings;
+
+/// Changes arriving within this window cause one reload: editors and `cp` write in steps.
+const SETTLE: Duration = Duration::from_millis(100);
+
+/// The YAML files of `RUNTIME_ROOT/RUNTIME_SUBDIRECTORY/RUNTIME_APPDIRECTORY`.
+#[derive(Clone, Debug)]
+pub struct FileSource {
+    root: PathBuf,
+    base: PathBuf,
+    app: PathBuf,
+    ignore_dotfiles: bool,
+    watch_root: bool,
+    merge_domains: bool,
+}
+
+/// Why a load failed.
+#[derive(Debug, thiserror::Error)]
+pub enum LoadError {
+    /// A file or directory could not be read.
+    #[error("{path}: {error}")]
+    Io {
+        /// What could not be read.
+        path: String,
+        /// Why.
+        error: std::io::Error,
+    },
+    /// A file is not a valid configuration.
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+}
+
+impl FileSource {
+    /// The source the settings describe.
+    pub fn new(settings: &ConfigSettings) -> FileSource {
+        let root = PathBuf::from(&settings.runtime_root);
+        let base = root.join(&settings.runtime_subdirectory);
+        let app = base.join(&settings.runtime_appdirectory);
+        FileSource {
+            root,
+            base,
+            app,
+            ignore_dotfiles: settings.runtime_ignoredotfiles,
+            watch_root: settings.runtime_watch_root,
+            merge_domains: settings.merge_domain_config,
+        }
+    }
+
+    /// The directory the files are read from.
+    pub fn directory(&self) -> &Path {
+        &self.app
+    }
+
+    /// Reads and validates every `.yaml`/`.yml` file under the directory (recursively,
+    /// in path order). Errors name files by their path under
+    /// `RUNTIME_ROOT/RUNTIME_SUBDIRECTORY`, such as `config/api.yaml`.
+    pub fn load(&self) -> Result<Config, LoadError> {
+        let mut paths = Vec::new();
+        if self.app.exists() {
+            self.collect(&self.app, &mut paths)?;
+        }
+        paths.sort();
+        let mut files = Vec::with_capacity(paths.len());
+        for path in paths {
+            let text = std::fs::read_to_string(&path).map_err(|error| io(&path, error))?;
+            let name = path
+                .strip_prefix(&self.base)
+                .unwrap_or(&path)
+                .display()
+                .to_string();
+            files.push((name, text));
+        }
+        Ok(Config::from_files(files, self.merge_domains)?)
+    }
+
+    fn collect(&self, dir: &Path, out: &mut Vec<PathBuf>) -> Result<(), LoadError> {
+        for entry in std::fs::read_dir(dir).map_err(|e| io(dir, e))? {
+            let entry = entry.map_err(|e| io(dir, e))?;
+            let path = entry.path();
+            let hidden = entry.file_name().to_string_lossy().starts_with('.');
+            if hidden && self.ignore_dotfiles {
+                continue;
+            }
+            if path.is_dir() {
+                self.collect(&path, out)?;
+            } else if path.extension().is_some_and(|e| e == "yaml" || e == "yml") {
+                out.push(path);
+            }
+        }
+        Ok(())
+    }
+
+    /// Starts watching; each relevant change sends a unit on `changes`. The watcher
+    /// stops when dropped.
+    pub fn watch(&self, changes: mpsc::Sender<()>) -> notify::Result<RecommendedWatcher> {
+        let root = self.root.clone();
+        let watch_root = self.watch_root;
+        let mut watcher =
+            notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
+                let Ok(event) = event else { return };
+                let relevant = matches!(
+                    event.kind,
+                    EventKind::Create(_) | EventKind::Modify(_) | EventKind::Remove(_)
+                ) && (!watch_root || event.paths.contains(&root));
+                if relevant {
+                    let _ = changes.try_send(());
+                }
+            })?;
+        if self.watch_root {
+            let parent = self
+                .root
+                .parent()
+                .filter(|p| !p.as_os_str().is_empty())
+                .unwrap_or(Path::new("."));
+            watcher.watch(parent, RecursiveMode::NonRecursive)?;
+        } else {
+            watcher.watch(&self.app, RecursiveMode::Recursive)?;
+        }
+        Ok(watcher)
+    }
+}
+
+fn io(path: &Path, error: std::io::Error) -> LoadError {
+    LoadError::Io {
+        path: path.display().to_string(),
+        error,
+    }
+}
+
+/// Applies a load result: swap the rules and count `config_load_success`, or keep the
+/// old rules, log the error and count `config_load_error`.
+pub async fn apply(service: &Service, result: Result<Config, LoadError>) {
+    let stats = service.limiter.stats();
+    match result {
+        Ok(config) => {
+            service.limiter.set_config(&config);
+            stats
+                .counter("ratelimit.service.config_load_success")
+                .add(1);
+            let domains: Vec<&str> = config.domains().iter().map(|d| d.domain.as_str()).collect();
+            tracing::info!(domains = ?domains, "loaded rate limit configuration");
+            for line in service.limiter.describe().lines() {
+                tracing::info!("rule {line}");
+            }
+            service.health.config_loaded(domains.len()).await;
+        }
+        Err(error) => {
+            stats.counter("ratelimit.service.config_load_error").add(1);
+            tracing::error!(error = %error, "rate limit configuration rejected; the previous configuration stays in use");
+        }
+    }
+}
+
+/// Reloads after each burst of changes until the sender side closes.
+pub async fn reload_on_change(
+    source: FileSource,
+    service: Arc<Service>,
+    mut changes: mpsc::Receiver<()>,
+) {
+    while changes.recv().await.is_some() {
+        tokio::time::sleep(SETTLE).await;
+        while changes.try_recv().is_ok() {}
+        let loader = source.clone();
+        let result = tokio::task::spawn_blocking(move || loader.load())
+            .await
+            .unwrap_or_else(|e| {
+                Err(LoadError::Io {
+                    path: "reload task".into(),
+                    error: std::io::Error::other(e),
+                })
+            });
+        apply(&service, result).await;
+    }
+}

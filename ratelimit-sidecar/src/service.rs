@@ -1,0 +1,99 @@
+//! The decision service shared by the gRPC and HTTP front ends.
+
+use std::sync::Arc;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
+use ratelimit_core::stats::Counter;
+use ratelimit_core::{Limiter, MemoryStore, RequestError};
+
+use crate::convert::{HeaderNames, InvalidRequest, request_from_pb, response_to_pb};
+use crate::health::Health;
+use crate::timing::Timer;
+
+/// Where counters live.
+#[derive(Debug)]
+pub enum Backend {
+    /// This process's memory: counters are not shared with other instances.
+    Memory(MemoryStore),
+}
+
+/// Why a request got no decision.
+#[derive(Debug, thiserror::Error)]
+pub enum ServiceError {
+    /// The request is malformed beyond what envoyproxy/ratelimit reports (a bad override).
+    #[error("{0}")]
+    Invalid(#[from] InvalidRequest),
+    /// Empty domain, no descriptors, or no configuration loaded.
+    #[error("{0}")]
+    Request(#[from] RequestError),
+}
+
+/// The running service: rules, counters, health and statistics.
+#[derive(Debug)]
+pub struct Service {
+    /// The rules and the engine.
+    pub limiter: Limiter,
+    /// The counter store.
+    pub backend: Backend,
+    /// Health components.
+    pub health: Health,
+    /// Header names when LIMIT_RESPONSE_HEADERS_ENABLED is on.
+    pub headers: Option<HeaderNames>,
+    /// `ratelimit_server.ShouldRateLimit.response_time`.
+    pub response_time: Timer,
+    total_requests: Arc<Counter>,
+    service_errors: Arc<Counter>,
+}
+
+impl Service {
+    /// A service around `limiter` and `backend`.
+    pub fn new(
+        limiter: Limiter,
+        backend: Backend,
+        health: Health,
+        headers: Option<HeaderNames>,
+    ) -> Service {
+        let stats = limiter.stats();
+        Service {
+            total_requests: stats.counter("ratelimit_server.ShouldRateLimit.total_requests"),
+            service_errors: stats.counter("ratelimit.service.call.should_rate_limit.service_error"),
+            limiter,
+            backend,
+            health,
+            headers,
+            response_time: Timer::default(),
+        }
+    }
+
+    /// Decides one request.
+    pub fn should_rate_limit(
+        &self,
+        request: RateLimitRequest,
+    ) -> Result<RateLimitResponse, ServiceError> {
+        let started = std::time::Instant::now();
+        self.total_requests.add(1);
+        let result = self.decide(request);
+        if result.is_err() {
+            self.service_errors.add(1);
+        }
+        self.response_time.record(started.elapsed());
+        result
+    }
+
+    fn decide(&self, request: RateLimitRequest) -> Result<RateLimitResponse, ServiceError> {
+        let request = request_from_pb(request)?;
+        let now = unix_now();
+        let response = match &self.backend {
+            Backend::Memory(store) => self.limiter.should_rate_limit(&request, store, now)?,
+        };
+        Ok(response_to_pb(&response, self.headers.as_ref()))
+    }
+}
+
+/// The current unix time in seconds.
+pub fn unix_now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
