@@ -7,7 +7,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use clap::{Args, Parser, ValueEnum};
+use clap::{ArgAction, Args, Parser, ValueEnum};
 
 /// The sidecar's settings.
 #[derive(Clone, Debug, Parser)]
@@ -84,7 +84,7 @@ pub struct ServerSettings {
     #[arg(long, env = "GRPC_MAX_CONNECTION_AGE_GRACE", value_name = "GRPC_MAX_CONNECTION_AGE_GRACE", default_value = "1h", value_parser = go_duration)]
     pub grpc_max_connection_age_grace: Duration,
     /// Serve gRPC over TLS.
-    #[arg(long, env = "GRPC_SERVER_USE_TLS", value_name = "GRPC_SERVER_USE_TLS", default_value = "false", value_parser = go_bool)]
+    #[arg(long, env = "GRPC_SERVER_USE_TLS", value_name = "GRPC_SERVER_USE_TLS", default_value = "false", value_parser = go_bool, action = ArgAction::Set)]
     pub grpc_server_use_tls: bool,
     /// Certificate chain of the gRPC server (watched and reloaded).
     #[arg(
@@ -154,7 +154,7 @@ pub struct ConfigSettings {
     #[arg(long, env = "CONFIG_TYPE", value_name = "CONFIG_TYPE", default_value = "FILE", value_parser = config_type)]
     pub config_type: ConfigType,
     /// Open the listeners before the first configuration is loaded.
-    #[arg(long, env = "FORCE_START_WITHOUT_INITIAL_CONFIG", value_name = "FORCE_START_WITHOUT_INITIAL_CONFIG", default_value = "false", value_parser = go_bool)]
+    #[arg(long, env = "FORCE_START_WITHOUT_INITIAL_CONFIG", value_name = "FORCE_START_WITHOUT_INITIAL_CONFIG", default_value = "false", value_parser = go_bool, action = ArgAction::Set)]
     pub force_start_without_initial_config: bool,
     /// Root of the runtime tree (usually a symlink swapped on deploy).
     #[arg(
@@ -181,16 +181,16 @@ pub struct ConfigSettings {
     )]
     pub runtime_appdirectory: String,
     /// Skip files and directories whose name starts with a dot.
-    #[arg(long, env = "RUNTIME_IGNOREDOTFILES", value_name = "RUNTIME_IGNOREDOTFILES", default_value = "false", value_parser = go_bool)]
+    #[arg(long, env = "RUNTIME_IGNOREDOTFILES", value_name = "RUNTIME_IGNOREDOTFILES", default_value = "false", value_parser = go_bool, action = ArgAction::Set)]
     pub runtime_ignoredotfiles: bool,
     /// true: reload when RUNTIME_ROOT is swapped; false: reload when files change.
-    #[arg(long, env = "RUNTIME_WATCH_ROOT", value_name = "RUNTIME_WATCH_ROOT", default_value = "true", value_parser = go_bool)]
+    #[arg(long, env = "RUNTIME_WATCH_ROOT", value_name = "RUNTIME_WATCH_ROOT", default_value = "true", value_parser = go_bool, action = ArgAction::Set)]
     pub runtime_watch_root: bool,
     /// Let several files define the same domain.
-    #[arg(long, env = "MERGE_DOMAIN_CONFIG", value_name = "MERGE_DOMAIN_CONFIG", default_value = "false", value_parser = go_bool)]
+    #[arg(long, env = "MERGE_DOMAIN_CONFIG", value_name = "MERGE_DOMAIN_CONFIG", default_value = "false", value_parser = go_bool, action = ArgAction::Set)]
     pub merge_domain_config: bool,
     /// Health fails until at least one domain is loaded.
-    #[arg(long, env = "HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED", value_name = "HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED", default_value = "false", value_parser = go_bool)]
+    #[arg(long, env = "HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED", value_name = "HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED", default_value = "false", value_parser = go_bool, action = ArgAction::Set)]
     pub healthy_with_at_least_one_config_loaded: bool,
     /// xDS node id.
     #[arg(
@@ -223,7 +223,7 @@ pub struct ConfigSettings {
     #[arg(long, env = "CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS", value_name = "CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS", default_value = "", value_parser = go_map)]
     pub xds_client_additional_headers: StringMap,
     /// Use TLS to the xDS server.
-    #[arg(long, env = "CONFIG_GRPC_XDS_SERVER_USE_TLS", value_name = "CONFIG_GRPC_XDS_SERVER_USE_TLS", default_value = "false", value_parser = go_bool)]
+    #[arg(long, env = "CONFIG_GRPC_XDS_SERVER_USE_TLS", value_name = "CONFIG_GRPC_XDS_SERVER_USE_TLS", default_value = "false", value_parser = go_bool, action = ArgAction::Set)]
     pub xds_server_use_tls: bool,
     /// Client certificate for the xDS server.
     #[arg(
@@ -272,7 +272,7 @@ pub struct ConfigSettings {
     )]
     pub xds_backoff_random_factor: f64,
     /// Add jitter to the back-off.
-    #[arg(long, env = "XDS_CLIENT_BACKOFF_JITTER", value_name = "XDS_CLIENT_BACKOFF_JITTER", default_value = "true", value_parser = go_bool)]
+    #[arg(long, env = "XDS_CLIENT_BACKOFF_JITTER", value_name = "XDS_CLIENT_BACKOFF_JITTER", default_value = "true", value_parser = go_bool, action = ArgAction::Set)]
     pub xds_backoff_jitter: bool,
     /// Largest xDS message accepted (0: 4 MiB).
     #[arg(
@@ -330,19 +330,19 @@ pub struct LimiterSettings {
     )]
     pub cache_key_prefix: String,
     /// Leave the other counters alone when a descriptor would go over its limit.
-    #[arg(long, env = "STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT", value_name = "STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT", default_value = "false", value_parser = go_bool)]
+    #[arg(long, env = "STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT", value_name = "STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT", default_value = "false", value_parser = go_bool, action = ArgAction::Set)]
     pub stop_cache_key_increment_when_overlimit: bool,
     /// Always answer OK overall (statuses keep the truth).
-    #[arg(long, env = "SHADOW_MODE", value_name = "SHADOW_MODE", default_value = "false", value_parser = go_bool)]
+    #[arg(long, env = "SHADOW_MODE", value_name = "SHADOW_MODE", default_value = "false", value_parser = go_bool, action = ArgAction::Set)]
     pub shadow_mode: bool,
     /// Every descriptor is a quota: over limit only when all are.
-    #[arg(long, env = "QUOTA_MODE", value_name = "QUOTA_MODE", default_value = "false", value_parser = go_bool)]
+    #[arg(long, env = "QUOTA_MODE", value_name = "QUOTA_MODE", default_value = "false", value_parser = go_bool, action = ArgAction::Set)]
     pub quota_mode: bool,
     /// Fill dynamic_metadata in responses.
-    #[arg(long, env = "RESPONSE_DYNAMIC_METADATA", value_name = "RESPONSE_DYNAMIC_METADATA", default_value = "false", value_parser = go_bool)]
+    #[arg(long, env = "RESPONSE_DYNAMIC_METADATA", value_name = "RESPONSE_DYNAMIC_METADATA", default_value = "false", value_parser = go_bool, action = ArgAction::Set)]
     pub response_dynamic_metadata: bool,
     /// Add the RateLimit-* headers to responses.
-    #[arg(long, env = "LIMIT_RESPONSE_HEADERS_ENABLED", value_name = "LIMIT_RESPONSE_HEADERS_ENABLED", default_value = "false", value_parser = go_bool)]
+    #[arg(long, env = "LIMIT_RESPONSE_HEADERS_ENABLED", value_name = "LIMIT_RESPONSE_HEADERS_ENABLED", default_value = "false", value_parser = go_bool, action = ArgAction::Set)]
     pub limit_response_headers_enabled: bool,
     /// Name of the limit header.
     #[arg(
@@ -425,7 +425,7 @@ pub struct RedisSettings {
     )]
     pub redis_sentinel_auth: String,
     /// Connect with TLS.
-    #[arg(long, env = "REDIS_TLS", value_name = "REDIS_TLS", default_value = "false", value_parser = go_bool)]
+    #[arg(long, env = "REDIS_TLS", value_name = "REDIS_TLS", default_value = "false", value_parser = go_bool, action = ArgAction::Set)]
     pub redis_tls: bool,
     /// Client certificate for Redis TLS.
     #[arg(
@@ -452,7 +452,7 @@ pub struct RedisSettings {
     )]
     pub redis_tls_cacert: String,
     /// Verify the chain but not the host name.
-    #[arg(long, env = "REDIS_TLS_SKIP_HOSTNAME_VERIFICATION", value_name = "REDIS_TLS_SKIP_HOSTNAME_VERIFICATION", default_value = "false", value_parser = go_bool)]
+    #[arg(long, env = "REDIS_TLS_SKIP_HOSTNAME_VERIFICATION", value_name = "REDIS_TLS_SKIP_HOSTNAME_VERIFICATION", default_value = "false", value_parser = go_bool, action = ArgAction::Set)]
     pub redis_tls_skip_hostname_verification: bool,
     /// Connect, read and write timeout.
     #[arg(long, env = "REDIS_TIMEOUT", value_name = "REDIS_TIMEOUT", default_value = "10s", value_parser = go_duration)]
@@ -483,7 +483,7 @@ pub struct RedisSettings {
     )]
     pub redis_cluster_pipeline_parallelism: u32,
     /// Health follows whether a connection is alive.
-    #[arg(long, env = "REDIS_HEALTH_CHECK_ACTIVE_CONNECTION", value_name = "REDIS_HEALTH_CHECK_ACTIVE_CONNECTION", default_value = "false", value_parser = go_bool)]
+    #[arg(long, env = "REDIS_HEALTH_CHECK_ACTIVE_CONNECTION", value_name = "REDIS_HEALTH_CHECK_ACTIVE_CONNECTION", default_value = "false", value_parser = go_bool, action = ArgAction::Set)]
     pub redis_health_check_active_connection: bool,
     /// First start-up connection retry interval.
     #[arg(long, env = "REDIS_STARTUP_INITIAL_INTERVAL", value_name = "REDIS_STARTUP_INITIAL_INTERVAL", default_value = "1s", value_parser = go_duration)]
@@ -495,7 +495,7 @@ pub struct RedisSettings {
     #[arg(long, env = "REDIS_STARTUP_MAX_ELAPSED_TIME", value_name = "REDIS_STARTUP_MAX_ELAPSED_TIME", default_value = "0", value_parser = go_duration)]
     pub redis_startup_max_elapsed_time: Duration,
     /// Send per-second limits to their own Redis.
-    #[arg(long, env = "REDIS_PERSECOND", value_name = "REDIS_PERSECOND", default_value = "false", value_parser = go_bool)]
+    #[arg(long, env = "REDIS_PERSECOND", value_name = "REDIS_PERSECOND", default_value = "false", value_parser = go_bool, action = ArgAction::Set)]
     pub redis_persecond: bool,
     /// Per-second Redis: tcp or unix.
     #[arg(
@@ -543,7 +543,7 @@ pub struct RedisSettings {
     )]
     pub redis_persecond_sentinel_auth: String,
     /// Per-second Redis over TLS.
-    #[arg(long, env = "REDIS_PERSECOND_TLS", value_name = "REDIS_PERSECOND_TLS", default_value = "false", value_parser = go_bool)]
+    #[arg(long, env = "REDIS_PERSECOND_TLS", value_name = "REDIS_PERSECOND_TLS", default_value = "false", value_parser = go_bool, action = ArgAction::Set)]
     pub redis_persecond_tls: bool,
     /// Per-second Redis timeout.
     #[arg(long, env = "REDIS_PERSECOND_TIMEOUT", value_name = "REDIS_PERSECOND_TIMEOUT", default_value = "10s", value_parser = go_duration)]
@@ -606,7 +606,7 @@ pub struct MemcacheSettings {
     )]
     pub memcache_max_idle_conns: usize,
     /// Connect with TLS.
-    #[arg(long, env = "MEMCACHE_TLS", value_name = "MEMCACHE_TLS", default_value = "false", value_parser = go_bool)]
+    #[arg(long, env = "MEMCACHE_TLS", value_name = "MEMCACHE_TLS", default_value = "false", value_parser = go_bool, action = ArgAction::Set)]
     pub memcache_tls: bool,
     /// Client certificate for memcached TLS.
     #[arg(
@@ -633,7 +633,7 @@ pub struct MemcacheSettings {
     )]
     pub memcache_tls_cacert: String,
     /// Verify the chain but not the host name.
-    #[arg(long, env = "MEMCACHE_TLS_SKIP_HOSTNAME_VERIFICATION", value_name = "MEMCACHE_TLS_SKIP_HOSTNAME_VERIFICATION", default_value = "false", value_parser = go_bool)]
+    #[arg(long, env = "MEMCACHE_TLS_SKIP_HOSTNAME_VERIFICATION", value_name = "MEMCACHE_TLS_SKIP_HOSTNAME_VERIFICATION", default_value = "false", value_parser = go_bool, action = ArgAction::Set)]
     pub memcache_tls_skip_hostname_verification: bool,
 }
 
@@ -641,7 +641,7 @@ pub struct MemcacheSettings {
 #[derive(Clone, Debug, Args)]
 pub struct StatsSettings {
     /// Push statistics to statsd.
-    #[arg(long, env = "USE_STATSD", value_name = "USE_STATSD", default_value = "true", value_parser = go_bool)]
+    #[arg(long, env = "USE_STATSD", value_name = "USE_STATSD", default_value = "true", value_parser = go_bool, action = ArgAction::Set)]
     pub use_statsd: bool,
     /// statsd host.
     #[arg(
@@ -668,7 +668,7 @@ pub struct StatsSettings {
     )]
     pub statsd_protocol: String,
     /// Push tagged statistics to DogStatsD (exclusive with USE_STATSD and USE_PROMETHEUS).
-    #[arg(long, env = "USE_DOG_STATSD", value_name = "USE_DOG_STATSD", default_value = "false", value_parser = go_bool)]
+    #[arg(long, env = "USE_DOG_STATSD", value_name = "USE_DOG_STATSD", default_value = "false", value_parser = go_bool, action = ArgAction::Set)]
     pub use_dog_statsd: bool,
     /// Mogrifier names; each reads DOG_STATSD_MOGRIFIER_<NAME>_PATTERN, _NAME and _TAGS.
     #[arg(
@@ -679,7 +679,7 @@ pub struct StatsSettings {
     )]
     pub use_dog_statsd_mogrifiers: String,
     /// Serve Prometheus metrics.
-    #[arg(long, env = "USE_PROMETHEUS", value_name = "USE_PROMETHEUS", default_value = "false", value_parser = go_bool)]
+    #[arg(long, env = "USE_PROMETHEUS", value_name = "USE_PROMETHEUS", default_value = "false", value_parser = go_bool, action = ArgAction::Set)]
     pub use_prometheus: bool,
     /// Prometheus listen address.
     #[arg(
@@ -706,7 +706,7 @@ pub struct StatsSettings {
     )]
     pub prometheus_mapper_yaml: String,
     /// Keep response times in milliseconds.
-    #[arg(long, env = "PROMETHEUS_RESPONSE_TIME_AS_MILLISECONDS", value_name = "PROMETHEUS_RESPONSE_TIME_AS_MILLISECONDS", default_value = "false", value_parser = go_bool)]
+    #[arg(long, env = "PROMETHEUS_RESPONSE_TIME_AS_MILLISECONDS", value_name = "PROMETHEUS_RESPONSE_TIME_AS_MILLISECONDS", default_value = "false", value_parser = go_bool, action = ArgAction::Set)]
     pub prometheus_response_time_as_milliseconds: bool,
     /// Tags on every statistic, `k1:v1,k2:v2`.
     #[arg(long, env = "EXTRA_TAGS", value_name = "EXTRA_TAGS", default_value = "", value_parser = go_map)]
@@ -715,7 +715,7 @@ pub struct StatsSettings {
     #[arg(long, env = "STATS_FLUSH_INTERVAL", value_name = "STATS_FLUSH_INTERVAL", default_value = "10s", value_parser = go_duration)]
     pub stats_flush_interval: Duration,
     /// Disable statistics entirely.
-    #[arg(long, env = "DISABLE_STATS", value_name = "DISABLE_STATS", default_value = "false", value_parser = go_bool)]
+    #[arg(long, env = "DISABLE_STATS", value_name = "DISABLE_STATS", default_value = "false", value_parser = go_bool, action = ArgAction::Set)]
     pub disable_stats: bool,
 }
 
@@ -723,7 +723,7 @@ pub struct StatsSettings {
 #[derive(Clone, Debug, Args)]
 pub struct TracingSettings {
     /// Export OTLP spans.
-    #[arg(long, env = "TRACING_ENABLED", value_name = "TRACING_ENABLED", default_value = "false", value_parser = go_bool)]
+    #[arg(long, env = "TRACING_ENABLED", value_name = "TRACING_ENABLED", default_value = "false", value_parser = go_bool, action = ArgAction::Set)]
     pub tracing_enabled: bool,
     /// Service name in spans.
     #[arg(

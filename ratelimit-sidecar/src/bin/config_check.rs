@@ -1,1 +1,64 @@
-fn main() {}
+//! `ratelimit-config-check`: validates a directory of rate-limit YAML files.
+//!
+//! `ratelimit-config-check -config_dir examples/config [-merge_domain_configs]`
+//! Exits 0 when every file is valid, 1 (after printing the error with file and YAML
+//! path) otherwise.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use ratelimit_core::Config;
+use ratelimit_sidecar::cli::Flags;
+
+const USAGE: &str = "usage: ratelimit-config-check -config_dir DIR [-merge_domain_configs]";
+
+fn main() -> ExitCode {
+    match run() {
+        Ok(()) => {
+            println!("all rate limit configs ok");
+            ExitCode::SUCCESS
+        }
+        Err(message) => {
+            println!("error loading rate limit configs: {message}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run() -> Result<(), String> {
+    let flags = Flags::parse(std::env::args().skip(1), &["merge_domain_configs"])
+        .map_err(|e| format!("{e}\n{USAGE}"))?;
+    if let Some(flag) = flags.unknown(&["config_dir", "merge_domain_configs"]) {
+        return Err(format!("flag provided but not defined: -{flag}\n{USAGE}"));
+    }
+    let dir = flags
+        .get("config_dir")
+        .ok_or_else(|| format!("-config_dir is required\n{USAGE}"))?;
+    let merge = flags
+        .get("merge_domain_configs")
+        .is_some_and(|v| v == "true");
+    println!("checking rate limit configs...");
+    println!("loading config directory: {dir}");
+    let mut paths: Vec<PathBuf> = std::fs::read_dir(dir)
+        .map_err(|e| format!("{dir}: {e}"))?
+        .filter_map(|entry| entry.ok().map(|e| e.path()))
+        .filter(|p| p.is_file() && p.extension().is_some_and(|e| e == "yaml" || e == "yml"))
+        .collect();
+    paths.sort();
+    let mut files = Vec::with_capacity(paths.len());
+    for path in paths {
+        println!("opening config file: {}", path.display());
+        let text =
+            std::fs::read_to_string(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+        files.push((path.display().to_string(), text));
+    }
+    let config = Config::from_files(files, merge).map_err(|e| e.to_string())?;
+    for domain in config.domains() {
+        println!(
+            "domain {}: {} top-level descriptors",
+            domain.domain,
+            domain.descriptors.len()
+        );
+    }
+    Ok(())
+}

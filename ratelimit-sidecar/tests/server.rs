@@ -1,0 +1,532 @@
+//! The `ratelimit` binary end to end: gRPC, `/json`, health, debug, reload, signals.
+
+mod support;
+
+use std::time::Duration;
+
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::RateLimitOverride;
+use support::{Options, Server, codes, eventually, request};
+use tonic::Code;
+
+const OK: i32 = 1;
+const OVER: i32 = 2;
+
+const RULES: &str = "
+domain: e2e
+descriptors:
+  - key: user
+    rate_limit: {unit: hour, requests_per_unit: 2}
+  - key: free
+    rate_limit: {unlimited: true}
+  - key: shadow
+    shadow_mode: true
+    rate_limit: {unit: hour, requests_per_unit: 1}
+  - key: hot
+    rate_limit: {unit: hour, requests_per_unit: 500}
+";
+
+#[tokio::test]
+async fn grpc_decides_counts_and_reports_errors_like_envoy_ratelimit() {
+    let server = Server::start(&[("rules.yaml", RULES)]);
+    let mut client = server.client().await;
+    let ask = request(
+        "e2e",
+        &[&[("user", "a")], &[("free", "x")], &[("nothing", "y")]],
+    );
+    let first = client
+        .should_rate_limit(ask.clone())
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(first.overall_code, OK);
+    assert_eq!(codes(&first), [(OK, 1), (OK, u32::MAX), (OK, 0)]);
+    let limit = first.statuses[0].current_limit.as_ref().unwrap();
+    assert_eq!((limit.requests_per_unit, limit.unit), (2, 3), "2 per HOUR");
+    assert!(first.statuses[0].duration_until_reset.is_some());
+    assert!(
+        first.response_headers_to_add.is_empty(),
+        "headers are off by default"
+    );
+    client.should_rate_limit(ask.clone()).await.unwrap();
+    let third = client.should_rate_limit(ask).await.unwrap().into_inner();
+    assert_eq!(third.overall_code, OVER);
+
+    let unknown = client
+        .should_rate_limit(request("nope", &[&[("a", "b")]]))
+        .await
+        .unwrap();
+    assert_eq!(codes(unknown.get_ref()), [(OK, 0)]);
+
+    let empty = client
+        .should_rate_limit(request("", &[&[("a", "b")]]))
+        .await
+        .unwrap_err();
+    assert_eq!(
+        (empty.code(), empty.message()),
+        (Code::Unknown, "rate limit domain must not be empty")
+    );
+    let none = client
+        .should_rate_limit(request("e2e", &[]))
+        .await
+        .unwrap_err();
+    assert_eq!(
+        none.message(),
+        "rate limit descriptor list must not be empty"
+    );
+
+    let mut bad_override = request("e2e", &[&[("user", "z")]]);
+    bad_override.descriptors[0].limit = Some(RateLimitOverride {
+        requests_per_unit: 5,
+        unit: 0,
+    });
+    let error = client.should_rate_limit(bad_override).await.unwrap_err();
+    assert_eq!(error.code(), Code::InvalidArgument);
+    assert!(
+        error.message().contains("limit override has unit 0"),
+        "{}",
+        error.message()
+    );
+    // The server survived it.
+    let again = client
+        .should_rate_limit(request("e2e", &[&[("user", "b")]]))
+        .await
+        .unwrap();
+    assert_eq!(codes(again.get_ref()), [(OK, 1)]);
+    assert_eq!(
+        server
+            .stat("ratelimit.service.rate_limit.nope.domain_not_found")
+            .await,
+        Some(1)
+    );
+    assert_eq!(
+        server
+            .stat("ratelimit.service.call.should_rate_limit.service_error")
+            .await,
+        Some(3)
+    );
+    assert_eq!(
+        server
+            .stat("ratelimit_server.ShouldRateLimit.total_requests")
+            .await,
+        Some(8)
+    );
+    assert_eq!(
+        server
+            .stat("ratelimit.service.rate_limit.e2e.user.total_hits")
+            .await,
+        Some(4)
+    );
+}
+
+#[tokio::test]
+async fn rule_shadow_mode_and_response_headers() {
+    let server = Server::start_with(Options {
+        files: vec![("rules.yaml", RULES.to_owned())],
+        env: vec![
+            ("LIMIT_RESPONSE_HEADERS_ENABLED", "true".into()),
+            ("LIMIT_REMAINING_HEADER", "X-Left".into()),
+        ],
+        ..Options::default()
+    });
+    let mut client = server.client().await;
+    let r = client
+        .should_rate_limit(request("e2e", &[&[("user", "h")]]))
+        .await
+        .unwrap()
+        .into_inner();
+    let headers: Vec<(&str, &str)> = r
+        .response_headers_to_add
+        .iter()
+        .map(|h| (h.key.as_str(), h.value.as_str()))
+        .collect();
+    assert_eq!(headers[0], ("RateLimit-Limit", "2"));
+    assert_eq!(headers[1], ("X-Left", "1"));
+    assert_eq!(headers[2].0, "RateLimit-Reset");
+    for _ in 0..2 {
+        let r = client
+            .should_rate_limit(request("e2e", &[&[("shadow", "s")]]))
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(r.overall_code, OK);
+    }
+    assert_eq!(
+        server
+            .stat("ratelimit.service.rate_limit.e2e.shadow.shadow_mode")
+            .await,
+        Some(1)
+    );
+}
+
+#[tokio::test]
+async fn json_answers_200_429_and_400_with_messages() {
+    let server = Server::start(&[("rules.yaml", RULES)]);
+    let http = reqwest::Client::new();
+    let post = |body: &'static str| http.post(server.http_url("/json")).body(body).send();
+    let body = r#"{"domain":"e2e","descriptors":[{"entries":[{"key":"user","value":"j"}]}]}"#;
+    let ok = post(body).await.unwrap();
+    assert_eq!(ok.status(), 200);
+    assert_eq!(ok.headers()["content-type"], "application/json");
+    let json: serde_json::Value = ok.json().await.unwrap();
+    assert_eq!(json["overallCode"], "OK");
+    assert_eq!(
+        json["statuses"][0]["currentLimit"],
+        serde_json::json!({"requestsPerUnit": 2, "unit": "HOUR"})
+    );
+    assert_eq!(json["statuses"][0]["limitRemaining"], 1);
+    post(body).await.unwrap();
+    let over = post(body).await.unwrap();
+    assert_eq!(over.status(), 429);
+    let json: serde_json::Value = over.json().await.unwrap();
+    assert_eq!(json["statuses"][0]["code"], "OVER_LIMIT");
+    assert!(
+        json["statuses"][0].get("limitRemaining").is_none(),
+        "zero values are omitted"
+    );
+
+    for (body, message) in [
+        ("{", "invalid JSON"),
+        (
+            r#"{"domain":"e2e","descriptors":[{"entries":[{"key":"user","value":1}]}]}"#,
+            "descriptors[0].entries[0].value: expected a string",
+        ),
+        (r#"{"domain":"e2e","bogus":1}"#, "unknown field 'bogus'"),
+        (
+            r#"{"descriptors":[{"entries":[{"key":"user","value":"x"}]}]}"#,
+            "rate limit domain must not be empty",
+        ),
+    ] {
+        let response = post(body).await.unwrap();
+        assert_eq!(response.status(), 400, "{body}");
+        let text = response.text().await.unwrap();
+        assert!(text.contains(message), "{body}: {text}");
+    }
+    let health = http
+        .get(server.http_url("/healthcheck"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        (health.status().as_u16(), health.text().await.unwrap()),
+        (200, "OK".to_owned())
+    );
+    assert_eq!(
+        http.get(server.http_url("/nope"))
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        404
+    );
+}
+
+#[tokio::test]
+async fn debug_server_lists_paths_rules_and_statistics() {
+    let server = Server::start(&[("rules.yaml", RULES)]);
+    let index = reqwest::get(server.debug_url("/"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        index.contains("/rlconfig") && index.contains("/stats") && index.contains("/debug/pprof/")
+    );
+    let rules = reqwest::get(server.debug_url("/rlconfig"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        rules.contains(
+            "e2e.user: unit=HOUR requests_per_unit=2, shadow_mode: false, quota_mode: false"
+        ),
+        "{rules}"
+    );
+    assert!(
+        rules.contains("e2e.free: unit=UNKNOWN requests_per_unit=0"),
+        "{rules}"
+    );
+    let pprof = reqwest::get(server.debug_url("/debug/pprof/"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(pprof.contains("perf record"), "{pprof}");
+    assert_eq!(
+        server.stat("ratelimit.service.config_load_success").await,
+        Some(1)
+    );
+    assert_eq!(server.stat("ratelimit.memory.counters").await, Some(0));
+}
+
+#[tokio::test]
+async fn symlink_swap_reloads_and_a_broken_version_keeps_the_old_rules() {
+    let server = Server::start(&[("rules.yaml", RULES)]);
+    let mut client = server.client().await;
+    server.swap_root("v2", &[("rules.yaml", "domain: e2e\ndescriptors:\n  - key: user\n    rate_limit: {unit: minute, requests_per_unit: 7}\n")]);
+    let reloaded = eventually(Duration::from_secs(10), || async {
+        server.stat("ratelimit.service.config_load_success").await == Some(2)
+    })
+    .await;
+    assert!(reloaded, "{}", server.log());
+    let r = client
+        .should_rate_limit(request("e2e", &[&[("user", "a")]]))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(
+        r.statuses[0]
+            .current_limit
+            .as_ref()
+            .unwrap()
+            .requests_per_unit,
+        7
+    );
+
+    server.swap_root("v3", &[("rules.yaml", "domain: e2e\ndescriptors:\n  - key: user\n    rate_limit: {unit: minutes, requests_per_unit: 1}\n")]);
+    let rejected = eventually(Duration::from_secs(10), || async {
+        server.stat("ratelimit.service.config_load_error").await == Some(1)
+    })
+    .await;
+    assert!(rejected, "{}", server.log());
+    let r = client
+        .should_rate_limit(request("e2e", &[&[("user", "a")]]))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(
+        r.statuses[0]
+            .current_limit
+            .as_ref()
+            .unwrap()
+            .requests_per_unit,
+        7,
+        "old rules still serve"
+    );
+    assert!(server.log().contains(
+        "config/rules.yaml: descriptors[0].rate_limit.unit: invalid rate limit unit 'minutes'"
+    ));
+}
+
+#[tokio::test]
+async fn file_edits_reload_when_not_watching_the_root() {
+    let server = Server::start_with(Options {
+        files: vec![("rules.yaml", RULES.to_owned())],
+        watch_root: false,
+        env: vec![("HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED", "true".into())],
+        ..Options::default()
+    });
+    let mut client = server.client().await;
+    let extra = server.config_dir().join("extra.yaml");
+    std::fs::write(&extra, "domain: second\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 3}\n").unwrap();
+    let loaded = eventually(Duration::from_secs(10), || async {
+        let mut c = server.client().await;
+        let r = c
+            .should_rate_limit(request("second", &[&[("k", "v")]]))
+            .await
+            .unwrap()
+            .into_inner();
+        r.statuses[0].current_limit.is_some()
+    })
+    .await;
+    assert!(loaded, "{}", server.log());
+    std::fs::write(&extra, "domain: second\ndescriptors: [oops").unwrap();
+    let rejected = eventually(Duration::from_secs(10), || async {
+        server
+            .stat("ratelimit.service.config_load_error")
+            .await
+            .unwrap_or(0)
+            >= 1
+    })
+    .await;
+    assert!(rejected, "{}", server.log());
+    let r = client
+        .should_rate_limit(request("second", &[&[("k", "v")]]))
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(
+        r.statuses[0].current_limit.is_some(),
+        "the last good configuration keeps serving"
+    );
+    // Removing every file leaves no domain: unhealthy, as HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED asks.
+    std::fs::remove_file(&extra).unwrap();
+    std::fs::remove_file(server.config_dir().join("rules.yaml")).unwrap();
+    let unhealthy = eventually(Duration::from_secs(10), || async {
+        let r = reqwest::get(server.http_url("/healthcheck")).await.unwrap();
+        r.status() == 500
+    })
+    .await;
+    assert!(unhealthy, "{}", server.log());
+}
+
+#[tokio::test]
+async fn health_needs_a_config_when_asked_to() {
+    let server = Server::start_with(Options {
+        env: vec![("HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED", "true".into())],
+        watch_root: false,
+        ..Options::default()
+    });
+    let r = reqwest::get(server.http_url("/healthcheck")).await.unwrap();
+    assert_eq!(r.status(), 500);
+    assert_eq!(r.text().await.unwrap(), "unhealthy: config\n");
+    std::fs::write(server.config_dir().join("a.yaml"), "domain: a\n").unwrap();
+    let healthy = eventually(Duration::from_secs(10), || async {
+        reqwest::get(server.http_url("/healthcheck"))
+            .await
+            .unwrap()
+            .status()
+            == 200
+    })
+    .await;
+    assert!(healthy, "{}", server.log());
+}
+
+#[tokio::test]
+async fn sigterm_fails_health_drains_and_exits_zero() {
+    let mut server = Server::start(&[("rules.yaml", RULES)]);
+    let mut client = server.client().await;
+    client
+        .should_rate_limit(request("e2e", &[&[("user", "a")]]))
+        .await
+        .unwrap();
+    server.signal("TERM");
+    let status = server
+        .wait_exit(Duration::from_secs(15))
+        .expect("exits after SIGTERM");
+    assert!(status.success(), "{status:?}\n{}", server.log());
+    assert!(
+        server.log().contains("signal=\"SIGTERM\""),
+        "{}",
+        server.log()
+    );
+    assert!(
+        reqwest::get(server.http_url("/healthcheck")).await.is_err(),
+        "listeners are closed"
+    );
+}
+
+#[tokio::test]
+async fn concurrent_clients_never_get_more_than_the_limit() {
+    let server = Server::start(&[("rules.yaml", RULES)]);
+    let hour = |t: std::time::SystemTime| {
+        t.duration_since(std::time::UNIX_EPOCH).unwrap().as_secs() / 3600
+    };
+    let started = hour(std::time::SystemTime::now());
+    let mut tasks = Vec::new();
+    for _ in 0..64 {
+        let mut client = server.client().await;
+        tasks.push(tokio::spawn(async move {
+            let mut ok = 0u32;
+            for _ in 0..100 {
+                let r = client
+                    .should_rate_limit(request("e2e", &[&[("hot", "k")]]))
+                    .await
+                    .unwrap();
+                ok += u32::from(r.get_ref().overall_code == OK);
+            }
+            ok
+        }));
+    }
+    let mut admitted = 0;
+    for task in tasks {
+        admitted += task.await.unwrap();
+    }
+    let windows = hour(std::time::SystemTime::now()) - started + 1;
+    assert!(admitted <= 500 * windows as u32, "{admitted} admitted");
+    if windows == 1 {
+        assert_eq!(admitted, 500);
+    }
+}
+
+#[tokio::test]
+async fn grpc_over_a_unix_socket() {
+    let server = Server::start_with(Options {
+        files: vec![("rules.yaml", RULES.to_owned())],
+        uds: true,
+        ..Options::default()
+    });
+    let path = server.uds.clone().unwrap();
+    let channel = tonic::transport::Endpoint::from_static("http://uds")
+        .connect_with_connector(tower::service_fn(move |_| {
+            let path = path.clone();
+            async move {
+                Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(
+                    tokio::net::UnixStream::connect(path).await?,
+                ))
+            }
+        }))
+        .await
+        .unwrap();
+    let mut client = envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient::new(channel);
+    let r = client
+        .should_rate_limit(request("e2e", &[&[("user", "u")]]))
+        .await
+        .unwrap();
+    assert_eq!(codes(r.get_ref()), [(OK, 1)]);
+}
+
+#[test]
+fn bad_settings_stop_start_up_naming_the_variable() {
+    for (key, value) in [
+        ("NEAR_LIMIT_RATIO", "1.5"),
+        ("BACKEND_TYPE", "etcd"),
+        ("STATS_FLUSH_INTERVAL", "10"),
+        ("RUNTIME_WATCH_ROOT", "maybe"),
+    ] {
+        let mut server = Server::spawn(Options {
+            env: vec![(key, value.to_owned())],
+            ..Options::default()
+        });
+        let status = server.wait_exit(Duration::from_secs(10)).expect("exits");
+        assert!(!status.success());
+        assert!(server.log().contains(key), "{key}: {}", server.log());
+    }
+}
+
+#[test]
+fn client_and_config_check_tools() {
+    let server = Server::start(&[("rules.yaml", RULES)]);
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_ratelimit-client"))
+        .args([
+            "-dial_string",
+            &format!("127.0.0.1:{}", server.grpc),
+            "-domain",
+            "e2e",
+            "-descriptors",
+            "user=tool",
+        ])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "{stdout}");
+    assert!(
+        stdout.contains(r#"response: {"overallCode":"OK""#),
+        "{stdout}"
+    );
+    assert!(stdout.contains(r#""limitRemaining":1"#), "{stdout}");
+
+    let check = |dir: &std::path::Path| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_ratelimit-config-check"))
+            .args(["-config_dir", dir.to_str().unwrap()])
+            .output()
+            .unwrap()
+    };
+    let good = check(&server.config_dir());
+    assert!(good.status.success());
+    assert!(String::from_utf8_lossy(&good.stdout).contains("all rate limit configs ok"));
+    std::fs::write(
+        server.config_dir().join("bad.yaml"),
+        "domain: x\ndescriptors:\n  - key: k\n    ratelimit: {}\n",
+    )
+    .unwrap();
+    let bad = check(&server.config_dir());
+    assert_eq!(bad.status.code(), Some(1));
+    assert!(
+        String::from_utf8_lossy(&bad.stdout)
+            .contains("bad.yaml: descriptors[0].ratelimit: config error, unknown key 'ratelimit'")
+    );
+}

@@ -1,0 +1,259 @@
+//! Starts the real `ratelimit` binary on free loopback ports with a runtime directory of
+//! its own, and talks to it over gRPC and HTTP.
+#![allow(dead_code)] // each test binary uses part of the harness
+
+use std::net::TcpListener;
+use std::path::PathBuf;
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
+use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
+use tonic::transport::Channel;
+
+/// A free TCP port on 127.0.0.1 (free when asked; the server binds it right after).
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// A running server and its runtime directory (`root/current -> root/v1`).
+pub struct Server {
+    child: Option<Child>,
+    pub dir: tempfile::TempDir,
+    pub http: u16,
+    pub grpc: u16,
+    pub debug: u16,
+    pub uds: Option<PathBuf>,
+    log: PathBuf,
+}
+
+/// How to start a server.
+pub struct Options {
+    pub files: Vec<(&'static str, String)>,
+    pub env: Vec<(&'static str, String)>,
+    pub watch_root: bool,
+    pub uds: bool,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            files: Vec::new(),
+            env: Vec::new(),
+            watch_root: true,
+            uds: false,
+        }
+    }
+}
+
+impl Server {
+    /// Starts a server on `files` with the memory backend and waits until it answers.
+    pub fn start(files: &[(&'static str, &str)]) -> Server {
+        Server::start_with(Options {
+            files: files.iter().map(|(n, t)| (*n, (*t).to_owned())).collect(),
+            ..Options::default()
+        })
+    }
+
+    pub fn start_with(options: Options) -> Server {
+        let server = Server::spawn(options);
+        server.wait_ready();
+        server
+    }
+
+    /// Starts without waiting (for start-up failures).
+    pub fn spawn(options: Options) -> Server {
+        let dir = tempfile::tempdir().unwrap();
+        let config = dir.path().join("v1/config");
+        std::fs::create_dir_all(&config).unwrap();
+        for (name, text) in &options.files {
+            std::fs::write(config.join(name), text).unwrap();
+        }
+        std::os::unix::fs::symlink(dir.path().join("v1"), dir.path().join("current")).unwrap();
+        let (http, grpc, debug) = (free_port(), free_port(), free_port());
+        let uds = options.uds.then(|| dir.path().join("grpc.sock"));
+        let log = dir.path().join("server.log");
+        let mut command = Command::new(env!("CARGO_BIN_EXE_ratelimit"));
+        command
+            .env_clear()
+            .env("PATH", std::env::var("PATH").unwrap_or_default())
+            .env("HOST", "127.0.0.1")
+            .env("GRPC_HOST", "127.0.0.1")
+            .env("DEBUG_HOST", "127.0.0.1")
+            .env("PORT", http.to_string())
+            .env("GRPC_PORT", grpc.to_string())
+            .env("DEBUG_PORT", debug.to_string())
+            .env("BACKEND_TYPE", "memory")
+            .env("USE_STATSD", "false")
+            .env("LOG_LEVEL", "debug")
+            .env("RUNTIME_ROOT", dir.path().join("current"))
+            .env("RUNTIME_SUBDIRECTORY", "")
+            .env("RUNTIME_APPDIRECTORY", "config")
+            .env("RUNTIME_WATCH_ROOT", options.watch_root.to_string())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap());
+        if let Some(path) = &uds {
+            command.env("GRPC_UDS", path);
+        }
+        for (key, value) in &options.env {
+            command.env(key, value);
+        }
+        let child = command.spawn().expect("the ratelimit binary starts");
+        Server {
+            child: Some(child),
+            dir,
+            http,
+            grpc,
+            debug,
+            uds,
+            log,
+        }
+    }
+
+    /// The server's log so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    fn wait_ready(&self) {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while Instant::now() < deadline {
+            if std::net::TcpStream::connect(("127.0.0.1", self.http)).is_ok()
+                && (self.uds.is_some()
+                    || std::net::TcpStream::connect(("127.0.0.1", self.grpc)).is_ok())
+            {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        panic!("server did not start; log:\n{}", self.log());
+    }
+
+    /// Waits for the process to exit by itself.
+    pub fn wait_exit(&mut self, timeout: Duration) -> Option<ExitStatus> {
+        let deadline = Instant::now() + timeout;
+        let child = self.child.as_mut()?;
+        while Instant::now() < deadline {
+            if let Some(status) = child.try_wait().unwrap() {
+                return Some(status);
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        None
+    }
+
+    /// Sends a signal (`TERM`, `INT`, …).
+    pub fn signal(&self, name: &str) {
+        let pid = self.child.as_ref().unwrap().id().to_string();
+        Command::new("kill")
+            .args(["-s", name, &pid])
+            .status()
+            .unwrap();
+    }
+
+    /// The config directory served (under the `current` link).
+    pub fn config_dir(&self) -> PathBuf {
+        self.dir.path().join("v1/config")
+    }
+
+    /// Replaces the `current` link by a new version holding `files` (a symlink swap).
+    pub fn swap_root(&self, version: &str, files: &[(&str, &str)]) {
+        let config = self.dir.path().join(version).join("config");
+        std::fs::create_dir_all(&config).unwrap();
+        for (name, text) in files {
+            std::fs::write(config.join(name), text).unwrap();
+        }
+        let tmp = self.dir.path().join("current.tmp");
+        std::os::unix::fs::symlink(self.dir.path().join(version), &tmp).unwrap();
+        std::fs::rename(&tmp, self.dir.path().join("current")).unwrap();
+    }
+
+    pub async fn client(&self) -> RateLimitServiceClient<Channel> {
+        RateLimitServiceClient::connect(format!("http://127.0.0.1:{}", self.grpc))
+            .await
+            .unwrap()
+    }
+
+    pub fn http_url(&self, path: &str) -> String {
+        format!("http://127.0.0.1:{}{path}", self.http)
+    }
+
+    pub fn debug_url(&self, path: &str) -> String {
+        format!("http://127.0.0.1:{}{path}", self.debug)
+    }
+
+    /// `/stats` as a list of lines.
+    pub async fn stat(&self, name: &str) -> Option<u64> {
+        let body = reqwest::get(self.debug_url("/stats"))
+            .await
+            .ok()?
+            .text()
+            .await
+            .ok()?;
+        body.lines().find_map(|l| {
+            l.strip_prefix(&format!("{name}: "))
+                .and_then(|v| v.parse().ok())
+        })
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+/// A request for `domain` with descriptors given as `(key, value)` lists.
+pub fn request(domain: &str, descriptors: &[&[(&str, &str)]]) -> RateLimitRequest {
+    RateLimitRequest {
+        domain: domain.to_owned(),
+        descriptors: descriptors
+            .iter()
+            .map(|entries| RateLimitDescriptor {
+                entries: entries
+                    .iter()
+                    .map(|(k, v)| Entry {
+                        key: (*k).to_owned(),
+                        value: (*v).to_owned(),
+                    })
+                    .collect(),
+                ..RateLimitDescriptor::default()
+            })
+            .collect(),
+        hits_addend: 0,
+    }
+}
+
+/// `(code, remaining)` of each status.
+pub fn codes(response: &RateLimitResponse) -> Vec<(i32, u32)> {
+    response
+        .statuses
+        .iter()
+        .map(|s| (s.code, s.limit_remaining))
+        .collect()
+}
+
+/// Polls `check` until it holds or `timeout` passes.
+pub async fn eventually<F, Fut>(timeout: Duration, mut check: F) -> bool
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = Instant::now() + timeout;
+    while Instant::now() < deadline {
+        if check().await {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    false
+}
