@@ -84,14 +84,16 @@ fn start_envoy(upstream: u16, ratelimit: u16, deny: bool) -> Envoy {
     );
 }
 
-/// Whether Envoy's admin `/ready` answers 200 (a plain HTTP/1.0 exchange).
+/// Whether Envoy's admin `/ready` answers 200 (Envoy refuses HTTP/1.0 with 426).
 fn admin_ready(port: u16) -> bool {
     use std::io::{Read, Write};
     let Ok(mut stream) = std::net::TcpStream::connect(("127.0.0.1", port)) else {
         return false;
     };
     let mut answer = String::new();
-    stream.write_all(b"GET /ready HTTP/1.0\r\n\r\n").is_ok()
+    stream
+        .write_all(b"GET /ready HTTP/1.1\r\nHost: admin\r\nConnection: close\r\n\r\n")
+        .is_ok()
         && stream.read_to_string(&mut answer).is_ok()
         && answer.starts_with("HTTP/1.1 200")
 }

@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# Load benchmark of the sidecar on the memory backend, next to the transport ceiling
+# (a tonic server that answers OK without deciding), measured in the same run.
+#
+# The server under test is pinned to CPU 0 and the load generator to CPU 1.
+#   bench/load/run.sh [SECONDS]
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/../.."
+SECONDS_PER_RUN="${1:-10}"
+cargo build --quiet --release -p ratelimit-sidecar -p ratelimit-load-bench
+BIN=target/release
+WORK="$(mktemp -d)"
+trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$WORK"' EXIT
+
+mkdir -p "$WORK/current/config"
+cat > "$WORK/current/config/bench.yaml" <<'YAML'
+domain: bench
+descriptors:
+  - key: client
+    rate_limit: {unit: hour, requests_per_unit: 4000000000}
+YAML
+
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+
+wait_port() { for _ in $(seq 100); do (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null && return 0; sleep 0.05; done; return 1; }
+
+measure() { # name port
+	for keys in 1 10000; do
+		printf '%-10s ' "$1"
+		taskset -c 1 "$BIN/rls-load" "127.0.0.1:$2" "$keys" "$SECONDS_PER_RUN" 4 16
+	done
+}
+
+port=$(free_port)
+taskset -c 0 "$BIN/rls-ceiling" "127.0.0.1:$port" &
+wait_port "$port"
+measure ceiling "$port"
+kill %1; wait %1 2>/dev/null || true
+
+port=$(free_port)
+RUNTIME_ROOT="$WORK/current" RUNTIME_SUBDIRECTORY= BACKEND_TYPE=memory USE_STATSD=false \
+	HOST=127.0.0.1 PORT="$(free_port)" DEBUG_HOST=127.0.0.1 DEBUG_PORT="$(free_port)" \
+	GRPC_HOST=127.0.0.1 GRPC_PORT="$port" LOG_LEVEL=error taskset -c 0 "$BIN/ratelimit" &
+wait_port "$port"
+measure sidecar "$port"
