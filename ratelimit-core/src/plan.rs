@@ -455,6 +455,7 @@ impl PlanBody {
                 Item::Unlimited { node } => (
                     DescriptorStatus {
                         limit_remaining: u32::MAX,
+                        metadata: engine.rules.node(*node).metadata.clone(),
                         ..DescriptorStatus::NO_LIMIT
                     },
                     engine.rules.node(*node).quota_mode || engine.settings.quota_mode,
@@ -462,7 +463,10 @@ impl PlanBody {
                 Item::Limited(limited) => {
                     let applied = engine.applied(limited);
                     let after = counts[limited.increment];
-                    let status = count_hits(&applied, limited.addend, after, ratio, self.now);
+                    let mut status = count_hits(&applied, limited.addend, after, ratio, self.now);
+                    if let Source::Node(id) = limited.source {
+                        status.metadata.clone_from(&engine.rules.node(id).metadata);
+                    }
                     let reset = applied.window.until_reset(self.now);
                     let header = (applied.requests_per_unit, status.limit_remaining, reset);
                     if status.code == Code::OverLimit && !applied.quota {
@@ -552,5 +556,6 @@ fn count_hits(
         }),
         limit_remaining: remaining,
         duration_until_reset: Some(applied.window.until_reset(now)),
+        metadata: None,
     }
 }

@@ -2,6 +2,7 @@
 
 use std::sync::Arc;
 
+use crate::config::Metadata;
 use crate::unit::Unit;
 
 /// A decision code.
@@ -25,7 +26,7 @@ pub struct CurrentLimit {
 }
 
 /// The decision for one descriptor.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct DescriptorStatus {
     /// `Ok` or `OverLimit` (shadow-mode rules always answer `Ok`).
     pub code: Code,
@@ -36,6 +37,8 @@ pub struct DescriptorStatus {
     pub limit_remaining: u32,
     /// Seconds until the window ends, when a limit applies.
     pub duration_until_reset: Option<u64>,
+    /// The `metadata` of the rule that applied, if it has any.
+    pub metadata: Option<Arc<Metadata>>,
 }
 
 impl DescriptorStatus {
@@ -45,6 +48,7 @@ impl DescriptorStatus {
         current_limit: None,
         limit_remaining: 0,
         duration_until_reset: None,
+        metadata: None,
     };
 }
 
@@ -60,7 +64,7 @@ pub struct RateLimitHeaders {
 }
 
 /// The decision for a whole request.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct Response {
     /// `OverLimit` when any descriptor is over its limit (unless global shadow mode is on).
     pub overall_code: Code,

@@ -8,7 +8,7 @@ use std::collections::HashMap;
 use std::fmt::Write as _;
 use std::sync::Arc;
 
-use crate::config::{Config, DescriptorRule, Limit};
+use crate::config::{Config, DescriptorRule, Limit, Metadata};
 use crate::keymap::KeyMap;
 use crate::request::Entry;
 use crate::stats::{RuleStats, StatsRegistry, push_key_part};
@@ -66,6 +66,7 @@ pub(crate) struct Node {
     pub detailed_metric: bool,
     pub value_to_metric: bool,
     pub share_threshold: bool,
+    pub metadata: Option<Arc<Metadata>>,
     /// Statistics under the node's static key; `None` for nodes without a counted limit.
     pub stats: Option<Arc<RuleStats>>,
     /// The static statistics key (`domain.key_value.key`).
@@ -174,6 +175,7 @@ impl RuleSet {
             detailed_metric: rule.detailed_metric,
             value_to_metric: rule.value_to_metric,
             share_threshold: rule.share_threshold,
+            metadata: rule.metadata.clone().map(Arc::new),
             stats: counted.then(|| stats.rule(&path.full_key)),
             full_key: path.full_key.as_str().into(),
             per_level_cache_key: path.share_threshold,

@@ -10,6 +10,7 @@ pub mod health;
 pub mod http;
 pub mod json;
 pub mod logging;
+pub mod metadata;
 pub mod provider;
 pub mod runner;
 pub mod serve;

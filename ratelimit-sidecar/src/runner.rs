@@ -77,7 +77,14 @@ pub async fn run(settings: Settings) -> Result<(), StartError> {
         reporter,
     );
     let limiter = Limiter::without_config(settings.core());
-    let service = Arc::new(Service::new(limiter, backend, health, headers));
+    let dynamic_metadata = settings.limiter.response_dynamic_metadata;
+    let service = Arc::new(Service::new(
+        limiter,
+        backend,
+        health,
+        headers,
+        dynamic_metadata,
+    ));
 
     let source = FileSource::new(&settings.config);
     tracing::info!(directory = %source.directory().display(), "loading rate limit configuration");

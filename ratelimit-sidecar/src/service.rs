@@ -9,6 +9,7 @@ use ratelimit_core::{Limiter, MemoryStore, RequestError};
 
 use crate::convert::{HeaderNames, InvalidRequest, request_from_pb, response_to_pb};
 use crate::health::Health;
+use crate::metadata::dynamic_metadata;
 use crate::timing::Timer;
 
 /// Where counters live.
@@ -40,6 +41,8 @@ pub struct Service {
     pub health: Health,
     /// Header names when LIMIT_RESPONSE_HEADERS_ENABLED is on.
     pub headers: Option<HeaderNames>,
+    /// RESPONSE_DYNAMIC_METADATA.
+    pub dynamic_metadata: bool,
     /// `ratelimit_server.ShouldRateLimit.response_time`.
     pub response_time: Timer,
     total_requests: Arc<Counter>,
@@ -53,6 +56,7 @@ impl Service {
         backend: Backend,
         health: Health,
         headers: Option<HeaderNames>,
+        dynamic_metadata: bool,
     ) -> Service {
         let stats = limiter.stats();
         Service {
@@ -62,6 +66,7 @@ impl Service {
             backend,
             health,
             headers,
+            dynamic_metadata,
             response_time: Timer::default(),
         }
     }
@@ -87,7 +92,11 @@ impl Service {
         let response = match &self.backend {
             Backend::Memory(store) => self.limiter.should_rate_limit(&request, store, now)?,
         };
-        Ok(response_to_pb(&response, self.headers.as_ref()))
+        let mut answer = response_to_pb(&response, self.headers.as_ref());
+        if self.dynamic_metadata {
+            answer.dynamic_metadata = Some(dynamic_metadata(&request, &response));
+        }
+        Ok(answer)
     }
 }
 
