@@ -2,7 +2,9 @@
 # Load benchmark of the sidecar on the memory backend, next to the transport ceiling
 # (a tonic server that answers OK without deciding), measured in the same run.
 #
-# The server under test is pinned to CPU 0 and the load generator to CPU 1.
+# The server under test is pinned to CPU 0 and the load generators to CPU 1: h2load
+# (Debian's nghttp2-client, when installed) for one hot key, then rls-load (this folder)
+# for one and 10 000 keys with p50/p99.
 #   bench/load/run.sh [SECONDS]
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
@@ -24,9 +26,19 @@ free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",
 
 wait_port() { for _ in $(seq 100); do (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null && return 0; sleep 0.05; done; return 1; }
 
+"$BIN/rls-load" --frame "$WORK/frame.bin"
+
 measure() { # name port
+	if command -v h2load >/dev/null; then
+		printf '%-10s h2load keys=1 ' "$1"
+		taskset -c 1 h2load -D "$SECONDS_PER_RUN" -c 4 -m 16 -t 1 -d "$WORK/frame.bin" \
+			-H 'content-type: application/grpc' -H 'te: trailers' \
+			"http://127.0.0.1:$2/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit" |
+			grep -E '^finished in|^requests:' | tr '\n' ' '
+		echo
+	fi
 	for keys in 1 10000; do
-		printf '%-10s ' "$1"
+		printf '%-10s rls-load ' "$1"
 		taskset -c 1 "$BIN/rls-load" "127.0.0.1:$2" "$keys" "$SECONDS_PER_RUN" 4 16
 	done
 }

@@ -5,7 +5,7 @@ mod support;
 use std::time::Duration;
 
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::RateLimitOverride;
-use support::{Options, Server, codes, eventually, request};
+use support::{Options, Server, codes, eventually, limit_of, request};
 use tonic::Code;
 
 const OK: i32 = 1;
@@ -265,26 +265,13 @@ async fn debug_server_lists_paths_rules_and_statistics() {
 #[tokio::test]
 async fn symlink_swap_reloads_and_a_broken_version_keeps_the_old_rules() {
     let server = Server::start(&[("rules.yaml", RULES)]);
-    let mut client = server.client().await;
     server.swap_root("v2", &[("rules.yaml", "domain: e2e\ndescriptors:\n  - key: user\n    rate_limit: {unit: minute, requests_per_unit: 7}\n")]);
     let reloaded = eventually(Duration::from_secs(10), || async {
         server.stat("ratelimit.service.config_load_success").await == Some(2)
     })
     .await;
     assert!(reloaded, "{}", server.log());
-    let r = client
-        .should_rate_limit(request("e2e", &[&[("user", "a")]]))
-        .await
-        .unwrap()
-        .into_inner();
-    assert_eq!(
-        r.statuses[0]
-            .current_limit
-            .as_ref()
-            .unwrap()
-            .requests_per_unit,
-        7
-    );
+    assert_eq!(limit_of(&server, "e2e", &[("user", "a")]).await, Some(7));
 
     server.swap_root("v3", &[("rules.yaml", "domain: e2e\ndescriptors:\n  - key: user\n    rate_limit: {unit: minutes, requests_per_unit: 1}\n")]);
     let rejected = eventually(Duration::from_secs(10), || async {
@@ -292,18 +279,9 @@ async fn symlink_swap_reloads_and_a_broken_version_keeps_the_old_rules() {
     })
     .await;
     assert!(rejected, "{}", server.log());
-    let r = client
-        .should_rate_limit(request("e2e", &[&[("user", "a")]]))
-        .await
-        .unwrap()
-        .into_inner();
     assert_eq!(
-        r.statuses[0]
-            .current_limit
-            .as_ref()
-            .unwrap()
-            .requests_per_unit,
-        7,
+        limit_of(&server, "e2e", &[("user", "a")]).await,
+        Some(7),
         "old rules still serve"
     );
     assert!(server.log().contains(
@@ -319,17 +297,10 @@ async fn file_edits_reload_when_not_watching_the_root() {
         env: vec![("HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED", "true".into())],
         ..Options::default()
     });
-    let mut client = server.client().await;
     let extra = server.config_dir().join("extra.yaml");
     std::fs::write(&extra, "domain: second\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 3}\n").unwrap();
     let loaded = eventually(Duration::from_secs(10), || async {
-        let mut c = server.client().await;
-        let r = c
-            .should_rate_limit(request("second", &[&[("k", "v")]]))
-            .await
-            .unwrap()
-            .into_inner();
-        r.statuses[0].current_limit.is_some()
+        limit_of(&server, "second", &[("k", "v")]).await.is_some()
     })
     .await;
     assert!(loaded, "{}", server.log());
@@ -343,13 +314,9 @@ async fn file_edits_reload_when_not_watching_the_root() {
     })
     .await;
     assert!(rejected, "{}", server.log());
-    let r = client
-        .should_rate_limit(request("second", &[&[("k", "v")]]))
-        .await
-        .unwrap()
-        .into_inner();
-    assert!(
-        r.statuses[0].current_limit.is_some(),
+    assert_eq!(
+        limit_of(&server, "second", &[("k", "v")]).await,
+        Some(3),
         "the last good configuration keeps serving"
     );
     // Removing every file leaves no domain: unhealthy, as HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED asks.

@@ -233,6 +233,20 @@ pub fn request(domain: &str, descriptors: &[&[(&str, &str)]]) -> RateLimitReques
     }
 }
 
+/// The `requests_per_unit` of the limit applied to a one-descriptor request, if any.
+pub async fn limit_of(server: &Server, domain: &str, entries: &[(&str, &str)]) -> Option<u32> {
+    let mut client = server.client().await;
+    let response = client
+        .should_rate_limit(request(domain, &[entries]))
+        .await
+        .unwrap()
+        .into_inner();
+    response.statuses[0]
+        .current_limit
+        .as_ref()
+        .map(|l| l.requests_per_unit)
+}
+
 /// `(code, remaining)` of each status.
 pub fn codes(response: &RateLimitResponse) -> Vec<(i32, u32)> {
     response
