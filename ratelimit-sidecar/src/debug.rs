@@ -85,6 +85,7 @@ fn stats(service: &Service) -> String {
             let _ = writeln!(out, "ratelimit.memory.bytes: {}", usage.bytes);
             let _ = writeln!(out, "ratelimit.memory.evictions: {}", usage.evictions);
         }
+        Backend::Redis(_) => {}
     }
     out
 }

@@ -10,7 +10,7 @@ use warp::reply::{Reply, Response, with_header, with_status};
 use warp::{Filter, Rejection};
 
 use crate::json::{parse_request, render_response};
-use crate::service::Service;
+use crate::service::{Service, ServiceError};
 
 /// `/json` (any method) and `/healthcheck` (any method); everything else is 404.
 pub fn routes(
@@ -22,19 +22,19 @@ pub fn routes(
         .and(warp::body::content_length_limit(max_body))
         .and(warp::body::bytes())
         .and(with_service.clone())
-        .map(|body: Bytes, service: Arc<Service>| json(&service, &body));
+        .then(|body: Bytes, service: Arc<Service>| async move { json(&service, &body).await });
     let health = warp::path!("healthcheck")
         .and(with_service)
         .map(|service: Arc<Service>| healthcheck(&service));
     json.or(health).unify().recover(rejection).unify()
 }
 
-fn json(service: &Service, body: &[u8]) -> Response {
+async fn json(service: &Service, body: &[u8]) -> Response {
     let request = match parse_request(body) {
         Ok(request) => request,
         Err(e) => return text(StatusCode::BAD_REQUEST, format!("Bad Request: {e}\n")),
     };
-    match service.should_rate_limit(request) {
+    match service.should_rate_limit(request).await {
         Ok(response) => {
             let status = if response.overall_code == Code::OverLimit as i32 {
                 StatusCode::TOO_MANY_REQUESTS
@@ -48,6 +48,10 @@ fn json(service: &Service, body: &[u8]) -> Response {
             );
             with_status(body, status).into_response()
         }
+        Err(ServiceError::Backend(e)) => text(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("Internal Server Error: {e}\n"),
+        ),
         Err(e) => text(StatusCode::BAD_REQUEST, format!("Bad Request: {e}\n")),
     }
 }

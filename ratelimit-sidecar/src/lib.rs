@@ -12,6 +12,7 @@ pub mod json;
 pub mod logging;
 pub mod metadata;
 pub mod provider;
+pub mod redis_store;
 pub mod runner;
 pub mod serve;
 pub mod service;

@@ -16,6 +16,7 @@ use crate::convert::HeaderNames;
 use crate::grpc::Grpc;
 use crate::health::Health;
 use crate::provider::{self, FileSource};
+use crate::redis_store::RedisBackend;
 use crate::service::{Backend, Service};
 use crate::settings::{BackendType, ConfigType, Settings};
 use crate::{debug, http, serve};
@@ -45,6 +46,7 @@ pub async fn run(settings: Settings) -> Result<(), StartError> {
             "CONFIG_TYPE=GRPC_XDS_SOTW: the xDS configuration source is not available in this version; use CONFIG_TYPE=FILE".into(),
         ));
     }
+    let limiter = Limiter::without_config(settings.core());
     let backend = match settings.backend() {
         BackendType::Memory => {
             tracing::warn!(
@@ -53,11 +55,24 @@ pub async fn run(settings: Settings) -> Result<(), StartError> {
             );
             Backend::Memory(MemoryStore::new(settings.limiter.memory_max_counters))
         }
-        other => {
-            return Err(StartError::NotAvailable(format!(
-                "BACKEND_TYPE={}: this backend is not available in this version; use BACKEND_TYPE=memory (and unset REDIS_URL)",
-                format!("{other:?}").to_lowercase()
-            )));
+        BackendType::Redis => {
+            let errors = limiter
+                .stats()
+                .counter("ratelimit.service.call.should_rate_limit.redis_error");
+            let redis = RedisBackend::connect(
+                &settings.redis,
+                settings.limiter.expiration_jitter_max_seconds,
+                errors,
+            )
+            .await
+            .map_err(|e| StartError::NotAvailable(e.to_string()))?;
+            tracing::warn!(redis_type = %settings.redis.redis_type, per_second = settings.redis.redis_persecond, "using the redis backend");
+            Backend::Redis(redis)
+        }
+        BackendType::Memcache => {
+            return Err(StartError::NotAvailable(
+                "BACKEND_TYPE=memcache: this backend is not available in this version; use redis or memory".into(),
+            ));
         }
     };
     let headers = settings
@@ -76,7 +91,6 @@ pub async fn run(settings: Settings) -> Result<(), StartError> {
         settings.config.healthy_with_at_least_one_config_loaded,
         reporter,
     );
-    let limiter = Limiter::without_config(settings.core());
     let dynamic_metadata = settings.limiter.response_dynamic_metadata;
     let service = Arc::new(Service::new(
         limiter,
@@ -103,6 +117,12 @@ pub async fn run(settings: Settings) -> Result<(), StartError> {
         changes_rx,
     ));
     service.health.publish().await;
+    if let (Backend::Redis(redis), true) = (
+        &service.backend,
+        settings.redis.redis_health_check_active_connection,
+    ) {
+        tokio::spawn(watch_redis(redis.clone(), Arc::clone(&service)));
+    }
 
     let server = &settings.server;
     let (stop_tx, stop_rx) = watch::channel(false);
@@ -180,6 +200,15 @@ fn spawn_grpc<E: std::fmt::Display>(
             tracing::error!(%error, "gRPC server failed");
         }
     })
+}
+
+/// Backend health follows whether Redis answers a PING, checked every second.
+async fn watch_redis(redis: RedisBackend, service: Arc<Service>) {
+    loop {
+        let alive = redis.ping().await;
+        service.health.set_backend(alive).await;
+        tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+    }
 }
 
 async fn bind(what: &'static str, host: &str, port: u16) -> Result<TcpListener, StartError> {

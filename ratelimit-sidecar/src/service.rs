@@ -10,6 +10,7 @@ use ratelimit_core::{Limiter, MemoryStore, RequestError};
 use crate::convert::{HeaderNames, InvalidRequest, request_from_pb, response_to_pb};
 use crate::health::Health;
 use crate::metadata::dynamic_metadata;
+use crate::redis_store::{RedisBackend, RedisError};
 use crate::timing::Timer;
 
 /// Where counters live.
@@ -17,6 +18,8 @@ use crate::timing::Timer;
 pub enum Backend {
     /// This process's memory: counters are not shared with other instances.
     Memory(MemoryStore),
+    /// Redis, shared by every instance pointed at it.
+    Redis(RedisBackend),
 }
 
 /// Why a request got no decision.
@@ -28,6 +31,9 @@ pub enum ServiceError {
     /// Empty domain, no descriptors, or no configuration loaded.
     #[error("{0}")]
     Request(#[from] RequestError),
+    /// The counter store failed or did not answer in time.
+    #[error("{0}")]
+    Backend(#[from] RedisError),
 }
 
 /// The running service: rules, counters, health and statistics.
@@ -72,25 +78,33 @@ impl Service {
     }
 
     /// Decides one request.
-    pub fn should_rate_limit(
+    pub async fn should_rate_limit(
         &self,
         request: RateLimitRequest,
     ) -> Result<RateLimitResponse, ServiceError> {
         let started = std::time::Instant::now();
         self.total_requests.add(1);
-        let result = self.decide(request);
-        if result.is_err() {
+        let result = self.decide(request).await;
+        if matches!(
+            result,
+            Err(ServiceError::Invalid(_) | ServiceError::Request(_))
+        ) {
             self.service_errors.add(1);
         }
         self.response_time.record(started.elapsed());
         result
     }
 
-    fn decide(&self, request: RateLimitRequest) -> Result<RateLimitResponse, ServiceError> {
+    async fn decide(&self, request: RateLimitRequest) -> Result<RateLimitResponse, ServiceError> {
         let request = request_from_pb(request)?;
         let now = unix_now();
         let response = match &self.backend {
             Backend::Memory(store) => self.limiter.should_rate_limit(&request, store, now)?,
+            Backend::Redis(redis) => {
+                let mut plan = self.limiter.plan(&request, now)?;
+                let counts = redis.run(&mut plan).await?;
+                plan.decide(&counts)
+            }
         };
         let mut answer = response_to_pb(&response, self.headers.as_ref());
         if self.dynamic_metadata {

@@ -1,0 +1,380 @@
+//! The Redis backend: a plan's increments as one pipeline per Redis (`INCRBY` and
+//! `EXPIRE` for every counter), with per-second limits on their own Redis when
+//! `REDIS_PERSECOND` is on. Connections are multiplexed: concurrent requests share them
+//! and their commands are pipelined together.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use ratelimit_core::Plan;
+use ratelimit_core::stats::Counter;
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::cluster::ClusterClientBuilder;
+use redis::cluster_async::ClusterConnection;
+use redis::{
+    Client, ConnectionAddr, ConnectionInfo, IntoConnectionInfo, Pipeline, RedisConnectionInfo,
+};
+
+use crate::settings::RedisSettings;
+
+/// Why Redis gave no answer.
+#[derive(Debug, thiserror::Error)]
+pub enum RedisError {
+    /// A setting does not describe a usable Redis.
+    #[error("{0}")]
+    Settings(String),
+    /// Redis failed or did not answer in time.
+    #[error("redis error: {0}")]
+    Redis(String),
+}
+
+/// One Redis deployment.
+#[derive(Clone)]
+enum Store {
+    /// One server, through a few multiplexed connections used in turn.
+    Single(Arc<Vec<ConnectionManager>>, Arc<AtomicUsize>),
+    /// A cluster; the client routes each key to its slot's node.
+    Cluster(ClusterConnection),
+}
+
+/// The main Redis, and the per-second one when configured.
+#[derive(Clone)]
+pub struct RedisBackend {
+    main: Store,
+    per_second: Option<Store>,
+    jitter_max: u64,
+    timeout: Duration,
+    errors: Arc<Counter>,
+}
+
+impl std::fmt::Debug for RedisBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisBackend")
+            .field("per_second", &self.per_second.is_some())
+            .finish()
+    }
+}
+
+/// What describes one Redis deployment (the main one or the per-second one).
+struct Target<'a> {
+    socket_type: &'a str,
+    kind: &'a str,
+    url: &'a str,
+    pool_size: usize,
+    auth: &'a str,
+    timeout: Duration,
+}
+
+impl RedisBackend {
+    /// Connects to the Redis deployments the settings describe, retrying with back-off
+    /// per `REDIS_STARTUP_*` while none answers.
+    pub async fn connect(
+        settings: &RedisSettings,
+        jitter_max: u64,
+        errors: Arc<Counter>,
+    ) -> Result<RedisBackend, RedisError> {
+        let url = settings
+            .redis_url
+            .as_deref()
+            .unwrap_or("/var/run/nutcracker/ratelimit.sock");
+        let main = Target {
+            socket_type: &settings.redis_socket_type,
+            kind: &settings.redis_type,
+            url,
+            pool_size: settings.redis_pool_size,
+            auth: &settings.redis_auth,
+            timeout: settings.redis_timeout,
+        };
+        let main = with_startup_backoff(settings, || open(&main)).await?;
+        let per_second = if settings.redis_persecond {
+            let target = Target {
+                socket_type: &settings.redis_persecond_socket_type,
+                kind: &settings.redis_persecond_type,
+                url: &settings.redis_persecond_url,
+                pool_size: settings.redis_persecond_pool_size,
+                auth: &settings.redis_persecond_auth,
+                timeout: settings.redis_persecond_timeout,
+            };
+            Some(with_startup_backoff(settings, || open(&target)).await?)
+        } else {
+            None
+        };
+        Ok(RedisBackend {
+            main,
+            per_second,
+            jitter_max,
+            timeout: settings.redis_timeout,
+            errors,
+        })
+    }
+
+    /// Runs the plan's counters and returns their totals, in plan order.
+    pub async fn run(&self, plan: &mut Plan) -> Result<Vec<u64>, RedisError> {
+        let result = tokio::time::timeout(self.timeout, self.run_unbounded(plan))
+            .await
+            .unwrap_or_else(|_| {
+                Err(RedisError::Redis(format!(
+                    "no answer within REDIS_TIMEOUT ({:?})",
+                    self.timeout
+                )))
+            });
+        if result.is_err() {
+            self.errors.add(1);
+        }
+        result
+    }
+
+    async fn run_unbounded(&self, plan: &mut Plan) -> Result<Vec<u64>, RedisError> {
+        let (main, per_second) = self.split(plan);
+        if plan.needs_current_counts() {
+            let mut current = vec![0u64; plan.increments().len()];
+            let (a, b) = tokio::join!(
+                self.get(&self.main, plan, &main),
+                self.get_per_second(plan, &per_second)
+            );
+            for (i, v) in main.iter().zip(a?).chain(per_second.iter().zip(b?)) {
+                current[*i] = v;
+            }
+            plan.apply_current(&current);
+        }
+        let mut counts = vec![0u64; plan.increments().len()];
+        let (a, b) = tokio::join!(
+            self.incr(&self.main, plan, &main),
+            self.incr_per_second(plan, &per_second)
+        );
+        for (i, v) in main.iter().zip(a?).chain(per_second.iter().zip(b?)) {
+            counts[*i] = v;
+        }
+        Ok(counts)
+    }
+
+    /// Indexes of the plan's counters for the main and the per-second Redis.
+    fn split(&self, plan: &Plan) -> (Vec<usize>, Vec<usize>) {
+        (0..plan.increments().len())
+            .partition(|&i| self.per_second.is_none() || !plan.increments()[i].per_second())
+    }
+
+    async fn incr_per_second(
+        &self,
+        plan: &Plan,
+        indexes: &[usize],
+    ) -> Result<Vec<u64>, RedisError> {
+        match &self.per_second {
+            Some(store) => self.incr(store, plan, indexes).await,
+            None => Ok(Vec::new()),
+        }
+    }
+
+    async fn get_per_second(&self, plan: &Plan, indexes: &[usize]) -> Result<Vec<u64>, RedisError> {
+        match &self.per_second {
+            Some(store) => self.get(store, plan, indexes).await,
+            None => Ok(Vec::new()),
+        }
+    }
+
+    async fn incr(
+        &self,
+        store: &Store,
+        plan: &Plan,
+        indexes: &[usize],
+    ) -> Result<Vec<u64>, RedisError> {
+        if indexes.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut pipe = redis::pipe();
+        for &i in indexes {
+            let increment = &plan.increments()[i];
+            let jitter = if self.jitter_max > 0 {
+                fastrand::u64(0..self.jitter_max)
+            } else {
+                0
+            };
+            pipe.cmd("INCRBY").arg(&increment.key).arg(increment.hits);
+            pipe.cmd("EXPIRE")
+                .arg(&increment.key)
+                .arg(increment.expiry_seconds(jitter))
+                .ignore();
+        }
+        query(store, &pipe).await
+    }
+
+    async fn get(
+        &self,
+        store: &Store,
+        plan: &Plan,
+        indexes: &[usize],
+    ) -> Result<Vec<u64>, RedisError> {
+        if indexes.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut pipe = redis::pipe();
+        for &i in indexes {
+            pipe.cmd("GET").arg(&plan.increments()[i].key);
+        }
+        let values: Vec<Option<u64>> = query(store, &pipe).await?;
+        Ok(values.into_iter().map(Option::unwrap_or_default).collect())
+    }
+
+    /// Whether the main Redis answers a PING.
+    pub async fn ping(&self) -> bool {
+        let mut pipe = redis::pipe();
+        pipe.cmd("PING");
+        let answer: Result<Vec<String>, _> = query(&self.main, &pipe).await;
+        answer.is_ok()
+    }
+}
+
+async fn query<T: redis::FromRedisValue>(store: &Store, pipe: &Pipeline) -> Result<T, RedisError> {
+    let result = match store {
+        Store::Single(connections, next) => {
+            let i = next.fetch_add(1, Ordering::Relaxed) % connections.len();
+            let mut connection = connections[i].clone();
+            pipe.query_async(&mut connection).await
+        }
+        Store::Cluster(connection) => pipe.query_async(&mut connection.clone()).await,
+    };
+    result.map_err(|e| RedisError::Redis(e.to_string()))
+}
+
+async fn with_startup_backoff<F, Fut>(
+    settings: &RedisSettings,
+    mut connect: F,
+) -> Result<Store, RedisError>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<Store, RedisError>>,
+{
+    let started = std::time::Instant::now();
+    let mut wait = settings.redis_startup_initial_interval;
+    loop {
+        match connect().await {
+            Ok(store) => return Ok(store),
+            Err(RedisError::Settings(message)) => return Err(RedisError::Settings(message)),
+            Err(error) => {
+                let limit = settings.redis_startup_max_elapsed_time;
+                if !limit.is_zero() && started.elapsed() + wait > limit {
+                    return Err(error);
+                }
+                tracing::warn!(%error, retry_in = ?wait, "cannot reach Redis yet");
+                tokio::time::sleep(wait).await;
+                wait = (wait * 2).min(settings.redis_startup_max_interval);
+            }
+        }
+    }
+}
+
+async fn open(target: &Target<'_>) -> Result<Store, RedisError> {
+    let credentials = credentials(target.auth);
+    let redis_error = |e: redis::RedisError| RedisError::Redis(e.to_string());
+    match target.kind {
+        "cluster" => {
+            let nodes = target
+                .url
+                .split(',')
+                .map(|node| address(target.socket_type, node))
+                .collect::<Result<Vec<_>, _>>()?;
+            let mut builder = ClusterClientBuilder::new(nodes)
+                .connection_timeout(target.timeout)
+                .response_timeout(target.timeout);
+            if let Some(user) = &credentials.0 {
+                builder = builder.username(user);
+            }
+            if let Some(password) = &credentials.1 {
+                builder = builder.password(password);
+            }
+            let client = builder.build().map_err(redis_error)?;
+            Ok(Store::Cluster(
+                client.get_async_connection().await.map_err(redis_error)?,
+            ))
+        }
+        "single" => {
+            let mut info = RedisConnectionInfo::default();
+            if let Some(user) = &credentials.0 {
+                info = info.set_username(user);
+            }
+            if let Some(password) = &credentials.1 {
+                info = info.set_password(password);
+            }
+            let connection_info = address(target.socket_type, target.url)?.set_redis_settings(info);
+            let client = Client::open(connection_info).map_err(redis_error)?;
+            let config = ConnectionManagerConfig::new()
+                .set_connection_timeout(Some(target.timeout))
+                .set_response_timeout(Some(target.timeout))
+                .set_number_of_retries(1);
+            let mut connections = Vec::with_capacity(target.pool_size.max(1));
+            for _ in 0..target.pool_size.max(1) {
+                let connection = ConnectionManager::new_with_config(client.clone(), config.clone())
+                    .await
+                    .map_err(redis_error)?;
+                connections.push(connection);
+            }
+            Ok(Store::Single(
+                Arc::new(connections),
+                Arc::new(AtomicUsize::new(0)),
+            ))
+        }
+        other => Err(RedisError::Settings(format!(
+            "REDIS_TYPE={other}: only single and cluster are available in this version"
+        ))),
+    }
+}
+
+/// `password` or `user:password`.
+fn credentials(auth: &str) -> (Option<String>, Option<String>) {
+    match auth.split_once(':') {
+        _ if auth.is_empty() => (None, None),
+        Some((user, password)) => (Some(user.to_owned()), Some(password.to_owned())),
+        None => (None, Some(auth.to_owned())),
+    }
+}
+
+fn address(socket_type: &str, url: &str) -> Result<ConnectionInfo, RedisError> {
+    let addr = match socket_type {
+        "unix" => ConnectionAddr::Unix(url.into()),
+        "tcp" => {
+            let (host, port) = url
+                .rsplit_once(':')
+                .and_then(|(h, p)| Some((h.to_owned(), p.parse::<u16>().ok()?)))
+                .ok_or_else(|| {
+                    RedisError::Settings(format!("REDIS_URL '{url}' is not host:port"))
+                })?;
+            ConnectionAddr::Tcp(host, port)
+        }
+        other => {
+            return Err(RedisError::Settings(format!(
+                "REDIS_SOCKET_TYPE={other}: expected tcp or unix"
+            )));
+        }
+    };
+    addr.into_connection_info()
+        .map_err(|e| RedisError::Settings(e.to_string()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn credentials_are_password_or_user_and_password() {
+        assert_eq!(credentials(""), (None, None));
+        assert_eq!(credentials("secret"), (None, Some("secret".into())));
+        assert_eq!(
+            credentials("alice:s:3"),
+            (Some("alice".into()), Some("s:3".into()))
+        );
+    }
+
+    #[test]
+    fn addresses_by_socket_type() {
+        assert!(
+            matches!(address("tcp", "127.0.0.1:6379").unwrap().addr(), ConnectionAddr::Tcp(h, 6379) if h == "127.0.0.1")
+        );
+        assert!(matches!(
+            address("unix", "/tmp/r.sock").unwrap().addr(),
+            ConnectionAddr::Unix(_)
+        ));
+        assert!(address("tcp", "nohost").is_err());
+        assert!(address("udp", "x:1").is_err());
+    }
+}
