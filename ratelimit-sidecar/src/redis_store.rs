@@ -179,11 +179,7 @@ impl RedisBackend {
         plan: &Plan,
         indexes: &[usize],
     ) -> Result<Vec<u64>, RedisError> {
-        if indexes.is_empty() {
-            return Ok(Vec::new());
-        }
-        let mut pipe = redis::pipe();
-        for &i in indexes {
+        run_batched(store, indexes, |pipe, i| {
             let increment = &plan.increments()[i];
             let jitter = if self.jitter_max > 0 {
                 fastrand::u64(0..self.jitter_max)
@@ -195,8 +191,8 @@ impl RedisBackend {
                 .arg(&increment.key)
                 .arg(increment.expiry_seconds(jitter))
                 .ignore();
-        }
-        query(store, &pipe).await
+        })
+        .await
     }
 
     async fn get(
@@ -205,14 +201,10 @@ impl RedisBackend {
         plan: &Plan,
         indexes: &[usize],
     ) -> Result<Vec<u64>, RedisError> {
-        if indexes.is_empty() {
-            return Ok(Vec::new());
-        }
-        let mut pipe = redis::pipe();
-        for &i in indexes {
+        let values: Vec<Option<u64>> = run_batched(store, indexes, |pipe, i| {
             pipe.cmd("GET").arg(&plan.increments()[i].key);
-        }
-        let values: Vec<Option<u64>> = query(store, &pipe).await?;
+        })
+        .await?;
         Ok(values.into_iter().map(Option::unwrap_or_default).collect())
     }
 
@@ -223,6 +215,41 @@ impl RedisBackend {
         let answer: Result<Vec<String>, _> = query(&self.main, &pipe).await;
         answer.is_ok()
     }
+}
+
+/// Runs the commands `add` writes for each counter: in one pipeline on a single Redis; in
+/// one pipeline per counter, all at once, on a cluster, where a pipeline must stay within
+/// one hash slot. Results come back in `indexes` order.
+async fn run_batched<T: redis::FromRedisValue>(
+    store: &Store,
+    indexes: &[usize],
+    mut add: impl FnMut(&mut Pipeline, usize),
+) -> Result<Vec<T>, RedisError> {
+    if indexes.is_empty() {
+        return Ok(Vec::new());
+    }
+    let pipes: Vec<Pipeline> = match store {
+        Store::Single(..) => {
+            let mut pipe = redis::pipe();
+            indexes.iter().for_each(|&i| add(&mut pipe, i));
+            vec![pipe]
+        }
+        Store::Cluster(_) => indexes
+            .iter()
+            .map(|&i| {
+                let mut pipe = redis::pipe();
+                add(&mut pipe, i);
+                pipe
+            })
+            .collect(),
+    };
+    let results =
+        futures_util::future::join_all(pipes.iter().map(|pipe| query::<Vec<T>>(store, pipe))).await;
+    let mut out = Vec::with_capacity(indexes.len());
+    for result in results {
+        out.extend(result?);
+    }
+    Ok(out)
 }
 
 async fn query<T: redis::FromRedisValue>(store: &Store, pipe: &Pipeline) -> Result<T, RedisError> {

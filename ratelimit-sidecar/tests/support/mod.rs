@@ -271,3 +271,107 @@ where
     }
     false
 }
+
+/// A real `redis-server` (Debian's) on a free loopback port, killed when dropped.
+pub struct Redis {
+    child: Child,
+    pub port: u16,
+    pub dir: tempfile::TempDir,
+    args: Vec<String>,
+}
+
+impl Redis {
+    /// Starts `redis-server` with extra arguments (`--requirepass x`, ...).
+    pub fn start(extra: &[&str]) -> Redis {
+        let dir = tempfile::tempdir().unwrap();
+        let port = free_port();
+        let args: Vec<String> = extra.iter().map(|a| (*a).to_owned()).collect();
+        let child = Redis::spawn(port, dir.path(), &args);
+        let redis = Redis {
+            child,
+            port,
+            dir,
+            args,
+        };
+        redis.wait_ready();
+        redis
+    }
+
+    fn spawn(port: u16, dir: &std::path::Path, args: &[String]) -> Child {
+        Command::new("redis-server")
+            .args([
+                "--port",
+                &port.to_string(),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+            ])
+            .arg("--dir")
+            .arg(dir)
+            .args(args)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("redis-server is installed (scripts/test.sh installs it)")
+    }
+
+    fn wait_ready(&self) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline {
+            if std::net::TcpStream::connect(("127.0.0.1", self.port)).is_ok() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        panic!("redis-server did not start on {}", self.port);
+    }
+
+    /// Kills the server (as a crash would).
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// Starts it again on the same port with the same arguments.
+    pub fn restart(&mut self) {
+        self.kill();
+        self.child = Redis::spawn(self.port, self.dir.path(), &self.args);
+        self.wait_ready();
+    }
+
+    /// Runs a command with `redis-cli` and returns its output, trimmed.
+    pub fn cli(&self, args: &[&str]) -> String {
+        let out = Command::new("redis-cli")
+            .args(["-p", &self.port.to_string()])
+            .args(args)
+            .output()
+            .expect("redis-cli is installed");
+        String::from_utf8_lossy(&out.stdout).trim().to_owned()
+    }
+
+    /// Every key, sorted.
+    pub fn keys(&self) -> Vec<String> {
+        let mut keys: Vec<String> = self.cli(&["--scan"]).lines().map(str::to_owned).collect();
+        keys.sort();
+        keys
+    }
+}
+
+impl Drop for Redis {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// Environment for a sidecar on the Redis at `port`.
+pub fn redis_env(port: u16) -> Vec<(&'static str, String)> {
+    vec![
+        ("BACKEND_TYPE", "redis".into()),
+        ("REDIS_SOCKET_TYPE", "tcp".into()),
+        ("REDIS_URL", format!("127.0.0.1:{port}")),
+        ("EXPIRATION_JITTER_MAX_SECONDS", "0".into()),
+    ]
+}

@@ -1,0 +1,266 @@
+//! The Redis backend against real `redis-server` processes.
+
+mod support;
+
+use std::time::{Duration, Instant};
+
+use support::{Options, Redis, Server, codes, redis_env, request};
+use tonic::Code;
+
+const OK: i32 = 1;
+const OVER: i32 = 2;
+
+const RULES: &str = "
+domain: rd
+descriptors:
+  - key: user
+    rate_limit: {unit: minute, requests_per_unit: 2}
+  - key: burst
+    rate_limit: {unit: second, requests_per_unit: 100}
+";
+
+fn sidecar(env: Vec<(&'static str, String)>) -> Server {
+    Server::start_with(Options {
+        files: vec![("rules.yaml", RULES.to_owned())],
+        env,
+        ..Options::default()
+    })
+}
+
+fn minute_start() -> u64 {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    now - now % 60
+}
+
+#[tokio::test]
+async fn counts_in_redis_under_envoy_ratelimit_keys_with_the_window_ttl() {
+    let redis = Redis::start(&[]);
+    let mut env = redis_env(redis.port);
+    env.push(("CACHE_KEY_PREFIX", "pfx:".into()));
+    let server = sidecar(env);
+    let mut client = server.client().await;
+    let window = minute_start();
+    let got: Vec<_> = ask_alice(&mut client, 3).await;
+    if minute_start() != window {
+        return; // the minute rolled over mid-test; the keys below would span two windows
+    }
+    assert_eq!(got, [(OK, 1), (OK, 0), (OVER, 0)]);
+    let key = format!("pfx:rd_user_alice_{window}");
+    assert_eq!(redis.keys(), std::slice::from_ref(&key));
+    assert_eq!(redis.cli(&["GET", &key]), "3");
+    let ttl: u64 = redis.cli(&["TTL", &key]).parse().unwrap();
+    assert!((1..=60).contains(&ttl), "ttl {ttl}");
+}
+
+async fn ask_alice(
+    client: &mut envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient<
+        tonic::transport::Channel,
+    >,
+    n: usize,
+) -> Vec<(i32, u32)> {
+    let mut out = Vec::new();
+    for _ in 0..n {
+        let r = client
+            .should_rate_limit(request("rd", &[&[("user", "alice")]]))
+            .await
+            .unwrap();
+        out.extend(codes(r.get_ref()));
+    }
+    out
+}
+
+#[tokio::test]
+async fn per_second_limits_go_to_their_own_redis() {
+    let main = Redis::start(&[]);
+    let per_second = Redis::start(&[]);
+    let mut env = redis_env(main.port);
+    env.extend([
+        ("REDIS_PERSECOND", "true".into()),
+        ("REDIS_PERSECOND_SOCKET_TYPE", "tcp".into()),
+        (
+            "REDIS_PERSECOND_URL",
+            format!("127.0.0.1:{}", per_second.port),
+        ),
+    ]);
+    let server = sidecar(env);
+    let mut client = server.client().await;
+    let r = client
+        .should_rate_limit(request("rd", &[&[("user", "u")], &[("burst", "b")]]))
+        .await
+        .unwrap();
+    assert_eq!(codes(r.get_ref()), [(OK, 1), (OK, 99)]);
+    let main_keys = main.keys();
+    let second_keys = per_second.keys();
+    assert_eq!(main_keys.len(), 1);
+    assert!(main_keys[0].starts_with("rd_user_u_"), "{main_keys:?}");
+    assert_eq!(second_keys.len(), 1);
+    assert!(second_keys[0].starts_with("rd_burst_b_"), "{second_keys:?}");
+}
+
+#[tokio::test]
+async fn password_acl_user_and_unix_socket() {
+    let with_password = Redis::start(&["--requirepass", "s3cret"]);
+    let mut env = redis_env(with_password.port);
+    env.push(("REDIS_AUTH", "s3cret".into()));
+    let server = sidecar(env);
+    let r = server
+        .client()
+        .await
+        .should_rate_limit(request("rd", &[&[("user", "p")]]))
+        .await
+        .unwrap();
+    assert_eq!(codes(r.get_ref()), [(OK, 1)]);
+    assert!(
+        !server.log().contains("s3cret"),
+        "passwords never reach the log"
+    );
+
+    let acl = Redis::start(&["--user", "rl", "on", ">pw", "~*", "+@all"]);
+    let mut env = redis_env(acl.port);
+    env.push(("REDIS_AUTH", "rl:pw".into()));
+    let server = sidecar(env);
+    let r = server
+        .client()
+        .await
+        .should_rate_limit(request("rd", &[&[("user", "q")]]))
+        .await
+        .unwrap();
+    assert_eq!(codes(r.get_ref()), [(OK, 1)]);
+
+    let socket_dir = tempfile::tempdir().unwrap();
+    let socket = socket_dir.path().join("redis.sock");
+    let unix = Redis::start(&[
+        "--unixsocket",
+        socket.to_str().unwrap(),
+        "--unixsocketperm",
+        "700",
+    ]);
+    let server = sidecar(vec![
+        ("BACKEND_TYPE", "redis".into()),
+        ("REDIS_SOCKET_TYPE", "unix".into()),
+        ("REDIS_URL", socket.display().to_string()),
+    ]);
+    let r = server
+        .client()
+        .await
+        .should_rate_limit(request("rd", &[&[("user", "s")]]))
+        .await
+        .unwrap();
+    assert_eq!(codes(r.get_ref()), [(OK, 1)]);
+    assert_eq!(unix.keys().len(), 1);
+}
+
+#[tokio::test]
+async fn a_redis_outage_is_a_prompt_unavailable_and_recovers_by_itself() {
+    let mut redis = Redis::start(&[]);
+    let mut env = redis_env(redis.port);
+    env.push(("REDIS_TIMEOUT", "1s".into()));
+    let server = sidecar(env);
+    let mut client = server.client().await;
+    client
+        .should_rate_limit(request("rd", &[&[("user", "o")]]))
+        .await
+        .unwrap();
+    redis.kill();
+    for _ in 0..3 {
+        let started = Instant::now();
+        let error = client
+            .should_rate_limit(request("rd", &[&[("user", "o")]]))
+            .await
+            .unwrap_err();
+        assert_eq!(error.code(), Code::Unavailable, "{}", error.message());
+        assert!(error.message().contains("redis"), "{}", error.message());
+        assert!(
+            started.elapsed() < Duration::from_secs(3),
+            "took {:?}",
+            started.elapsed()
+        );
+    }
+    let http = reqwest::Client::new()
+        .post(server.http_url("/json"))
+        .body(r#"{"domain":"rd","descriptors":[{"entries":[{"key":"user","value":"o"}]}]}"#)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(http.status(), 500);
+    assert!(
+        server
+            .stat("ratelimit.service.call.should_rate_limit.redis_error")
+            .await
+            .unwrap_or(0)
+            >= 4
+    );
+    redis.restart();
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        match client
+            .should_rate_limit(request("rd", &[&[("user", "back")]]))
+            .await
+        {
+            Ok(r) => {
+                assert_eq!(codes(r.get_ref()), [(OK, 1)]);
+                break;
+            }
+            Err(e) if Instant::now() < deadline => {
+                assert_eq!(e.code(), Code::Unavailable);
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            Err(e) => panic!("did not recover: {e}"),
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_three_master_cluster_spreads_keys_over_slots() {
+    let nodes: Vec<Redis> = (0..3)
+        .map(|i| {
+            let conf = format!("nodes-{i}.conf");
+            Redis::start(&["--cluster-enabled", "yes", "--cluster-config-file", &conf])
+        })
+        .collect();
+    let addresses: Vec<String> = nodes
+        .iter()
+        .map(|n| format!("127.0.0.1:{}", n.port))
+        .collect();
+    let created = std::process::Command::new("redis-cli")
+        .args(["--cluster", "create"])
+        .args(&addresses)
+        .args(["--cluster-replicas", "0", "--cluster-yes"])
+        .output()
+        .unwrap();
+    assert!(
+        created.status.success(),
+        "{}",
+        String::from_utf8_lossy(&created.stdout)
+    );
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while nodes[0].cli(&["CLUSTER", "INFO"]).lines().next() != Some("cluster_state:ok") {
+        assert!(Instant::now() < deadline, "cluster never became ok");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let server = sidecar(vec![
+        ("BACKEND_TYPE", "redis".into()),
+        ("REDIS_SOCKET_TYPE", "tcp".into()),
+        ("REDIS_TYPE", "cluster".into()),
+        ("REDIS_URL", addresses.join(",")),
+        ("REDIS_PIPELINE_WINDOW", "150us".into()),
+    ]);
+    let mut client = server.client().await;
+    for i in 0..30 {
+        let user = format!("u{i}");
+        let r = client
+            .should_rate_limit(request("rd", &[&[("user", &user)], &[("burst", &user)]]))
+            .await
+            .unwrap();
+        assert_eq!(codes(r.get_ref()), [(OK, 1), (OK, 99)], "{user}");
+    }
+    let per_node: Vec<usize> = nodes.iter().map(|n| n.keys().len()).collect();
+    assert_eq!(per_node.iter().sum::<usize>(), 60, "{per_node:?}");
+    assert!(
+        per_node.iter().all(|&n| n > 0),
+        "keys on every master: {per_node:?}"
+    );
+}
