@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Load benchmark of the sidecar on the memory backend, next to the transport ceiling
+# Load benchmark of the sidecar on the memory and Redis backends, next to the transport ceiling
 # (a tonic server that answers OK without deciding), measured in the same run.
 #
 # The server under test is pinned to CPU 0 and the load generators to CPU 1: h2load
@@ -45,13 +45,30 @@ measure() { # name port
 
 port=$(free_port)
 taskset -c 0 "$BIN/rls-ceiling" "127.0.0.1:$port" &
+pid=$!
 wait_port "$port"
 measure ceiling "$port"
-kill %1; wait %1 2>/dev/null || true
+kill "$pid"; wait "$pid" 2>/dev/null || true
 
 port=$(free_port)
 RUNTIME_ROOT="$WORK/current" RUNTIME_SUBDIRECTORY= BACKEND_TYPE=memory USE_STATSD=false \
 	HOST=127.0.0.1 PORT="$(free_port)" DEBUG_HOST=127.0.0.1 DEBUG_PORT="$(free_port)" \
 	GRPC_HOST=127.0.0.1 GRPC_PORT="$port" LOG_LEVEL=error taskset -c 0 "$BIN/ratelimit" &
+pid=$!
 wait_port "$port"
 measure sidecar "$port"
+kill "$pid"; wait "$pid" 2>/dev/null || true
+
+# The same with the Redis backend; redis-server shares CPU 1 with the generators.
+if command -v redis-server >/dev/null; then
+	redis_port=$(free_port)
+	taskset -c 1 redis-server --port "$redis_port" --bind 127.0.0.1 --save '' --appendonly no --dir "$WORK" >/dev/null &
+	wait_port "$redis_port"
+	port=$(free_port)
+	RUNTIME_ROOT="$WORK/current" RUNTIME_SUBDIRECTORY= BACKEND_TYPE=redis REDIS_SOCKET_TYPE=tcp \
+		REDIS_URL="127.0.0.1:$redis_port" USE_STATSD=false \
+		HOST=127.0.0.1 PORT="$(free_port)" DEBUG_HOST=127.0.0.1 DEBUG_PORT="$(free_port)" \
+		GRPC_HOST=127.0.0.1 GRPC_PORT="$port" LOG_LEVEL=error taskset -c 0 "$BIN/ratelimit" &
+	wait_port "$port"
+	measure redis "$port"
+fi
