@@ -36,6 +36,7 @@
 pub mod config;
 mod keymap;
 mod limiter;
+mod local_cache;
 mod memory;
 mod plan;
 mod request;
@@ -48,6 +49,7 @@ mod wildcard;
 
 pub use config::{Config, ConfigError, ConfigErrorKind};
 pub use limiter::{Limiter, Settings};
+pub use local_cache::OverLimitCache;
 pub use memory::{MemoryStore, MemoryUsage};
 pub use plan::{Increment, Plan};
 pub use request::{Descriptor, Entry, LimitOverride, Request, RequestError};

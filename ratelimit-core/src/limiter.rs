@@ -7,6 +7,7 @@ use arc_swap::ArcSwapOption;
 use smallvec::SmallVec;
 
 use crate::config::Config;
+use crate::local_cache::OverLimitCache;
 use crate::plan::Plan;
 use crate::request::{Request, RequestError};
 use crate::response::Response;
@@ -35,6 +36,10 @@ pub struct Settings {
     /// `QUOTA_MODE`: every descriptor is a quota; the request is over limit only when
     /// all of them are.
     pub quota_mode: bool,
+    /// `LOCAL_CACHE_SIZE_IN_BYTES`: with a remote store ([`Limiter::plan`]), remember
+    /// counters that went over their limit and answer them without the store until their
+    /// window ends. 0 turns it off.
+    pub local_cache_size_in_bytes: usize,
 }
 
 impl Default for Settings {
@@ -45,6 +50,7 @@ impl Default for Settings {
             stop_cache_key_increment_when_overlimit: false,
             shadow_mode: false,
             quota_mode: false,
+            local_cache_size_in_bytes: 0,
         }
     }
 }
@@ -58,6 +64,7 @@ pub struct Limiter {
     settings: Settings,
     stats: Arc<StatsRegistry>,
     global_shadow: Arc<Counter>,
+    local_cache: Option<Arc<OverLimitCache>>,
     engine: ArcSwapOption<Engine>,
 }
 
@@ -68,6 +75,7 @@ pub(crate) struct Engine {
     pub settings: Settings,
     pub stats: Arc<StatsRegistry>,
     pub global_shadow: Arc<Counter>,
+    pub local_cache: Option<Arc<OverLimitCache>>,
 }
 
 impl Limiter {
@@ -82,8 +90,15 @@ impl Limiter {
     /// [`RequestError::NoConfiguration`] until [`Limiter::set_config`].
     pub fn without_config(settings: Settings) -> Limiter {
         let stats = Arc::new(StatsRegistry::default());
+        let local_cache = (settings.local_cache_size_in_bytes > 0).then(|| {
+            Arc::new(OverLimitCache::new(
+                settings.local_cache_size_in_bytes,
+                &stats,
+            ))
+        });
         Limiter {
             global_shadow: stats.counter("ratelimit.service.global_shadow_mode"),
+            local_cache,
             settings,
             stats,
             engine: ArcSwapOption::empty(),
@@ -97,6 +112,7 @@ impl Limiter {
             settings: self.settings.clone(),
             stats: Arc::clone(&self.stats),
             global_shadow: Arc::clone(&self.global_shadow),
+            local_cache: self.local_cache.clone(),
         };
         self.engine.store(Some(Arc::new(engine)));
     }
@@ -114,6 +130,11 @@ impl Limiter {
     /// The statistics of every rule, and any counters the caller adds.
     pub fn stats(&self) -> &Arc<StatsRegistry> {
         &self.stats
+    }
+
+    /// The local over-limit cache, when `local_cache_size_in_bytes` is set.
+    pub fn local_cache(&self) -> Option<&OverLimitCache> {
+        self.local_cache.as_deref()
     }
 
     /// The loaded rules, one line per limited rule, as envoyproxy/ratelimit's `/rlconfig`

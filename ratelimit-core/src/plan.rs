@@ -11,6 +11,7 @@ use smallvec::SmallVec;
 
 use crate::config::Limit;
 use crate::limiter::Engine;
+use crate::local_cache::OverLimitCache;
 use crate::request::{Descriptor, LimitOverride, Request};
 use crate::response::{Code, CurrentLimit, DescriptorStatus, RateLimitHeaders, Response};
 use crate::rules::{Level, MatchKind, Node, NodeId};
@@ -111,7 +112,10 @@ struct Limited {
     addend: u64,
     /// Statistics whose key depends on the request; otherwise the node's own.
     stats: Option<Arc<RuleStats>>,
+    /// Index of its counter in the plan's increments (unused when `cached`).
     increment: usize,
+    /// The local cache knows the counter is over its limit: the store is not asked.
+    cached: bool,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -158,6 +162,7 @@ impl Engine {
                         addend,
                         stats: Some(self.stats.rule(&key)),
                         increment: 0,
+                        cached: false,
                     });
                 }
                 let Some(id) = self.rules.find(root, &descriptor.entries, |_, _, _| {}) else {
@@ -182,6 +187,7 @@ impl Engine {
                             ))
                         }),
                         increment: 0,
+                        cached: false,
                     }),
                 }
             })
@@ -203,7 +209,8 @@ impl Engine {
         }
     }
 
-    /// Matches `request` and lists its counters with their keys.
+    /// Matches `request` and lists its counters with their keys, leaving out those the
+    /// local over-limit cache already knows about.
     pub(crate) fn plan_body(&self, request: &Request, now: u64) -> PlanBody {
         let mut body = self.match_request(request, now);
         let mut increments = SmallVec::with_capacity(body.items.len());
@@ -218,6 +225,9 @@ impl Engine {
             });
         });
         body.increments = increments;
+        if let Some(cache) = &self.local_cache {
+            body.skip_cached(cache, self.settings.stop_cache_key_increment_when_overlimit);
+        }
         body
     }
 
@@ -430,13 +440,41 @@ impl PlanBody {
     ) -> Option<SmallVec<[bool; 8]>> {
         let mut exceeds: SmallVec<[bool; 8]> = SmallVec::new();
         for item in &self.items {
-            if let Item::Limited(limited) = item {
+            if let Item::Limited(limited) = item
+                && !limited.cached
+            {
                 let count = current.get(limited.increment).copied().unwrap_or(0);
                 let limit = u64::from(engine.applied(limited).requests_per_unit);
                 exceeds.push(count.saturating_add(limited.addend) > limit);
             }
         }
         exceeds.contains(&true).then_some(exceeds)
+    }
+
+    /// Leaves out the counters `cache` knows to be over their limit; with `stop`
+    /// (STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT), a known one makes every other counter
+    /// only checked, as upstream does.
+    fn skip_cached(&mut self, cache: &OverLimitCache, stop: bool) {
+        let increments = std::mem::take(&mut self.increments);
+        let mut kept: SmallVec<[Increment; 4]> = SmallVec::with_capacity(increments.len());
+        let mut any_cached = false;
+        let mut increments = increments.into_iter();
+        for item in &mut self.items {
+            if let Item::Limited(limited) = item {
+                let increment = increments.next().expect("one increment per limited item");
+                if cache.contains(&increment.key, self.now) {
+                    limited.cached = true;
+                    any_cached = true;
+                } else {
+                    limited.increment = kept.len();
+                    kept.push(increment);
+                }
+            }
+        }
+        if any_cached && stop {
+            kept.iter_mut().for_each(|increment| increment.hits = 0);
+        }
+        self.increments = kept;
     }
 
     pub(crate) fn decide(&self, engine: &Engine, counts: &[u64]) -> Response {
@@ -462,8 +500,19 @@ impl PlanBody {
                 ),
                 Item::Limited(limited) => {
                     let applied = engine.applied(limited);
-                    let after = counts[limited.increment];
-                    let mut status = count_hits(&applied, limited.addend, after, ratio, self.now);
+                    let mut status = if limited.cached {
+                        cached_over_limit(&applied, limited.addend, self.now)
+                    } else {
+                        let after = counts[limited.increment];
+                        let status = count_hits(&applied, limited.addend, after, ratio, self.now);
+                        if let (Some(cache), Some(counter)) =
+                            (&engine.local_cache, self.increments.get(limited.increment))
+                            && after > u64::from(applied.requests_per_unit)
+                        {
+                            cache.insert(&counter.key, counter.window_end, self.now);
+                        }
+                        status
+                    };
                     if let Source::Node(id) = limited.source {
                         status.metadata.clone_from(&engine.rules.node(id).metadata);
                     }
@@ -506,6 +555,31 @@ impl PlanBody {
                     reset,
                 }),
         }
+    }
+}
+
+/// The status of a descriptor whose counter the local cache knows to be over its limit.
+fn cached_over_limit(applied: &Applied<'_>, addend: u64, now: u64) -> DescriptorStatus {
+    let stats = applied.stats;
+    stats.total_hits.add(addend);
+    stats.over_limit.add(addend);
+    stats.over_limit_with_local_cache.add(addend);
+    let code = if applied.shadow {
+        stats.shadow_mode.add(addend);
+        Code::Ok
+    } else {
+        Code::OverLimit
+    };
+    DescriptorStatus {
+        code,
+        current_limit: Some(CurrentLimit {
+            requests_per_unit: applied.requests_per_unit,
+            unit: applied.window.unit(),
+            name: applied.name.cloned(),
+        }),
+        limit_remaining: 0,
+        duration_until_reset: Some(applied.window.until_reset(now)),
+        metadata: None,
     }
 }
 

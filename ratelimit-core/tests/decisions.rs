@@ -751,3 +751,44 @@ descriptors:
     let without_flag = limiter(yaml).plan(&request, NOW).unwrap();
     assert!(!without_flag.needs_current_counts());
 }
+
+#[test]
+fn the_local_cache_answers_known_over_limit_counters_without_the_store() {
+    let yaml = "
+domain: lc
+descriptors:
+  - key: a
+    rate_limit: {unit: minute, requests_per_unit: 1}
+  - key: b
+    rate_limit: {unit: minute, requests_per_unit: 10}
+";
+    let settings = Settings {
+        local_cache_size_in_bytes: 1 << 20,
+        ..Settings::default()
+    };
+    let l = limiter_with(yaml, settings);
+    let request = Request::new("lc", vec![d(&[("a", "1")]), d(&[("b", "1")])]);
+    // The store says `a` went over (2 > 1): the key is remembered.
+    let r = l.plan(&request, NOW).unwrap().decide(&[2, 2]);
+    assert_eq!(r.statuses[0].code, Code::OverLimit);
+    // Next time only `b` is sent to the store, and `a` is over from the cache.
+    let plan = l.plan(&request, NOW + 1).unwrap();
+    let keys: Vec<&str> = plan.increments().iter().map(|i| i.key.as_str()).collect();
+    assert_eq!(keys, ["lc_b_1_1699999980"]);
+    let r = plan.decide(&[3]);
+    assert_eq!(r.statuses[0].code, Code::OverLimit);
+    assert_eq!(r.statuses[0].limit_remaining, 0);
+    assert_eq!(
+        (r.statuses[1].code, r.statuses[1].limit_remaining),
+        (Code::Ok, 7)
+    );
+    let stats = l.stats().snapshot();
+    assert!(stats.contains(&(
+        "ratelimit.service.rate_limit.lc.a.over_limit_with_local_cache".into(),
+        1
+    )));
+    assert!(stats.contains(&("ratelimit.localcache.hitCount".into(), 1)));
+    // A new window asks the store again.
+    assert_eq!(l.plan(&request, NOW + 60).unwrap().increments().len(), 2);
+    assert_eq!(l.local_cache().unwrap().usage().0, 1);
+}

@@ -78,6 +78,11 @@ fn stats(service: &Service) -> String {
         out,
         "ratelimit_server.ShouldRateLimit.response_time.max_us: {max_us}"
     );
+    if let Some(cache) = service.limiter.local_cache() {
+        let (entries, bytes) = cache.usage();
+        let _ = writeln!(out, "ratelimit.localcache.entryCount: {entries}");
+        let _ = writeln!(out, "ratelimit.localcache.bytes: {bytes}");
+    }
     match &service.backend {
         Backend::Memory(store) => {
             let usage = store.usage();

@@ -896,6 +896,8 @@ impl Settings {
                 .stop_cache_key_increment_when_overlimit,
             shadow_mode: self.limiter.shadow_mode,
             quota_mode: self.limiter.quota_mode,
+            local_cache_size_in_bytes: usize::try_from(self.limiter.local_cache_size_in_bytes)
+                .unwrap_or(usize::MAX),
         }
     }
 }

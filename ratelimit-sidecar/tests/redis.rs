@@ -264,3 +264,34 @@ async fn a_three_master_cluster_spreads_keys_over_slots() {
         "keys on every master: {per_node:?}"
     );
 }
+
+#[tokio::test]
+async fn the_local_cache_stops_asking_redis_about_keys_already_over() {
+    let redis = Redis::start(&[]);
+    let mut env = redis_env(redis.port);
+    env.push(("LOCAL_CACHE_SIZE_IN_BYTES", "1048576".into()));
+    let server = sidecar(env);
+    let mut client = server.client().await;
+    let window = minute_start();
+    let got = ask_alice(&mut client, 5).await;
+    if minute_start() != window {
+        return; // the minute rolled over mid-test
+    }
+    assert_eq!(got, [(OK, 1), (OK, 0), (OVER, 0), (OVER, 0), (OVER, 0)]);
+    assert_eq!(
+        redis.cli(&["GET", &format!("rd_user_alice_{window}")]),
+        "3",
+        "two answers came from the cache"
+    );
+    assert_eq!(server.stat("ratelimit.localcache.hitCount").await, Some(2));
+    assert_eq!(
+        server.stat("ratelimit.localcache.entryCount").await,
+        Some(1)
+    );
+    assert_eq!(
+        server
+            .stat("ratelimit.service.rate_limit.rd.user.over_limit_with_local_cache")
+            .await,
+        Some(2)
+    );
+}
