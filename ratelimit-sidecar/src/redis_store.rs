@@ -9,11 +9,13 @@ use std::time::Duration;
 
 use ratelimit_core::Plan;
 use ratelimit_core::stats::Counter;
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::aio::{ConnectionManager, ConnectionManagerConfig, MultiplexedConnection};
 use redis::cluster::ClusterClientBuilder;
 use redis::cluster_async::ClusterConnection;
+use redis::sentinel::{SentinelClient, SentinelNodeConnectionInfo, SentinelServerType};
 use redis::{
-    Client, ConnectionAddr, ConnectionInfo, IntoConnectionInfo, Pipeline, RedisConnectionInfo,
+    AsyncConnectionConfig, Client, ConnectionAddr, ConnectionInfo, IntoConnectionInfo, Pipeline,
+    RedisConnectionInfo,
 };
 
 use crate::settings::RedisSettings;
@@ -36,6 +38,48 @@ enum Store {
     Single(Arc<Vec<ConnectionManager>>, Arc<AtomicUsize>),
     /// A cluster; the client routes each key to its slot's node.
     Cluster(ClusterConnection),
+    /// The master a set of sentinels names, found again after a failure.
+    Sentinel(Arc<SentinelStore>),
+}
+
+/// A connection to the current master of a sentinel-monitored Redis.
+struct SentinelStore {
+    sentinels: tokio::sync::Mutex<SentinelClient>,
+    current: std::sync::Mutex<Option<MultiplexedConnection>>,
+    timeout: Duration,
+}
+
+impl SentinelStore {
+    /// The connection to the master, asking the sentinels when there is none.
+    async fn connection(&self) -> redis::RedisResult<MultiplexedConnection> {
+        if let Some(connection) = self.lock().clone() {
+            return Ok(connection);
+        }
+        let mut sentinels = self.sentinels.lock().await;
+        if let Some(connection) = self.lock().clone() {
+            return Ok(connection);
+        }
+        let master = sentinels.async_get_client().await?;
+        let config = AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(self.timeout))
+            .set_response_timeout(Some(self.timeout));
+        let connection = master
+            .get_multiplexed_async_connection_with_config(&config)
+            .await?;
+        *self.lock() = Some(connection.clone());
+        Ok(connection)
+    }
+
+    /// Forgets the connection after a failure: the master may have changed.
+    fn reset(&self) {
+        *self.lock() = None;
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Option<MultiplexedConnection>> {
+        self.current
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
 }
 
 /// The main Redis, and the per-second one when configured.
@@ -63,6 +107,7 @@ struct Target<'a> {
     url: &'a str,
     pool_size: usize,
     auth: &'a str,
+    sentinel_auth: &'a str,
     timeout: Duration,
 }
 
@@ -84,6 +129,7 @@ impl RedisBackend {
             url,
             pool_size: settings.redis_pool_size,
             auth: &settings.redis_auth,
+            sentinel_auth: &settings.redis_sentinel_auth,
             timeout: settings.redis_timeout,
         };
         let main = with_startup_backoff(settings, || open(&main)).await?;
@@ -94,6 +140,7 @@ impl RedisBackend {
                 url: &settings.redis_persecond_url,
                 pool_size: settings.redis_persecond_pool_size,
                 auth: &settings.redis_persecond_auth,
+                sentinel_auth: &settings.redis_persecond_sentinel_auth,
                 timeout: settings.redis_persecond_timeout,
             };
             Some(with_startup_backoff(settings, || open(&target)).await?)
@@ -229,7 +276,7 @@ async fn run_batched<T: redis::FromRedisValue>(
         return Ok(Vec::new());
     }
     let pipes: Vec<Pipeline> = match store {
-        Store::Single(..) => {
+        Store::Single(..) | Store::Sentinel(_) => {
             let mut pipe = redis::pipe();
             indexes.iter().for_each(|&i| add(&mut pipe, i));
             vec![pipe]
@@ -260,6 +307,16 @@ async fn query<T: redis::FromRedisValue>(store: &Store, pipe: &Pipeline) -> Resu
             pipe.query_async(&mut connection).await
         }
         Store::Cluster(connection) => pipe.query_async(&mut connection.clone()).await,
+        Store::Sentinel(sentinel) => {
+            let result = match sentinel.connection().await {
+                Ok(mut connection) => pipe.query_async(&mut connection).await,
+                Err(error) => Err(error),
+            };
+            if result.is_err() {
+                sentinel.reset();
+            }
+            result
+        }
     };
     result.map_err(|e| RedisError::Redis(e.to_string()))
 }
@@ -294,6 +351,13 @@ where
 async fn open(target: &Target<'_>) -> Result<Store, RedisError> {
     let credentials = credentials(target.auth);
     let redis_error = |e: redis::RedisError| RedisError::Redis(e.to_string());
+    let mut info = RedisConnectionInfo::default();
+    if let Some(user) = &credentials.0 {
+        info = info.set_username(user);
+    }
+    if let Some(password) = &credentials.1 {
+        info = info.set_password(password);
+    }
     match target.kind {
         "cluster" => {
             let nodes = target
@@ -316,13 +380,6 @@ async fn open(target: &Target<'_>) -> Result<Store, RedisError> {
             ))
         }
         "single" => {
-            let mut info = RedisConnectionInfo::default();
-            if let Some(user) = &credentials.0 {
-                info = info.set_username(user);
-            }
-            if let Some(password) = &credentials.1 {
-                info = info.set_password(password);
-            }
             let connection_info = address(target.socket_type, target.url)?.set_redis_settings(info);
             let client = Client::open(connection_info).map_err(redis_error)?;
             let config = ConnectionManagerConfig::new()
@@ -341,8 +398,32 @@ async fn open(target: &Target<'_>) -> Result<Store, RedisError> {
                 Arc::new(AtomicUsize::new(0)),
             ))
         }
+        "sentinel" => {
+            let mut items = target.url.split(',');
+            let master = items.next().unwrap_or_default().to_owned();
+            let sentinels = items
+                .map(|node| sentinel_address(target.socket_type, node, target.sentinel_auth))
+                .collect::<Result<Vec<_>, _>>()?;
+            if master.is_empty() || sentinels.is_empty() {
+                return Err(RedisError::Settings(format!(
+                    "REDIS_URL '{}': a sentinel URL is the master name then at least one host:port",
+                    target.url
+                )));
+            }
+            let node = SentinelNodeConnectionInfo::default().set_redis_connection_info(info);
+            let client =
+                SentinelClient::build(sentinels, master, Some(node), SentinelServerType::Master)
+                    .map_err(redis_error)?;
+            let store = SentinelStore {
+                sentinels: tokio::sync::Mutex::new(client),
+                current: std::sync::Mutex::new(None),
+                timeout: target.timeout,
+            };
+            store.connection().await.map_err(redis_error)?;
+            Ok(Store::Sentinel(Arc::new(store)))
+        }
         other => Err(RedisError::Settings(format!(
-            "REDIS_TYPE={other}: only single and cluster are available in this version"
+            "REDIS_TYPE={other}: expected single, sentinel or cluster"
         ))),
     }
 }
@@ -354,6 +435,23 @@ fn credentials(auth: &str) -> (Option<String>, Option<String>) {
         Some((user, password)) => (Some(user.to_owned()), Some(password.to_owned())),
         None => (None, Some(auth.to_owned())),
     }
+}
+
+/// A sentinel's address, with `REDIS_SENTINEL_AUTH` credentials when given.
+fn sentinel_address(
+    socket_type: &str,
+    url: &str,
+    auth: &str,
+) -> Result<ConnectionInfo, RedisError> {
+    let (user, password) = credentials(auth);
+    let mut info = RedisConnectionInfo::default();
+    if let Some(user) = user {
+        info = info.set_username(user);
+    }
+    if let Some(password) = password {
+        info = info.set_password(password);
+    }
+    Ok(address(socket_type, url)?.set_redis_settings(info))
 }
 
 fn address(socket_type: &str, url: &str) -> Result<ConnectionInfo, RedisError> {
