@@ -52,6 +52,7 @@ ensure_envoy() {
 ensure_rust_target wasm32-unknown-unknown
 ensure_apt redis-server redis-server
 ensure_apt redis-cli redis-tools
+ensure_apt openssl openssl
 ensure_envoy
 
 log "building ratelimit-core for wasm32-unknown-unknown"

@@ -14,8 +14,8 @@ use redis::cluster::ClusterClientBuilder;
 use redis::cluster_async::ClusterConnection;
 use redis::sentinel::{SentinelClient, SentinelNodeConnectionInfo, SentinelServerType};
 use redis::{
-    AsyncConnectionConfig, Client, ConnectionAddr, ConnectionInfo, IntoConnectionInfo, Pipeline,
-    RedisConnectionInfo,
+    AsyncConnectionConfig, Client, ClientTlsConfig, ConnectionAddr, ConnectionInfo,
+    IntoConnectionInfo, Pipeline, RedisConnectionInfo, TlsCertificates,
 };
 
 use crate::settings::RedisSettings;
@@ -109,6 +109,15 @@ struct Target<'a> {
     auth: &'a str,
     sentinel_auth: &'a str,
     timeout: Duration,
+    tls: Option<&'a TlsFiles>,
+}
+
+/// Certificates for Redis over TLS (`REDIS_TLS_*`).
+struct TlsFiles {
+    client_cert: String,
+    client_key: String,
+    ca_cert: String,
+    skip_hostname_verification: bool,
 }
 
 impl RedisBackend {
@@ -123,6 +132,14 @@ impl RedisBackend {
             .redis_url
             .as_deref()
             .unwrap_or("/var/run/nutcracker/ratelimit.sock");
+        // rustls needs one process-wide crypto provider; a second install is a no-op error.
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let tls = TlsFiles {
+            client_cert: settings.redis_tls_client_cert.clone(),
+            client_key: settings.redis_tls_client_key.clone(),
+            ca_cert: settings.redis_tls_cacert.clone(),
+            skip_hostname_verification: settings.redis_tls_skip_hostname_verification,
+        };
         let main = Target {
             socket_type: &settings.redis_socket_type,
             kind: &settings.redis_type,
@@ -131,6 +148,7 @@ impl RedisBackend {
             auth: &settings.redis_auth,
             sentinel_auth: &settings.redis_sentinel_auth,
             timeout: settings.redis_timeout,
+            tls: settings.redis_tls.then_some(&tls),
         };
         let main = with_startup_backoff(settings, || open(&main)).await?;
         let per_second = if settings.redis_persecond {
@@ -142,6 +160,7 @@ impl RedisBackend {
                 auth: &settings.redis_persecond_auth,
                 sentinel_auth: &settings.redis_persecond_sentinel_auth,
                 timeout: settings.redis_persecond_timeout,
+                tls: settings.redis_persecond_tls.then_some(&tls),
             };
             Some(with_startup_backoff(settings, || open(&target)).await?)
         } else {
@@ -350,13 +369,23 @@ where
 
 async fn open(target: &Target<'_>) -> Result<Store, RedisError> {
     let credentials = credentials(target.auth);
-    let redis_error = |e: redis::RedisError| RedisError::Redis(e.to_string());
+    // A client that cannot even be built is a settings problem: retrying will not help.
+    let redis_error = |e: redis::RedisError| match e.kind() {
+        redis::ErrorKind::InvalidClientConfig => RedisError::Settings(e.to_string()),
+        _ => RedisError::Redis(e.to_string()),
+    };
     let mut info = RedisConnectionInfo::default();
     if let Some(user) = &credentials.0 {
         info = info.set_username(user);
     }
     if let Some(password) = &credentials.1 {
         info = info.set_password(password);
+    }
+    if target.tls.is_some() && target.kind != "single" {
+        return Err(RedisError::Settings(format!(
+            "REDIS_TLS with REDIS_TYPE={}: TLS is only available with REDIS_TYPE=single in this version",
+            target.kind
+        )));
     }
     match target.kind {
         "cluster" => {
@@ -380,8 +409,13 @@ async fn open(target: &Target<'_>) -> Result<Store, RedisError> {
             ))
         }
         "single" => {
-            let connection_info = address(target.socket_type, target.url)?.set_redis_settings(info);
-            let client = Client::open(connection_info).map_err(redis_error)?;
+            let client = match target.tls {
+                None => {
+                    Client::open(address(target.socket_type, target.url)?.set_redis_settings(info))
+                }
+                Some(files) => tls_client(target.url, info, files)?,
+            }
+            .map_err(redis_error)?;
             let config = ConnectionManagerConfig::new()
                 .set_connection_timeout(Some(target.timeout))
                 .set_response_timeout(Some(target.timeout))
@@ -435,6 +469,48 @@ fn credentials(auth: &str) -> (Option<String>, Option<String>) {
         Some((user, password)) => (Some(user.to_owned()), Some(password.to_owned())),
         None => (None, Some(auth.to_owned())),
     }
+}
+
+/// A client for `rediss://host:port` with the configured CA and client certificate.
+fn tls_client(
+    url: &str,
+    info: RedisConnectionInfo,
+    files: &TlsFiles,
+) -> Result<redis::RedisResult<Client>, RedisError> {
+    if files.skip_hostname_verification {
+        return Err(RedisError::Settings(
+            "REDIS_TLS_SKIP_HOSTNAME_VERIFICATION=true is not available in this version; use a certificate naming the host".into(),
+        ));
+    }
+    let read = |what: &str, path: &str| {
+        std::fs::read(path).map_err(|e| RedisError::Settings(format!("{what} {path}: {e}")))
+    };
+    let client_tls = match (files.client_cert.is_empty(), files.client_key.is_empty()) {
+        (true, true) => None,
+        (false, false) => Some(ClientTlsConfig {
+            client_cert: read("REDIS_TLS_CLIENT_CERT", &files.client_cert)?,
+            client_key: read("REDIS_TLS_CLIENT_KEY", &files.client_key)?,
+        }),
+        _ => {
+            return Err(RedisError::Settings(
+                "REDIS_TLS_CLIENT_CERT and REDIS_TLS_CLIENT_KEY go together".into(),
+            ));
+        }
+    };
+    let root_cert = (!files.ca_cert.is_empty())
+        .then(|| read("REDIS_TLS_CACERT", &files.ca_cert))
+        .transpose()?;
+    let info = format!("rediss://{url}")
+        .into_connection_info()
+        .map_err(|e| RedisError::Settings(format!("REDIS_URL '{url}': {e}")))?
+        .set_redis_settings(info);
+    Ok(Client::build_with_tls(
+        info,
+        TlsCertificates {
+            client_tls,
+            root_cert,
+        },
+    ))
 }
 
 /// A sentinel's address, with `REDIS_SENTINEL_AUTH` credentials when given.

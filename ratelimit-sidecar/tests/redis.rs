@@ -423,3 +423,112 @@ async fn sentinel_finds_the_master_and_follows_a_failover_during_traffic() {
         replica.keys()
     );
 }
+
+/// A CA, a server certificate for 127.0.0.1 and a client certificate, made with openssl.
+fn make_pki(dir: &std::path::Path) {
+    let run = |args: &[&str]| {
+        let out = std::process::Command::new("openssl")
+            .current_dir(dir)
+            .args(args)
+            .output()
+            .expect("openssl runs");
+        assert!(
+            out.status.success(),
+            "openssl {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    run(&[
+        "req",
+        "-x509",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-keyout",
+        "ca.key",
+        "-out",
+        "ca.crt",
+        "-days",
+        "2",
+        "-subj",
+        "/CN=test-ca",
+    ]);
+    // Extensions make version 3 certificates, the only version webpki accepts.
+    std::fs::write(
+        dir.join("server.ext"),
+        "subjectAltName=IP:127.0.0.1,DNS:localhost\nextendedKeyUsage=serverAuth\n",
+    )
+    .unwrap();
+    std::fs::write(dir.join("client.ext"), "extendedKeyUsage=clientAuth\n").unwrap();
+    for name in ["server", "client"] {
+        let (key, csr, crt) = (
+            format!("{name}.key"),
+            format!("{name}.csr"),
+            format!("{name}.crt"),
+        );
+        run(&[
+            "req",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-keyout",
+            &key,
+            "-out",
+            &csr,
+            "-subj",
+            &format!("/CN={name}"),
+        ]);
+        let ext = format!("{name}.ext");
+        run(&[
+            "x509",
+            "-req",
+            "-in",
+            &csr,
+            "-CA",
+            "ca.crt",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-out",
+            &crt,
+            "-days",
+            "2",
+            "-extfile",
+            &ext,
+        ]);
+    }
+}
+
+#[tokio::test]
+async fn tls_with_a_client_certificate() {
+    let pki = tempfile::tempdir().unwrap();
+    make_pki(pki.path());
+    let file = |name: &str| pki.path().join(name).display().to_string();
+    let (cert, key, ca) = (file("server.crt"), file("server.key"), file("ca.crt"));
+    let redis = Redis::start_tls(&[
+        "--tls-cert-file",
+        &cert,
+        "--tls-key-file",
+        &key,
+        "--tls-ca-cert-file",
+        &ca,
+        "--tls-auth-clients",
+        "yes",
+    ]);
+    let server = sidecar(vec![
+        ("BACKEND_TYPE", "redis".into()),
+        ("REDIS_SOCKET_TYPE", "tcp".into()),
+        ("REDIS_URL", format!("127.0.0.1:{}", redis.port)),
+        ("REDIS_TLS", "true".into()),
+        ("REDIS_TLS_CACERT", file("ca.crt")),
+        ("REDIS_TLS_CLIENT_CERT", file("client.crt")),
+        ("REDIS_TLS_CLIENT_KEY", file("client.key")),
+    ]);
+    let r = server
+        .client()
+        .await
+        .should_rate_limit(request("rd", &[&[("user", "tls")]]))
+        .await
+        .unwrap();
+    assert_eq!(codes(r.get_ref()), [(OK, 1)]);
+}

@@ -283,10 +283,31 @@ pub struct Redis {
 impl Redis {
     /// Starts `redis-server` with extra arguments (`--requirepass x`, ...).
     pub fn start(extra: &[&str]) -> Redis {
-        let dir = tempfile::tempdir().unwrap();
         let port = free_port();
-        let args: Vec<String> = extra.iter().map(|a| (*a).to_owned()).collect();
-        let child = Redis::spawn(port, dir.path(), &args);
+        Redis::start_with(port, &["--port".to_owned(), port.to_string()], extra)
+    }
+
+    /// Starts `redis-server` answering only TLS on its port, with extra arguments (the
+    /// certificate files).
+    pub fn start_tls(extra: &[&str]) -> Redis {
+        let port = free_port();
+        let listen = [
+            "--port".to_owned(),
+            "0".to_owned(),
+            "--tls-port".to_owned(),
+            port.to_string(),
+        ];
+        Redis::start_with(port, &listen, extra)
+    }
+
+    fn start_with(port: u16, listen: &[String], extra: &[&str]) -> Redis {
+        let dir = tempfile::tempdir().unwrap();
+        let args: Vec<String> = listen
+            .iter()
+            .cloned()
+            .chain(extra.iter().map(|a| (*a).to_owned()))
+            .collect();
+        let child = Redis::spawn(dir.path(), &args);
         let redis = Redis {
             child,
             port,
@@ -297,18 +318,9 @@ impl Redis {
         redis
     }
 
-    fn spawn(port: u16, dir: &std::path::Path, args: &[String]) -> Child {
+    fn spawn(dir: &std::path::Path, args: &[String]) -> Child {
         Command::new("redis-server")
-            .args([
-                "--port",
-                &port.to_string(),
-                "--bind",
-                "127.0.0.1",
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-            ])
+            .args(["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
             .arg("--dir")
             .arg(dir)
             .args(args)
@@ -338,7 +350,7 @@ impl Redis {
     /// Starts it again on the same port with the same arguments.
     pub fn restart(&mut self) {
         self.kill();
-        self.child = Redis::spawn(self.port, self.dir.path(), &self.args);
+        self.child = Redis::spawn(self.dir.path(), &self.args);
         self.wait_ready();
     }
 
