@@ -477,11 +477,6 @@ fn tls_client(
     info: RedisConnectionInfo,
     files: &TlsFiles,
 ) -> Result<redis::RedisResult<Client>, RedisError> {
-    if files.skip_hostname_verification {
-        return Err(RedisError::Settings(
-            "REDIS_TLS_SKIP_HOSTNAME_VERIFICATION=true is not available in this version; use a certificate naming the host".into(),
-        ));
-    }
     let read = |what: &str, path: &str| {
         std::fs::read(path).map_err(|e| RedisError::Settings(format!("{what} {path}: {e}")))
     };
@@ -504,13 +499,24 @@ fn tls_client(
         .into_connection_info()
         .map_err(|e| RedisError::Settings(format!("REDIS_URL '{url}': {e}")))?
         .set_redis_settings(info);
-    Ok(Client::build_with_tls(
+    let client = match Client::build_with_tls(
         info,
         TlsCertificates {
             client_tls,
             root_cert,
         },
-    ))
+    ) {
+        Ok(client) => client,
+        Err(error) => return Ok(Err(error)),
+    };
+    if !files.skip_hostname_verification {
+        return Ok(Ok(client));
+    }
+    // The chain is still verified against the CA; only the name check is dropped.
+    let info = client.get_connection_info().clone();
+    let mut addr = info.addr().clone();
+    addr.set_danger_accept_invalid_hostnames(true);
+    Ok(Client::open(info.set_addr(addr)))
 }
 
 /// A sentinel's address, with `REDIS_SENTINEL_AUTH` credentials when given.

@@ -459,8 +459,13 @@ fn make_pki(dir: &std::path::Path) {
         "subjectAltName=IP:127.0.0.1,DNS:localhost\nextendedKeyUsage=serverAuth\n",
     )
     .unwrap();
+    std::fs::write(
+        dir.join("elsewhere.ext"),
+        "subjectAltName=DNS:elsewhere.example\nextendedKeyUsage=serverAuth\n",
+    )
+    .unwrap();
     std::fs::write(dir.join("client.ext"), "extendedKeyUsage=clientAuth\n").unwrap();
-    for name in ["server", "client"] {
+    for name in ["server", "client", "elsewhere"] {
         let (key, csr, crt) = (
             format!("{name}.key"),
             format!("{name}.csr"),
@@ -531,4 +536,75 @@ async fn tls_with_a_client_certificate() {
         .await
         .unwrap();
     assert_eq!(codes(r.get_ref()), [(OK, 1)]);
+}
+
+#[tokio::test]
+async fn tls_hostname_check_can_be_skipped_but_the_chain_is_still_verified() {
+    let pki = tempfile::tempdir().unwrap();
+    make_pki(pki.path());
+    let file = |name: &str| pki.path().join(name).display().to_string();
+    // The server presents a certificate for another name.
+    let (cert, key, ca) = (file("elsewhere.crt"), file("elsewhere.key"), file("ca.crt"));
+    let redis = Redis::start_tls(&[
+        "--tls-cert-file",
+        &cert,
+        "--tls-key-file",
+        &key,
+        "--tls-ca-cert-file",
+        &ca,
+        "--tls-auth-clients",
+        "no",
+    ]);
+    let env = |skip: &str| {
+        vec![
+            ("BACKEND_TYPE", "redis".into()),
+            ("REDIS_SOCKET_TYPE", "tcp".into()),
+            ("REDIS_URL", format!("127.0.0.1:{}", redis.port)),
+            ("REDIS_TLS", "true".into()),
+            ("REDIS_TLS_CACERT", file("ca.crt")),
+            ("REDIS_TLS_SKIP_HOSTNAME_VERIFICATION", skip.into()),
+            ("REDIS_STARTUP_INITIAL_INTERVAL", "100ms".into()),
+            ("REDIS_STARTUP_MAX_ELAPSED_TIME", "1s".into()),
+        ]
+    };
+    let mut strict = Server::spawn(Options {
+        env: env("false"),
+        ..Options::default()
+    });
+    let status = strict
+        .wait_exit(Duration::from_secs(15))
+        .expect("gives up after REDIS_STARTUP_MAX_ELAPSED_TIME");
+    assert!(!status.success());
+    assert!(
+        strict.log().contains("not valid for name"),
+        "{}",
+        strict.log()
+    );
+
+    let lenient = sidecar(env("true"));
+    let r = lenient
+        .client()
+        .await
+        .should_rate_limit(request("rd", &[&[("user", "name")]]))
+        .await
+        .unwrap();
+    assert_eq!(codes(r.get_ref()), [(OK, 1)]);
+
+    // A CA that did not sign the certificate is refused even without the name check.
+    let other = tempfile::tempdir().unwrap();
+    make_pki(other.path());
+    let mut untrusted_env = env("true");
+    untrusted_env.retain(|(k, _)| *k != "REDIS_TLS_CACERT");
+    untrusted_env.push((
+        "REDIS_TLS_CACERT",
+        other.path().join("ca.crt").display().to_string(),
+    ));
+    let mut untrusted = Server::spawn(Options {
+        env: untrusted_env,
+        ..Options::default()
+    });
+    let status = untrusted
+        .wait_exit(Duration::from_secs(15))
+        .expect("gives up");
+    assert!(!status.success(), "{}", untrusted.log());
 }
