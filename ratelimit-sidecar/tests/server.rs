@@ -5,11 +5,22 @@ mod support;
 use std::time::Duration;
 
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::RateLimitOverride;
-use support::{Options, Server, codes, eventually, limit_of, request};
+use support::{Options, Redis, Server, codes, eventually, limit_of, redis_env, request};
 use tonic::Code;
 
 const OK: i32 = 1;
 const OVER: i32 = 2;
+
+/// Starts a server on [`RULES`] (plus `options`), on the memory backend or on `redis`.
+fn start(redis: Option<&Redis>, mut options: Options) -> Server {
+    if options.files.is_empty() {
+        options.files.push(("rules.yaml", RULES.to_owned()));
+    }
+    if let Some(redis) = redis {
+        options.env.extend(redis_env(redis.port));
+    }
+    Server::start_with(options)
+}
 
 const RULES: &str = "
 domain: e2e
@@ -26,8 +37,18 @@ descriptors:
 ";
 
 #[tokio::test]
-async fn grpc_decides_counts_and_reports_errors_like_envoy_ratelimit() {
-    let server = Server::start(&[("rules.yaml", RULES)]);
+async fn grpc_decides_counts_and_reports_errors_like_envoy_ratelimit_on_memory() {
+    grpc_decides_counts_and_reports_errors_like_envoy_ratelimit(None).await;
+}
+
+#[tokio::test]
+async fn grpc_decides_counts_and_reports_errors_like_envoy_ratelimit_on_redis() {
+    let redis = Redis::start(&[]);
+    grpc_decides_counts_and_reports_errors_like_envoy_ratelimit(Some(&redis)).await;
+}
+
+async fn grpc_decides_counts_and_reports_errors_like_envoy_ratelimit(redis: Option<&Redis>) {
+    let server = start(redis, Options::default());
     let mut client = server.client().await;
     let ask = request(
         "e2e",
@@ -119,21 +140,42 @@ async fn grpc_decides_counts_and_reports_errors_like_envoy_ratelimit() {
 }
 
 #[tokio::test]
-async fn rule_shadow_mode_and_response_headers() {
-    let server = Server::start_with(Options {
-        files: vec![("rules.yaml", RULES.to_owned())],
-        env: vec![
-            ("LIMIT_RESPONSE_HEADERS_ENABLED", "true".into()),
-            ("LIMIT_REMAINING_HEADER", "X-Left".into()),
-        ],
-        ..Options::default()
-    });
+async fn rule_shadow_mode_response_headers_and_dynamic_metadata_on_memory() {
+    rule_shadow_mode_response_headers_and_dynamic_metadata(None).await;
+}
+
+#[tokio::test]
+async fn rule_shadow_mode_response_headers_and_dynamic_metadata_on_redis() {
+    let redis = Redis::start(&[]);
+    rule_shadow_mode_response_headers_and_dynamic_metadata(Some(&redis)).await;
+}
+
+async fn rule_shadow_mode_response_headers_and_dynamic_metadata(redis: Option<&Redis>) {
+    let server = start(
+        redis,
+        Options {
+            files: vec![("rules.yaml", RULES.to_owned())],
+            env: vec![
+                ("LIMIT_RESPONSE_HEADERS_ENABLED", "true".into()),
+                ("LIMIT_REMAINING_HEADER", "X-Left".into()),
+                ("RESPONSE_DYNAMIC_METADATA", "true".into()),
+            ],
+            ..Options::default()
+        },
+    );
     let mut client = server.client().await;
     let r = client
         .should_rate_limit(request("e2e", &[&[("user", "h")]]))
         .await
         .unwrap()
         .into_inner();
+    let metadata = r.dynamic_metadata.as_ref().expect("dynamic metadata is on");
+    assert_eq!(
+        metadata.fields["domain"].kind,
+        Some(envoy_types::pb::google::protobuf::value::Kind::StringValue(
+            "e2e".into()
+        ))
+    );
     let headers: Vec<(&str, &str)> = r
         .response_headers_to_add
         .iter()
@@ -159,8 +201,18 @@ async fn rule_shadow_mode_and_response_headers() {
 }
 
 #[tokio::test]
-async fn json_answers_200_429_and_400_with_messages() {
-    let server = Server::start(&[("rules.yaml", RULES)]);
+async fn json_answers_200_429_and_400_with_messages_on_memory() {
+    json_answers_200_429_and_400_with_messages(None).await;
+}
+
+#[tokio::test]
+async fn json_answers_200_429_and_400_with_messages_on_redis() {
+    let redis = Redis::start(&[]);
+    json_answers_200_429_and_400_with_messages(Some(&redis)).await;
+}
+
+async fn json_answers_200_429_and_400_with_messages(redis: Option<&Redis>) {
+    let server = start(redis, Options::default());
     let http = reqwest::Client::new();
     let post = |body: &'static str| http.post(server.http_url("/json")).body(body).send();
     let body = r#"{"domain":"e2e","descriptors":[{"entries":[{"key":"user","value":"j"}]}]}"#;
@@ -377,8 +429,18 @@ async fn sigterm_fails_health_drains_and_exits_zero() {
 }
 
 #[tokio::test]
-async fn concurrent_clients_never_get_more_than_the_limit() {
-    let server = Server::start(&[("rules.yaml", RULES)]);
+async fn concurrent_clients_never_get_more_than_the_limit_on_memory() {
+    concurrent_clients_never_get_more_than_the_limit(None).await;
+}
+
+#[tokio::test]
+async fn concurrent_clients_never_get_more_than_the_limit_on_redis() {
+    let redis = Redis::start(&[]);
+    concurrent_clients_never_get_more_than_the_limit(Some(&redis)).await;
+}
+
+async fn concurrent_clients_never_get_more_than_the_limit(redis: Option<&Redis>) {
+    let server = start(redis, Options::default());
     let hour = |t: std::time::SystemTime| {
         t.duration_since(std::time::UNIX_EPOCH).unwrap().as_secs() / 3600
     };
