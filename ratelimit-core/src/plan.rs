@@ -133,6 +133,23 @@ struct Applied<'a> {
     stats: &'a RuleStats,
 }
 
+impl Applied<'_> {
+    /// The status of a descriptor this limit applied to.
+    fn status(&self, code: Code, remaining: u32, now: u64) -> DescriptorStatus {
+        DescriptorStatus {
+            code,
+            current_limit: Some(CurrentLimit {
+                requests_per_unit: self.requests_per_unit,
+                unit: self.window.unit(),
+                name: self.name.cloned(),
+            }),
+            limit_remaining: remaining,
+            duration_until_reset: Some(self.window.until_reset(now)),
+            metadata: None,
+        }
+    }
+}
+
 impl Engine {
     /// Matches `request`: what applies to each descriptor, and which counters it needs.
     pub(crate) fn match_request(&self, request: &Request, now: u64) -> PlanBody {
@@ -570,17 +587,7 @@ fn cached_over_limit(applied: &Applied<'_>, addend: u64, now: u64) -> Descriptor
     } else {
         Code::OverLimit
     };
-    DescriptorStatus {
-        code,
-        current_limit: Some(CurrentLimit {
-            requests_per_unit: applied.requests_per_unit,
-            unit: applied.window.unit(),
-            name: applied.name.cloned(),
-        }),
-        limit_remaining: 0,
-        duration_until_reset: Some(applied.window.until_reset(now)),
-        metadata: None,
-    }
+    applied.status(code, 0, now)
 }
 
 /// The status of one limited descriptor and its statistics, from the counter after the
@@ -621,15 +628,5 @@ fn count_hits(
         stats.within_limit.add(addend);
         (Code::Ok, u32::try_from(limit - after).unwrap_or(u32::MAX))
     };
-    DescriptorStatus {
-        code,
-        current_limit: Some(CurrentLimit {
-            requests_per_unit: applied.requests_per_unit,
-            unit: applied.window.unit(),
-            name: applied.name.cloned(),
-        }),
-        limit_remaining: remaining,
-        duration_until_reset: Some(applied.window.until_reset(now)),
-        metadata: None,
-    }
+    applied.status(code, remaining, now)
 }

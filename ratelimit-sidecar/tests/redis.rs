@@ -504,13 +504,16 @@ fn make_pki(dir: &std::path::Path) {
     }
 }
 
-#[tokio::test]
-async fn tls_with_a_client_certificate() {
-    let pki = tempfile::tempdir().unwrap();
-    make_pki(pki.path());
-    let file = |name: &str| pki.path().join(name).display().to_string();
-    let (cert, key, ca) = (file("server.crt"), file("server.key"), file("ca.crt"));
-    let redis = Redis::start_tls(&[
+/// A TLS-only Redis presenting `<cert>.crt` from `pki`; `clients` is `yes` to require
+/// client certificates.
+fn tls_redis(pki: &std::path::Path, cert: &str, clients: &str) -> Redis {
+    let file = |name: String| pki.join(name).display().to_string();
+    let (cert, key, ca) = (
+        file(format!("{cert}.crt")),
+        file(format!("{cert}.key")),
+        file("ca.crt".into()),
+    );
+    Redis::start_tls(&[
         "--tls-cert-file",
         &cert,
         "--tls-key-file",
@@ -518,8 +521,16 @@ async fn tls_with_a_client_certificate() {
         "--tls-ca-cert-file",
         &ca,
         "--tls-auth-clients",
-        "yes",
-    ]);
+        clients,
+    ])
+}
+
+#[tokio::test]
+async fn tls_with_a_client_certificate() {
+    let pki = tempfile::tempdir().unwrap();
+    make_pki(pki.path());
+    let file = |name: &str| pki.path().join(name).display().to_string();
+    let redis = tls_redis(pki.path(), "server", "yes");
     let server = sidecar(vec![
         ("BACKEND_TYPE", "redis".into()),
         ("REDIS_SOCKET_TYPE", "tcp".into()),
@@ -544,17 +555,7 @@ async fn tls_hostname_check_can_be_skipped_but_the_chain_is_still_verified() {
     make_pki(pki.path());
     let file = |name: &str| pki.path().join(name).display().to_string();
     // The server presents a certificate for another name.
-    let (cert, key, ca) = (file("elsewhere.crt"), file("elsewhere.key"), file("ca.crt"));
-    let redis = Redis::start_tls(&[
-        "--tls-cert-file",
-        &cert,
-        "--tls-key-file",
-        &key,
-        "--tls-ca-cert-file",
-        &ca,
-        "--tls-auth-clients",
-        "no",
-    ]);
+    let redis = tls_redis(pki.path(), "elsewhere", "no");
     let env = |skip: &str| {
         vec![
             ("BACKEND_TYPE", "redis".into()),
