@@ -175,7 +175,7 @@ impl Limiter {
         let counts = KEY_BUFFER.with_borrow_mut(|buffer| {
             let increment = if engine.settings.stop_cache_key_increment_when_overlimit {
                 let mut current: SmallVec<[u64; 8]> = SmallVec::new();
-                engine.for_each_counter(&body, request, buffer, |key, _, _| {
+                engine.for_each_counter(&body, request, buffer, |key, _, _, _| {
                     current.push(store.get(key, now))
                 });
                 body.counters_to_increment(engine, &current)
@@ -183,9 +183,8 @@ impl Limiter {
                 None
             };
             let mut counts: SmallVec<[u64; 8]> = SmallVec::new();
-            engine.for_each_counter(&body, request, buffer, |key, hits, window| {
+            engine.for_each_counter(&body, request, buffer, |key, hits, _, end| {
                 let included = increment.as_ref().is_none_or(|inc| inc[counts.len()]);
-                let end = window.start(now) + window.seconds();
                 counts.push(store.increment(key, if included { hits } else { 0 }, end, now));
             });
             counts

@@ -96,7 +96,8 @@ impl Plan {
 pub(crate) struct PlanBody {
     now: u64,
     items: SmallVec<[Item; 4]>,
-    increments: SmallVec<[Increment; 4]>,
+    /// Only the remote path fills it; in process it stays empty and unallocated.
+    increments: Vec<Increment>,
 }
 
 #[derive(Debug)]
@@ -135,7 +136,7 @@ struct Applied<'a> {
 
 impl Applied<'_> {
     /// The status of a descriptor this limit applied to.
-    fn status(&self, code: Code, remaining: u32, now: u64) -> DescriptorStatus {
+    fn status(&self, code: Code, remaining: u32, reset: u64) -> DescriptorStatus {
         DescriptorStatus {
             code,
             current_limit: Some(CurrentLimit {
@@ -144,7 +145,7 @@ impl Applied<'_> {
                 name: self.name.cloned(),
             }),
             limit_remaining: remaining,
-            duration_until_reset: Some(self.window.until_reset(now)),
+            duration_until_reset: Some(reset),
             metadata: None,
         }
     }
@@ -222,7 +223,7 @@ impl Engine {
         PlanBody {
             now,
             items,
-            increments: SmallVec::new(),
+            increments: Vec::new(),
         }
     }
 
@@ -230,15 +231,14 @@ impl Engine {
     /// local over-limit cache already knows about.
     pub(crate) fn plan_body(&self, request: &Request, now: u64) -> PlanBody {
         let mut body = self.match_request(request, now);
-        let mut increments = SmallVec::with_capacity(body.items.len());
+        let mut increments = Vec::with_capacity(body.items.len());
         let mut key = String::new();
-        self.for_each_counter(&body, request, &mut key, |key, hits, window| {
-            let start = window.start(now);
+        self.for_each_counter(&body, request, &mut key, |key, hits, window, window_end| {
             increments.push(Increment {
                 key: std::mem::take(key),
                 hits,
                 window,
-                window_end: start + window.seconds(),
+                window_end,
             });
         });
         body.increments = increments;
@@ -248,7 +248,7 @@ impl Engine {
         body
     }
 
-    /// Calls `f(cache key, hits, window)` for each counter of `body`, in counter order,
+    /// Calls `f(cache key, hits, window, window end)` for each counter of `body`, in counter order,
     /// building each key in `buffer`: the in-process path reuses one buffer and allocates
     /// no key, a plan takes each key out of it.
     pub(crate) fn for_each_counter(
@@ -256,7 +256,7 @@ impl Engine {
         body: &PlanBody,
         request: &Request,
         buffer: &mut String,
-        mut f: impl FnMut(&mut String, u64, Window),
+        mut f: impl FnMut(&mut String, u64, Window, u64),
     ) {
         let root = self.rules.domain(&request.domain);
         for (item, descriptor) in body.items.iter().zip(&request.descriptors) {
@@ -272,7 +272,7 @@ impl Engine {
                     limited.source,
                     start,
                 );
-                f(buffer, limited.addend, window);
+                f(buffer, limited.addend, window, start + window.seconds());
             }
         }
     }
@@ -473,7 +473,7 @@ impl PlanBody {
     /// only checked, as upstream does.
     fn skip_cached(&mut self, cache: &OverLimitCache, stop: bool) {
         let increments = std::mem::take(&mut self.increments);
-        let mut kept: SmallVec<[Increment; 4]> = SmallVec::with_capacity(increments.len());
+        let mut kept = Vec::with_capacity(increments.len());
         let mut any_cached = false;
         let mut increments = increments.into_iter();
         for item in &mut self.items {
@@ -517,11 +517,12 @@ impl PlanBody {
                 ),
                 Item::Limited(limited) => {
                     let applied = engine.applied(limited);
+                    let reset = applied.window.until_reset(self.now);
                     let mut status = if limited.cached {
-                        cached_over_limit(&applied, limited.addend, self.now)
+                        cached_over_limit(&applied, limited.addend, reset)
                     } else {
                         let after = counts[limited.increment];
-                        let status = count_hits(&applied, limited.addend, after, ratio, self.now);
+                        let status = count_hits(&applied, limited.addend, after, ratio, reset);
                         if let (Some(cache), Some(counter)) =
                             (&engine.local_cache, self.increments.get(limited.increment))
                             && after > u64::from(applied.requests_per_unit)
@@ -533,7 +534,6 @@ impl PlanBody {
                     if let Source::Node(id) = limited.source {
                         status.metadata.clone_from(&engine.rules.node(id).metadata);
                     }
-                    let reset = applied.window.until_reset(self.now);
                     let header = (applied.requests_per_unit, status.limit_remaining, reset);
                     if status.code == Code::OverLimit && !applied.quota {
                         chosen_over = Some(header);
@@ -576,7 +576,7 @@ impl PlanBody {
 }
 
 /// The status of a descriptor whose counter the local cache knows to be over its limit.
-fn cached_over_limit(applied: &Applied<'_>, addend: u64, now: u64) -> DescriptorStatus {
+fn cached_over_limit(applied: &Applied<'_>, addend: u64, reset: u64) -> DescriptorStatus {
     let stats = applied.stats;
     stats.total_hits.add(addend);
     stats.over_limit.add(addend);
@@ -587,7 +587,7 @@ fn cached_over_limit(applied: &Applied<'_>, addend: u64, now: u64) -> Descriptor
     } else {
         Code::OverLimit
     };
-    applied.status(code, 0, now)
+    applied.status(code, 0, reset)
 }
 
 /// The status of one limited descriptor and its statistics, from the counter after the
@@ -598,7 +598,7 @@ fn count_hits(
     addend: u64,
     after: u64,
     ratio: f32,
-    now: u64,
+    reset: u64,
 ) -> DescriptorStatus {
     let limit = u64::from(applied.requests_per_unit);
     let near = (applied.requests_per_unit as f32 * ratio).floor() as u64;
@@ -628,5 +628,5 @@ fn count_hits(
         stats.within_limit.add(addend);
         (Code::Ok, u32::try_from(limit - after).unwrap_or(u32::MAX))
     };
-    applied.status(code, remaining, now)
+    applied.status(code, remaining, reset)
 }
