@@ -609,3 +609,37 @@ async fn tls_hostname_check_can_be_skipped_but_the_chain_is_still_verified() {
         .expect("gives up");
     assert!(!status.success(), "{}", untrusted.log());
 }
+
+#[tokio::test]
+async fn sigterm_lets_a_request_in_flight_finish_before_exiting() {
+    let redis = Redis::start(&[]);
+    let mut server = sidecar(redis_env(redis.port));
+    let mut client = server.client().await;
+    client
+        .should_rate_limit(request("rd", &[&[("user", "warm")]]))
+        .await
+        .unwrap();
+    // Redis holds every command for two seconds: the next request stays in flight.
+    assert_eq!(redis.cli(&["CLIENT", "PAUSE", "2000", "ALL"]), "OK");
+    let in_flight = tokio::spawn(async move {
+        client
+            .should_rate_limit(request("rd", &[&[("user", "slow")]]))
+            .await
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    server.signal("TERM");
+    let health = reqwest::get(server.http_url("/healthcheck")).await;
+    assert!(
+        health.is_err() || health.unwrap().status() == 500,
+        "unhealthy at once"
+    );
+    let answer = in_flight
+        .await
+        .unwrap()
+        .expect("the request in flight was answered");
+    assert_eq!(codes(answer.get_ref()), [(OK, 1)]);
+    let status = server
+        .wait_exit(Duration::from_secs(15))
+        .expect("exits after draining");
+    assert!(status.success(), "{status:?}");
+}
