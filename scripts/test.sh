@@ -55,8 +55,10 @@ ensure_apt redis-cli redis-tools
 ensure_apt openssl openssl
 ensure_envoy
 
-log "building ratelimit-core for wasm32-unknown-unknown"
+log "building ratelimit-core and the ratelimit-wasm filter for wasm32-unknown-unknown"
 cargo build --quiet -p ratelimit-core --target wasm32-unknown-unknown
+cargo build --quiet -p ratelimit-wasm --target wasm32-unknown-unknown --release
+export WASM_FILTER="$ROOT/target/wasm32-unknown-unknown/release/ratelimit_wasm.wasm"
 
 log "running the tests (Envoy: $ENVOY_BIN)"
 cargo test --workspace --exclude ratelimit-peer-bench --all-targets

@@ -1,0 +1,172 @@
+//! The filter inside Envoy: descriptors from the request, a local decision with the
+//! core over counters in Envoy's shared data, a local 429 when over.
+
+use std::rc::Rc;
+use std::time::UNIX_EPOCH;
+
+use proxy_wasm::hostcalls;
+use proxy_wasm::traits::{Context, HttpContext, RootContext};
+use proxy_wasm::types::{Action, ContextType, LogLevel, Status};
+use ratelimit_core::{Code, CounterStore, RateLimitHeaders, Request};
+
+use crate::actions;
+use crate::config::FilterConfig;
+
+proxy_wasm::main! {{
+    proxy_wasm::set_log_level(LogLevel::Warn);
+    proxy_wasm::set_root_context(|_| -> Box<dyn RootContext> { Box::new(Root { config: None }) });
+}}
+
+struct Root {
+    config: Option<Rc<FilterConfig>>,
+}
+
+impl Context for Root {}
+
+impl RootContext for Root {
+    fn on_configure(&mut self, _: usize) -> bool {
+        let parsed = match self.get_plugin_configuration() {
+            Some(bytes) => FilterConfig::parse(&bytes),
+            None => Err("plugin configuration: missing".to_owned()),
+        };
+        match parsed {
+            Ok(config) => {
+                self.config = Some(Rc::new(config));
+                true
+            }
+            Err(error) => {
+                let _ = hostcalls::log(LogLevel::Error, &format!("ratelimit-wasm: {error}"));
+                false
+            }
+        }
+    }
+
+    fn create_http_context(&self, _: u32) -> Option<Box<dyn HttpContext>> {
+        let config = Rc::clone(self.config.as_ref()?);
+        Some(Box::new(Filter {
+            config,
+            headers: None,
+        }))
+    }
+
+    fn get_type(&self) -> Option<ContextType> {
+        Some(ContextType::HttpContext)
+    }
+}
+
+struct Filter {
+    config: Rc<FilterConfig>,
+    headers: Option<RateLimitHeaders>,
+}
+
+impl Context for Filter {}
+
+impl HttpContext for Filter {
+    fn on_http_request_headers(&mut self, _: usize, _: bool) -> Action {
+        let peer = self
+            .get_property(vec!["source", "address"])
+            .and_then(|bytes| String::from_utf8(bytes).ok())
+            .map(|address| {
+                address
+                    .rsplit_once(':')
+                    .map_or(address.clone(), |(ip, _)| ip.to_owned())
+            });
+        let descriptors = actions::build(
+            &self.config.descriptors,
+            |name| self.get_http_request_header(name),
+            peer.as_deref(),
+        );
+        if descriptors.is_empty() {
+            return Action::Continue;
+        }
+        let now = self
+            .get_current_time()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        let request = Request::new(self.config.domain.clone(), descriptors);
+        match self
+            .config
+            .limiter
+            .should_rate_limit(&request, &SharedData, now)
+        {
+            Ok(response) if response.overall_code == Code::OverLimit => {
+                let mut headers = vec![("x-envoy-ratelimited".to_owned(), "true".to_owned())];
+                if let Some(h) = response.headers {
+                    headers.extend(header_values(h));
+                }
+                let headers: Vec<(&str, &str)> = headers
+                    .iter()
+                    .map(|(k, v)| (k.as_str(), v.as_str()))
+                    .collect();
+                self.send_http_response(429, headers, Some(b"Too Many Requests\n"));
+                Action::Pause
+            }
+            Ok(response) => {
+                self.headers = response.headers;
+                Action::Continue
+            }
+            Err(error) if self.config.failure_mode_deny => {
+                let message = format!("rate limit check failed: {error}\n");
+                self.send_http_response(500, vec![], Some(message.as_bytes()));
+                Action::Pause
+            }
+            Err(_) => Action::Continue,
+        }
+    }
+
+    fn on_http_response_headers(&mut self, _: usize, _: bool) -> Action {
+        if let (true, Some(h)) = (self.config.response_headers, self.headers) {
+            for (name, value) in header_values(h) {
+                self.add_http_response_header(&name, &value);
+            }
+        }
+        Action::Continue
+    }
+}
+
+fn header_values(h: RateLimitHeaders) -> [(String, String); 3] {
+    [
+        ("ratelimit-limit".to_owned(), h.limit.to_string()),
+        ("ratelimit-remaining".to_owned(), h.remaining.to_string()),
+        ("ratelimit-reset".to_owned(), h.reset.to_string()),
+    ]
+}
+
+/// Counters in Envoy's shared data, shared by every worker thread: 16 bytes per key
+/// (count and window end, little endian), updated with compare-and-swap.
+struct SharedData;
+
+impl SharedData {
+    fn read(key: &str, now: u64) -> (u64, Option<u32>) {
+        let (value, cas) = hostcalls::get_shared_data(key).unwrap_or((None, None));
+        let count = value
+            .filter(|v| v.len() == 16)
+            .map(|v| {
+                let count = u64::from_le_bytes(v[..8].try_into().expect("8 bytes"));
+                let end = u64::from_le_bytes(v[8..].try_into().expect("8 bytes"));
+                if end > now { count } else { 0 }
+            })
+            .unwrap_or(0);
+        (count, cas)
+    }
+}
+
+impl CounterStore for SharedData {
+    fn increment(&self, key: &str, hits: u64, window_end: u64, now: u64) -> u64 {
+        loop {
+            let (count, cas) = SharedData::read(key, now);
+            let total = count + hits;
+            let mut value = [0u8; 16];
+            value[..8].copy_from_slice(&total.to_le_bytes());
+            value[8..].copy_from_slice(&window_end.to_le_bytes());
+            match hostcalls::set_shared_data(key, Some(&value), cas) {
+                Err(Status::CasMismatch) => continue,
+                _ => return total,
+            }
+        }
+    }
+
+    fn get(&self, key: &str, now: u64) -> u64 {
+        SharedData::read(key, now).0
+    }
+}
