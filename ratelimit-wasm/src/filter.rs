@@ -1,24 +1,31 @@
 //! The filter inside Envoy: descriptors from the request, a local decision with the
 //! core over counters in Envoy's shared data, a local 429 when over.
 
+use std::collections::HashMap;
 use std::rc::Rc;
-use std::time::UNIX_EPOCH;
+use std::time::{Duration, UNIX_EPOCH};
 
 use proxy_wasm::hostcalls;
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
-use proxy_wasm::types::{Action, ContextType, LogLevel, Status};
+use proxy_wasm::types::{Action, ContextType, LogLevel, MetricType, Status};
 use ratelimit_core::{Code, CounterStore, RateLimitHeaders, Request};
 
 use crate::actions;
 use crate::config::FilterConfig;
+use crate::metrics::metric_name;
+
+/// How often each worker exports its statistics as metrics.
+const METRICS_PERIOD: Duration = Duration::from_secs(1);
 
 proxy_wasm::main! {{
     proxy_wasm::set_log_level(LogLevel::Warn);
-    proxy_wasm::set_root_context(|_| -> Box<dyn RootContext> { Box::new(Root { config: None }) });
+    proxy_wasm::set_root_context(|_| -> Box<dyn RootContext> { Box::new(Root { config: None, exported: HashMap::new() }) });
 }}
 
 struct Root {
     config: Option<Rc<FilterConfig>>,
+    /// Metric id and the value last exported, per metric name.
+    exported: HashMap<String, (u32, u64)>,
 }
 
 impl Context for Root {}
@@ -32,12 +39,38 @@ impl RootContext for Root {
         match parsed {
             Ok(config) => {
                 self.config = Some(Rc::new(config));
+                self.set_tick_period(METRICS_PERIOD);
                 true
             }
             Err(error) => {
                 let _ = hostcalls::log(LogLevel::Error, &format!("ratelimit-wasm: {error}"));
                 false
             }
+        }
+    }
+
+    /// Exports what this worker counted since the last tick as proxy-wasm counters, which
+    /// Envoy sums over the workers.
+    fn on_tick(&mut self) {
+        let Some(config) = &self.config else { return };
+        for (statistic, value) in config.limiter.stats().snapshot() {
+            let Some(name) = metric_name(&statistic) else {
+                continue;
+            };
+            let (id, last) = match self.exported.get(&name) {
+                Some(&exported) => exported,
+                None => match hostcalls::define_metric(MetricType::Counter, &name) {
+                    Ok(id) => (id, 0),
+                    Err(_) => continue,
+                },
+            };
+            if value > last {
+                let _ = hostcalls::increment_metric(
+                    id,
+                    i64::try_from(value - last).unwrap_or(i64::MAX),
+                );
+            }
+            self.exported.insert(name, (id, value));
         }
     }
 

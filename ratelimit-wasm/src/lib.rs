@@ -9,3 +9,4 @@ pub mod actions;
 pub mod config;
 #[cfg(target_arch = "wasm32")]
 mod filter;
+pub mod metrics;

@@ -13,6 +13,7 @@ use warp::Filter;
 struct Envoy {
     child: Child,
     port: u16,
+    admin: u16,
     log: std::path::PathBuf,
     _dir: tempfile::TempDir,
 }
@@ -80,6 +81,7 @@ fn start_envoy(upstream: u16) -> Envoy {
     let envoy = Envoy {
         child,
         port,
+        admin,
         log,
         _dir: dir,
     };
@@ -146,4 +148,48 @@ async fn the_filter_limits_locally_across_worker_threads() {
     );
     assert_eq!(bob.headers()["ratelimit-limit"], "100");
     assert_eq!(bob.text().await.unwrap(), "upstream");
+
+    // Each worker exports its counts every second; Envoy sums them.
+    let stats_url = format!(
+        "http://127.0.0.1:{}/stats?filter=ratelimit_wasm",
+        envoy.admin
+    );
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let stats = reqwest::get(&stats_url)
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        let value = |name: &str| {
+            stats
+                .lines()
+                .find_map(|l| l.trim().split_once(": ").filter(|(n, _)| n.ends_with(name)))
+                .and_then(|(_, v)| v.parse::<u64>().ok())
+        };
+        if value("ratelimit_wasm.edge.user.total_hits") == Some(5) {
+            assert_eq!(
+                value("ratelimit_wasm.edge.user.over_limit"),
+                Some(2),
+                "{stats}"
+            );
+            assert_eq!(
+                value("ratelimit_wasm.edge.user.within_limit"),
+                Some(3),
+                "{stats}"
+            );
+            assert_eq!(
+                value("ratelimit_wasm.edge.generic_key_all.remote_address.total_hits"),
+                Some(6),
+                "{stats}"
+            );
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "metrics never reached 5 hits:\n{stats}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
 }
