@@ -57,8 +57,8 @@ ensure_envoy
 
 log "building ratelimit-core and the ratelimit-wasm filter for wasm32-unknown-unknown"
 cargo build --quiet -p ratelimit-core --target wasm32-unknown-unknown
-cargo build --quiet -p ratelimit-wasm --target wasm32-unknown-unknown --release
-export WASM_FILTER="$ROOT/target/wasm32-unknown-unknown/release/ratelimit_wasm.wasm"
+cargo build --quiet -p ratelimit-wasm --target wasm32-unknown-unknown --profile wasm
+export WASM_FILTER="$ROOT/target/wasm32-unknown-unknown/wasm/ratelimit_wasm.wasm"
 
 log "running the tests (Envoy: $ENVOY_BIN)"
 cargo test --workspace --exclude ratelimit-peer-bench --all-targets

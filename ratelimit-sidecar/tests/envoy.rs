@@ -38,9 +38,20 @@ fn envoy_bin() -> String {
 
 /// Starts Envoy on `envoy/sidecar.yaml` with the placeholders filled in.
 fn start_envoy(upstream: u16, ratelimit: u16, deny: bool) -> Envoy {
+    start_envoy_on("sidecar.yaml", upstream, ratelimit, deny)
+}
+
+/// Starts Envoy on `envoy/<file>` with the placeholders filled in (`WASM_FILE` from
+/// `WASM_FILTER`, when the file has it).
+fn start_envoy_on(file: &str, upstream: u16, ratelimit: u16, deny: bool) -> Envoy {
     let dir = tempfile::tempdir().unwrap();
     let (port, admin) = (free_port(), free_port());
-    let template = std::fs::read_to_string(repo().join("envoy/sidecar.yaml")).unwrap();
+    let mut template = std::fs::read_to_string(repo().join("envoy").join(file)).unwrap();
+    if template.contains("${WASM_FILE}") {
+        let wasm = std::env::var("WASM_FILTER")
+            .expect("WASM_FILTER must name the built filter: run scripts/test.sh");
+        template = template.replace("${WASM_FILE}", &wasm);
+    }
     let config = template
         .replace("${LISTEN_PORT}", &port.to_string())
         .replace("${ADMIN_PORT}", &admin.to_string())
@@ -179,6 +190,49 @@ async fn a_sidecar_outage_follows_failure_mode_deny() {
     );
     assert_eq!(
         get(closed.port, "/", Some("carol")).await.status(),
+        500,
+        "fail closed"
+    );
+}
+
+#[tokio::test]
+async fn the_wasm_filter_asks_the_sidecar_as_its_global_tier() {
+    let upstream = upstream().await;
+    let mut sidecar = sidecar();
+    let open = start_envoy_on("wasm-global.yaml", upstream, sidecar.grpc, false);
+    let closed = start_envoy_on("wasm-global.yaml", upstream, sidecar.grpc, true);
+    // The local limit is 100/minute; the sidecar's 3/minute decides, across both proxies.
+    for port in [open.port, open.port, closed.port] {
+        assert_eq!(get(port, "/", Some("dave")).await.status(), 200);
+    }
+    let over = get(closed.port, "/", Some("dave")).await;
+    assert_eq!(over.status(), 429);
+    assert_eq!(over.headers()["x-envoy-ratelimited"], "true");
+    assert_eq!(
+        over.headers()["ratelimit-limit"],
+        "3",
+        "the sidecar's headers come along"
+    );
+    assert_eq!(get(open.port, "/", Some("dave")).await.status(), 429);
+    assert_eq!(get(open.port, "/", Some("erin")).await.status(), 200);
+    assert_eq!(
+        sidecar
+            .stat("ratelimit.service.rate_limit.edge.user.total_hits")
+            .await,
+        Some(6)
+    );
+
+    sidecar.signal("TERM");
+    sidecar
+        .wait_exit(Duration::from_secs(15))
+        .expect("sidecar stops");
+    assert_eq!(
+        get(open.port, "/", Some("frank")).await.status(),
+        200,
+        "fail open"
+    );
+    assert_eq!(
+        get(closed.port, "/", Some("frank")).await.status(),
         500,
         "fail closed"
     );

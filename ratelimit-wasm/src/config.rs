@@ -21,7 +21,7 @@ struct Raw {
     global: Option<Global>,
 }
 
-/// The sidecar tier (not used yet by this version of the filter).
+/// The sidecar tier: descriptors that pass locally are then asked of a ratelimit sidecar.
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Global {

@@ -5,13 +5,15 @@ use std::collections::HashMap;
 use std::rc::Rc;
 use std::time::{Duration, UNIX_EPOCH};
 
+use prost::Message;
 use proxy_wasm::hostcalls;
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
 use proxy_wasm::types::{Action, ContextType, LogLevel, MetricType, Status};
-use ratelimit_core::{Code, CounterStore, RateLimitHeaders, Request};
+use ratelimit_core::{Code, CounterStore, Descriptor, RateLimitHeaders, Request};
+use ratelimit_proto as proto;
 
 use crate::actions;
-use crate::config::FilterConfig;
+use crate::config::{FilterConfig, Global};
 use crate::metrics::metric_name;
 
 /// How often each worker exports its statistics as metrics.
@@ -92,7 +94,81 @@ struct Filter {
     headers: Option<RateLimitHeaders>,
 }
 
-impl Context for Filter {}
+impl Filter {
+    /// Asks the sidecar tier about descriptors that passed locally; the request waits
+    /// for [`Context::on_grpc_call_response`].
+    fn ask_global(&mut self, global: &Global, descriptors: &[Descriptor]) -> Action {
+        let message = proto::RateLimitRequest {
+            domain: global.domain.clone(),
+            descriptors: descriptors
+                .iter()
+                .map(|d| proto::RateLimitDescriptor {
+                    entries: d
+                        .entries
+                        .iter()
+                        .map(|e| proto::rate_limit_descriptor::Entry {
+                            key: e.key.clone(),
+                            value: e.value.clone(),
+                        })
+                        .collect(),
+                })
+                .collect(),
+            hits_addend: 0,
+        }
+        .encode_to_vec();
+        let timeout = Duration::from_millis(global.timeout_ms);
+        match self.dispatch_grpc_call(
+            &global.cluster,
+            proto::SERVICE,
+            proto::METHOD,
+            vec![],
+            Some(&message),
+            timeout,
+        ) {
+            Ok(_) => Action::Pause,
+            Err(_) => self.global_failed(),
+        }
+    }
+
+    /// The sidecar could not answer: deny with 500, or let the request through.
+    fn global_failed(&mut self) -> Action {
+        if self.config.failure_mode_deny {
+            self.send_http_response(500, vec![], Some(b"rate limit service unavailable\n"));
+            Action::Pause
+        } else {
+            self.resume_http_request();
+            Action::Continue
+        }
+    }
+}
+
+impl Context for Filter {
+    fn on_grpc_call_response(&mut self, _: u32, status_code: u32, response_size: usize) {
+        let response = (status_code == 0)
+            .then(|| self.get_grpc_call_response_body(0, response_size))
+            .flatten()
+            .and_then(|body| proto::RateLimitResponse::decode(body.as_slice()).ok());
+        match response {
+            Some(r) if r.overall_code == proto::rate_limit_response::Code::OverLimit as i32 => {
+                let mut headers = vec![("x-envoy-ratelimited".to_owned(), "true".to_owned())];
+                headers.extend(
+                    r.response_headers_to_add
+                        .into_iter()
+                        .map(|h| (h.key, h.value)),
+                );
+                let headers: Vec<(&str, &str)> = headers
+                    .iter()
+                    .map(|(k, v)| (k.as_str(), v.as_str()))
+                    .collect();
+                self.send_http_response(429, headers, Some(b"Too Many Requests\n"));
+            }
+            Some(_) => self.resume_http_request(),
+            None => {
+                self.global_failed();
+            }
+        }
+    }
+}
 
 impl HttpContext for Filter {
     fn on_http_request_headers(&mut self, _: usize, _: bool) -> Action {
@@ -117,11 +193,8 @@ impl HttpContext for Filter {
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| d.as_secs());
         let request = Request::new(self.config.domain.clone(), descriptors);
-        match self
-            .config
-            .limiter
-            .should_rate_limit(&request, &SharedData, now)
-        {
+        let config = Rc::clone(&self.config);
+        match config.limiter.should_rate_limit(&request, &SharedData, now) {
             Ok(response) if response.overall_code == Code::OverLimit => {
                 let mut headers = vec![("x-envoy-ratelimited".to_owned(), "true".to_owned())];
                 if let Some(h) = response.headers {
@@ -136,9 +209,12 @@ impl HttpContext for Filter {
             }
             Ok(response) => {
                 self.headers = response.headers;
-                Action::Continue
+                match &config.global {
+                    Some(global) => self.ask_global(global, &request.descriptors),
+                    None => Action::Continue,
+                }
             }
-            Err(error) if self.config.failure_mode_deny => {
+            Err(error) if config.failure_mode_deny => {
                 let message = format!("rate limit check failed: {error}\n");
                 self.send_http_response(500, vec![], Some(message.as_bytes()));
                 Action::Pause
