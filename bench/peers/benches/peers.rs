@@ -11,6 +11,7 @@ use std::num::NonZeroU32;
 use criterion::{Criterion, criterion_group, criterion_main};
 use governor::{DefaultKeyedRateLimiter, Quota, RateLimiter};
 use limitador::limit::{Context, Expression, Limit, Predicate};
+use ratelimit_core::Request;
 use scenarios::{DISTINCT, NOW, distinct, engine, one_entry, two_entries, wildcard};
 
 fn governor() -> DefaultKeyedRateLimiter<String> {
@@ -43,87 +44,18 @@ fn context(pairs: &[(&str, String)]) -> Context<'static> {
     Context::from(map)
 }
 
-fn hot_key(c: &mut Criterion) {
-    let mut group = c.benchmark_group("one_entry_hot_key");
+/// One workload on each engine that can express it. Every engine cycles over its own
+/// prepared inputs (one input: a hot key).
+fn compare(
+    c: &mut Criterion,
+    name: &str,
+    requests: Vec<Request>,
+    governor_keys: Option<Vec<String>>,
+    limitador_engine: limitador::RateLimiter,
+    contexts: Vec<Context<'static>>,
+) {
+    let mut group = c.benchmark_group(name);
     let (core, store) = engine();
-    let request = one_entry();
-    group.bench_function("ratelimit-core", |b| {
-        b.iter(|| {
-            core.should_rate_limit(black_box(&request), &store, NOW)
-                .unwrap()
-        })
-    });
-    let gov = governor();
-    let key = "alice".to_owned();
-    group.bench_function("governor", |b| {
-        b.iter(|| gov.check_key(black_box(&key)).is_ok())
-    });
-    let lim = limitador(&["user"]);
-    let ctx = context(&[("user", "alice".into())]);
-    let namespace = "bench".into();
-    group.bench_function("limitador", |b| {
-        b.iter(|| {
-            lim.check_rate_limited_and_update(&namespace, black_box(&ctx), 1)
-                .unwrap()
-        })
-    });
-    group.finish();
-}
-
-fn nested(c: &mut Criterion) {
-    let mut group = c.benchmark_group("two_entries_hot_key");
-    let (core, store) = engine();
-    let request = two_entries();
-    group.bench_function("ratelimit-core", |b| {
-        b.iter(|| {
-            core.should_rate_limit(black_box(&request), &store, NOW)
-                .unwrap()
-        })
-    });
-    let gov = governor();
-    let key = "/api|alice".to_owned();
-    group.bench_function("governor", |b| {
-        b.iter(|| gov.check_key(black_box(&key)).is_ok())
-    });
-    let lim = limitador(&["route", "user"]);
-    let ctx = context(&[("route", "/api".into()), ("user", "alice".into())]);
-    let namespace = "bench".into();
-    group.bench_function("limitador", |b| {
-        b.iter(|| {
-            lim.check_rate_limited_and_update(&namespace, black_box(&ctx), 1)
-                .unwrap()
-        })
-    });
-    group.finish();
-}
-
-/// A value pattern: governor has no rules, so only limitador (a CEL condition) compares.
-fn pattern(c: &mut Criterion) {
-    let mut group = c.benchmark_group("wildcard");
-    let (core, store) = engine();
-    let request = wildcard();
-    group.bench_function("ratelimit-core", |b| {
-        b.iter(|| {
-            core.should_rate_limit(black_box(&request), &store, NOW)
-                .unwrap()
-        })
-    });
-    let lim = limitador_when(&["path.startsWith('/api/v1/users/')"], &["path"]);
-    let ctx = context(&[("path", "/api/v1/users/12345".into())]);
-    let namespace = "bench".into();
-    group.bench_function("limitador", |b| {
-        b.iter(|| {
-            lim.check_rate_limited_and_update(&namespace, black_box(&ctx), 1)
-                .unwrap()
-        })
-    });
-    group.finish();
-}
-
-fn many_keys(c: &mut Criterion) {
-    let mut group = c.benchmark_group("distinct_10000_keys");
-    let (core, store) = engine();
-    let requests = distinct();
     let mut next = requests.iter().cycle();
     group.bench_function("ratelimit-core", |b| {
         b.iter(|| {
@@ -131,27 +63,68 @@ fn many_keys(c: &mut Criterion) {
                 .unwrap()
         })
     });
-    let gov = governor();
-    let keys: Vec<String> = (0..DISTINCT).map(|i| format!("client-{i}")).collect();
-    let mut next = keys.iter().cycle();
-    group.bench_function("governor", |b| {
-        b.iter(|| gov.check_key(black_box(next.next().unwrap())).is_ok())
-    });
-    let lim = limitador(&["client"]);
-    let contexts: Vec<Context> = keys
-        .iter()
-        .map(|k| context(&[("client", k.clone())]))
-        .collect();
-    let mut next = contexts.iter().cycle();
+    if let Some(keys) = governor_keys {
+        let gov = governor();
+        let mut next = keys.iter().cycle();
+        group.bench_function("governor", |b| {
+            b.iter(|| gov.check_key(black_box(next.next().unwrap())).is_ok())
+        });
+    }
     let namespace = "bench".into();
+    let mut next = contexts.iter().cycle();
     group.bench_function("limitador", |b| {
         b.iter(|| {
-            lim.check_rate_limited_and_update(&namespace, black_box(next.next().unwrap()), 1)
+            limitador_engine
+                .check_rate_limited_and_update(&namespace, black_box(next.next().unwrap()), 1)
                 .unwrap()
         })
     });
     group.finish();
 }
 
-criterion_group!(benches, hot_key, nested, pattern, many_keys);
+fn workloads(c: &mut Criterion) {
+    compare(
+        c,
+        "one_entry_hot_key",
+        vec![one_entry()],
+        Some(vec!["alice".into()]),
+        limitador(&["user"]),
+        vec![context(&[("user", "alice".into())])],
+    );
+    compare(
+        c,
+        "two_entries_hot_key",
+        vec![two_entries()],
+        Some(vec!["/api|alice".into()]),
+        limitador(&["route", "user"]),
+        vec![context(&[
+            ("route", "/api".into()),
+            ("user", "alice".into()),
+        ])],
+    );
+    // Governor has no rules, so only limitador (a CEL condition) takes the pattern.
+    compare(
+        c,
+        "wildcard",
+        vec![wildcard()],
+        None,
+        limitador_when(&["path.startsWith('/api/v1/users/')"], &["path"]),
+        vec![context(&[("path", "/api/v1/users/12345".into())])],
+    );
+    let keys: Vec<String> = (0..DISTINCT).map(|i| format!("client-{i}")).collect();
+    let contexts = keys
+        .iter()
+        .map(|k| context(&[("client", k.clone())]))
+        .collect();
+    compare(
+        c,
+        "distinct_10000_keys",
+        distinct(),
+        Some(keys),
+        limitador(&["client"]),
+        contexts,
+    );
+}
+
+criterion_group!(benches, workloads);
 criterion_main!(benches);
