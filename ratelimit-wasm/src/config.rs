@@ -19,6 +19,12 @@ struct Raw {
     failure_mode_deny: bool,
     #[serde(default)]
     global: Option<Global>,
+    #[serde(default = "default_shared_slots")]
+    shared_slots: u64,
+}
+
+fn default_shared_slots() -> u64 {
+    16_384
 }
 
 /// The sidecar tier: descriptors that pass locally are then asked of a ratelimit sidecar.
@@ -53,6 +59,8 @@ pub struct FilterConfig {
     pub failure_mode_deny: bool,
     /// The sidecar tier, when configured.
     pub global: Option<Global>,
+    /// Shared-data entries the counters may use (our extension; default 16 384).
+    pub shared_slots: u64,
 }
 
 impl FilterConfig {
@@ -75,6 +83,7 @@ impl FilterConfig {
             response_headers: raw.response_headers,
             failure_mode_deny: raw.failure_mode_deny,
             global: raw.global,
+            shared_slots: raw.shared_slots,
         })
     }
 }

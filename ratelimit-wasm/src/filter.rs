@@ -9,12 +9,13 @@ use prost::Message;
 use proxy_wasm::hostcalls;
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
 use proxy_wasm::types::{Action, ContextType, LogLevel, MetricType, Status};
-use ratelimit_core::{Code, CounterStore, Descriptor, RateLimitHeaders, Request};
+use ratelimit_core::{Code, Descriptor, RateLimitHeaders, Request};
 use ratelimit_proto as proto;
 
 use crate::actions;
 use crate::config::{FilterConfig, Global};
 use crate::metrics::metric_name;
+use crate::slots::{SharedData, SlotCounters};
 
 /// How often each worker exports its statistics as metrics.
 const METRICS_PERIOD: Duration = Duration::from_secs(1);
@@ -194,7 +195,8 @@ impl HttpContext for Filter {
             .map_or(0, |d| d.as_secs());
         let request = Request::new(self.config.domain.clone(), descriptors);
         let config = Rc::clone(&self.config);
-        match config.limiter.should_rate_limit(&request, &SharedData, now) {
+        let counters = SlotCounters::new(EnvoySharedData, config.shared_slots);
+        match config.limiter.should_rate_limit(&request, &counters, now) {
             Ok(response) if response.overall_code == Code::OverLimit => {
                 let mut headers = vec![("x-envoy-ratelimited".to_owned(), "true".to_owned())];
                 if let Some(h) = response.headers {
@@ -241,41 +243,18 @@ fn header_values(h: RateLimitHeaders) -> [(String, String); 3] {
     ]
 }
 
-/// Counters in Envoy's shared data, shared by every worker thread: 16 bytes per key
-/// (count and window end, little endian), updated with compare-and-swap.
-struct SharedData;
+/// Envoy's shared data, common to every worker thread of the VM.
+struct EnvoySharedData;
 
-impl SharedData {
-    fn read(key: &str, now: u64) -> (u64, Option<u32>) {
-        let (value, cas) = hostcalls::get_shared_data(key).unwrap_or((None, None));
-        let count = value
-            .filter(|v| v.len() == 16)
-            .map(|v| {
-                let count = u64::from_le_bytes(v[..8].try_into().expect("8 bytes"));
-                let end = u64::from_le_bytes(v[8..].try_into().expect("8 bytes"));
-                if end > now { count } else { 0 }
-            })
-            .unwrap_or(0);
-        (count, cas)
-    }
-}
-
-impl CounterStore for SharedData {
-    fn increment(&self, key: &str, hits: u64, window_end: u64, now: u64) -> u64 {
-        loop {
-            let (count, cas) = SharedData::read(key, now);
-            let total = count + hits;
-            let mut value = [0u8; 16];
-            value[..8].copy_from_slice(&total.to_le_bytes());
-            value[8..].copy_from_slice(&window_end.to_le_bytes());
-            match hostcalls::set_shared_data(key, Some(&value), cas) {
-                Err(Status::CasMismatch) => continue,
-                _ => return total,
-            }
-        }
+impl SharedData for EnvoySharedData {
+    fn get(&self, key: &str) -> (Option<Vec<u8>>, Option<u32>) {
+        hostcalls::get_shared_data(key).unwrap_or((None, None))
     }
 
-    fn get(&self, key: &str, now: u64) -> u64 {
-        SharedData::read(key, now).0
+    fn set(&self, key: &str, value: &[u8], cas: Option<u32>) -> bool {
+        !matches!(
+            hostcalls::set_shared_data(key, Some(value), cas),
+            Err(Status::CasMismatch)
+        )
     }
 }

@@ -10,3 +10,4 @@ pub mod config;
 #[cfg(target_arch = "wasm32")]
 mod filter;
 pub mod metrics;
+pub mod slots;

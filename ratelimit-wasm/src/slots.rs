@@ -1,0 +1,223 @@
+//! Counters in a fixed number of shared-data slots.
+//!
+//! proxy-wasm can set and read shared data but never delete it, so one entry per cache
+//! key would grow without end as windows pass. Instead a counter lives in one of
+//! `slots` entries, found by hashing its cache key and probing a few neighbours; a slot
+//! whose window has ended is taken over by the next key that needs one. Shared memory
+//! stays bounded by `slots` entries whatever the traffic.
+
+use ratelimit_core::CounterStore;
+
+/// The shared-data operations the counters need (Envoy's, or a test's).
+pub trait SharedData {
+    /// The value and its compare-and-swap token.
+    fn get(&self, key: &str) -> (Option<Vec<u8>>, Option<u32>);
+    /// Writes `value` if the entry still has token `cas`; `false` on a mismatch.
+    fn set(&self, key: &str, value: &[u8], cas: Option<u32>) -> bool;
+}
+
+/// How many neighbouring slots a key may use before it takes over a live one.
+const PROBES: u64 = 8;
+
+/// Counters over [`SharedData`], in `slots` entries.
+pub struct SlotCounters<S> {
+    shared: S,
+    slots: u64,
+}
+
+/// A slot's content: window end, count, then the cache key.
+struct Slot<'a> {
+    window_end: u64,
+    count: u64,
+    key: &'a [u8],
+}
+
+impl<S: SharedData> SlotCounters<S> {
+    /// Counters in `slots` (at least `PROBES`) shared-data entries.
+    pub fn new(shared: S, slots: u64) -> SlotCounters<S> {
+        SlotCounters {
+            shared,
+            slots: slots.max(PROBES),
+        }
+    }
+
+    fn slot_name(&self, key: &str, probe: u64) -> String {
+        format!(
+            "ratelimit_slot_{}",
+            (fnv1a(key.as_bytes()).wrapping_add(probe)) % self.slots
+        )
+    }
+}
+
+impl<S: SharedData> CounterStore for SlotCounters<S> {
+    fn increment(&self, key: &str, hits: u64, window_end: u64, now: u64) -> u64 {
+        let mut fallback = None;
+        for probe in 0..PROBES {
+            let name = self.slot_name(key, probe);
+            loop {
+                let (value, cas) = self.shared.get(&name);
+                let slot = value.as_deref().and_then(decode);
+                let total = match slot {
+                    Some(s) if s.key == key.as_bytes() && s.window_end > now => s.count + hits,
+                    Some(s) if s.window_end > now => {
+                        fallback.get_or_insert(name.clone());
+                        break;
+                    }
+                    _ => hits,
+                };
+                if self.shared.set(&name, &encode(window_end, total, key), cas) {
+                    return total;
+                }
+            }
+        }
+        // Every probed slot holds a live counter: take over the first one, as a full
+        // cache evicts. That key's count restarts.
+        let name = fallback.unwrap_or_else(|| self.slot_name(key, 0));
+        loop {
+            let (_, cas) = self.shared.get(&name);
+            if self.shared.set(&name, &encode(window_end, hits, key), cas) {
+                return hits;
+            }
+        }
+    }
+
+    fn get(&self, key: &str, now: u64) -> u64 {
+        (0..PROBES)
+            .find_map(|probe| {
+                let (value, _) = self.shared.get(&self.slot_name(key, probe));
+                let value = value?;
+                let slot = decode(&value)?;
+                (slot.key == key.as_bytes() && slot.window_end > now).then_some(slot.count)
+            })
+            .unwrap_or(0)
+    }
+}
+
+fn encode(window_end: u64, count: u64, key: &str) -> Vec<u8> {
+    let mut out = Vec::with_capacity(16 + key.len());
+    out.extend_from_slice(&window_end.to_le_bytes());
+    out.extend_from_slice(&count.to_le_bytes());
+    out.extend_from_slice(key.as_bytes());
+    out
+}
+
+fn decode(value: &[u8]) -> Option<Slot<'_>> {
+    if value.len() < 16 {
+        return None;
+    }
+    Some(Slot {
+        window_end: u64::from_le_bytes(value[..8].try_into().ok()?),
+        count: u64::from_le_bytes(value[8..16].try_into().ok()?),
+        key: &value[16..],
+    })
+}
+
+/// A hash every worker computes alike (no per-process seed).
+fn fnv1a(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, &b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::cell::RefCell;
+    use std::collections::HashMap;
+
+    /// Shared data as Envoy keeps it: a value and a token that changes on every write.
+    #[derive(Default)]
+    struct Fake(RefCell<HashMap<String, (Vec<u8>, u32)>>);
+
+    impl SharedData for &Fake {
+        fn get(&self, key: &str) -> (Option<Vec<u8>>, Option<u32>) {
+            match self.0.borrow().get(key) {
+                Some((v, cas)) => (Some(v.clone()), Some(*cas)),
+                None => (None, None),
+            }
+        }
+
+        fn set(&self, key: &str, value: &[u8], cas: Option<u32>) -> bool {
+            let mut map = self.0.borrow_mut();
+            let current = map.get(key).map(|(_, c)| *c);
+            if cas.is_some() && cas != current {
+                return false;
+            }
+            map.insert(key.to_owned(), (value.to_vec(), current.unwrap_or(0) + 1));
+            true
+        }
+    }
+
+    #[test]
+    fn counts_per_key_and_window() {
+        let fake = Fake::default();
+        let counters = SlotCounters::new(&fake, 64);
+        assert_eq!(counters.increment("a_60", 1, 120, 61), 1);
+        assert_eq!(counters.increment("a_60", 2, 120, 62), 3);
+        assert_eq!(counters.increment("b_60", 1, 120, 62), 1);
+        assert_eq!(counters.get("a_60", 63), 3);
+        assert_eq!(counters.get("a_60", 120), 0, "the window ended");
+        assert_eq!(counters.get("c_60", 63), 0);
+    }
+
+    #[test]
+    fn shared_memory_stays_bounded_as_windows_pass() {
+        let fake = Fake::default();
+        let counters = SlotCounters::new(&fake, 32);
+        for window in 0..50u64 {
+            let (start, end) = (window * 60, window * 60 + 60);
+            for client in 0..20 {
+                let key = format!("d_client_{client}_{start}");
+                assert_eq!(counters.increment(&key, 1, end, start + 1), 1, "{key}");
+                assert_eq!(counters.increment(&key, 1, end, start + 2), 2, "{key}");
+            }
+        }
+        assert!(
+            fake.0.borrow().len() <= 32,
+            "{} entries",
+            fake.0.borrow().len()
+        );
+    }
+
+    #[test]
+    fn a_concurrent_write_is_retried_not_lost() {
+        /// Writes another worker's increment between our read and our write, once.
+        struct Racing<'a> {
+            inner: &'a Fake,
+            raced: RefCell<bool>,
+        }
+        impl SharedData for Racing<'_> {
+            fn get(&self, key: &str) -> (Option<Vec<u8>>, Option<u32>) {
+                self.inner.get(key)
+            }
+            fn set(&self, key: &str, value: &[u8], cas: Option<u32>) -> bool {
+                if !self.raced.replace(true) {
+                    let (current, token) = self.inner.get(key);
+                    let slot = current
+                        .as_deref()
+                        .and_then(decode)
+                        .expect("a counter exists");
+                    let other = encode(
+                        slot.window_end,
+                        slot.count + 5,
+                        std::str::from_utf8(slot.key).unwrap(),
+                    );
+                    assert!(self.inner.set(key, &other, token));
+                }
+                self.inner.set(key, value, cas)
+            }
+        }
+        let fake = Fake::default();
+        SlotCounters::new(&fake, 16).increment("k_0", 1, 60, 1);
+        let racing = Racing {
+            inner: &fake,
+            raced: RefCell::new(false),
+        };
+        let counters = SlotCounters::new(racing, 16);
+        assert_eq!(
+            counters.increment("k_0", 1, 60, 2),
+            7,
+            "1 + the other worker's 5 + 1"
+        );
+    }
+}
