@@ -27,6 +27,9 @@ pub enum StartError {
     /// A feature this build does not have yet.
     #[error("{0}")]
     NotAvailable(String),
+    /// The counter store could not be reached or is misconfigured.
+    #[error("backend: {0}")]
+    Backend(#[from] crate::redis_store::RedisError),
     /// A listener could not be opened.
     #[error("cannot listen on {what} {address}: {error}")]
     Listen {
@@ -64,8 +67,7 @@ pub async fn run(settings: Settings) -> Result<(), StartError> {
                 settings.limiter.expiration_jitter_max_seconds,
                 errors,
             )
-            .await
-            .map_err(|e| StartError::NotAvailable(e.to_string()))?;
+            .await?;
             tracing::warn!(redis_type = %settings.redis.redis_type, per_second = settings.redis.redis_persecond, "using the redis backend");
             Backend::Redis(redis)
         }
