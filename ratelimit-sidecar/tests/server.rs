@@ -11,6 +11,25 @@ use tonic::Code;
 const OK: i32 = 1;
 const OVER: i32 = 2;
 
+/// Runs the test `$name(redis: Option<&Redis>)` once on the memory backend
+/// (`$name::memory`) and once on a real Redis (`$name::redis`).
+macro_rules! on_both_backends {
+    ($name:ident) => {
+        mod $name {
+            #[tokio::test]
+            async fn memory() {
+                super::$name(None).await;
+            }
+
+            #[tokio::test]
+            async fn redis() {
+                let redis = super::Redis::start(&[]);
+                super::$name(Some(&redis)).await;
+            }
+        }
+    };
+}
+
 /// Starts a server on [`RULES`] (plus `options`), on the memory backend or on `redis`.
 fn start(redis: Option<&Redis>, mut options: Options) -> Server {
     if options.files.is_empty() {
@@ -36,16 +55,7 @@ descriptors:
     rate_limit: {unit: hour, requests_per_unit: 500}
 ";
 
-#[tokio::test]
-async fn grpc_decides_counts_and_reports_errors_like_envoy_ratelimit_on_memory() {
-    grpc_decides_counts_and_reports_errors_like_envoy_ratelimit(None).await;
-}
-
-#[tokio::test]
-async fn grpc_decides_counts_and_reports_errors_like_envoy_ratelimit_on_redis() {
-    let redis = Redis::start(&[]);
-    grpc_decides_counts_and_reports_errors_like_envoy_ratelimit(Some(&redis)).await;
-}
+on_both_backends!(grpc_decides_counts_and_reports_errors_like_envoy_ratelimit);
 
 async fn grpc_decides_counts_and_reports_errors_like_envoy_ratelimit(redis: Option<&Redis>) {
     let server = start(redis, Options::default());
@@ -139,16 +149,7 @@ async fn grpc_decides_counts_and_reports_errors_like_envoy_ratelimit(redis: Opti
     );
 }
 
-#[tokio::test]
-async fn rule_shadow_mode_response_headers_and_dynamic_metadata_on_memory() {
-    rule_shadow_mode_response_headers_and_dynamic_metadata(None).await;
-}
-
-#[tokio::test]
-async fn rule_shadow_mode_response_headers_and_dynamic_metadata_on_redis() {
-    let redis = Redis::start(&[]);
-    rule_shadow_mode_response_headers_and_dynamic_metadata(Some(&redis)).await;
-}
+on_both_backends!(rule_shadow_mode_response_headers_and_dynamic_metadata);
 
 async fn rule_shadow_mode_response_headers_and_dynamic_metadata(redis: Option<&Redis>) {
     let server = start(
@@ -200,16 +201,7 @@ async fn rule_shadow_mode_response_headers_and_dynamic_metadata(redis: Option<&R
     );
 }
 
-#[tokio::test]
-async fn json_answers_200_429_and_400_with_messages_on_memory() {
-    json_answers_200_429_and_400_with_messages(None).await;
-}
-
-#[tokio::test]
-async fn json_answers_200_429_and_400_with_messages_on_redis() {
-    let redis = Redis::start(&[]);
-    json_answers_200_429_and_400_with_messages(Some(&redis)).await;
-}
+on_both_backends!(json_answers_200_429_and_400_with_messages);
 
 async fn json_answers_200_429_and_400_with_messages(redis: Option<&Redis>) {
     let server = start(redis, Options::default());
@@ -428,16 +420,7 @@ async fn sigterm_fails_health_drains_and_exits_zero() {
     );
 }
 
-#[tokio::test]
-async fn concurrent_clients_never_get_more_than_the_limit_on_memory() {
-    concurrent_clients_never_get_more_than_the_limit(None).await;
-}
-
-#[tokio::test]
-async fn concurrent_clients_never_get_more_than_the_limit_on_redis() {
-    let redis = Redis::start(&[]);
-    concurrent_clients_never_get_more_than_the_limit(Some(&redis)).await;
-}
+on_both_backends!(concurrent_clients_never_get_more_than_the_limit);
 
 async fn concurrent_clients_never_get_more_than_the_limit(redis: Option<&Redis>) {
     let server = start(redis, Options::default());
