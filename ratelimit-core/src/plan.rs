@@ -502,8 +502,6 @@ impl PlanBody {
         let ratio = engine.settings.near_limit_ratio;
         let mut statuses = Vec::with_capacity(self.items.len());
         let (mut over_non_quota, mut quota, mut quota_over) = (false, 0usize, 0usize);
-        let mut chosen: Option<(u32, u32, u64)> = None;
-        let mut chosen_over: Option<(u32, u32, u64)> = None;
         for item in &self.items {
             let (status, is_quota) = match item {
                 Item::NoLimit { quota } => (DescriptorStatus::NO_LIMIT, *quota),
@@ -534,13 +532,6 @@ impl PlanBody {
                     if let Source::Node(id) = limited.source {
                         status.metadata.clone_from(&engine.rules.node(id).metadata);
                     }
-                    let header = (applied.requests_per_unit, status.limit_remaining, reset);
-                    if status.code == Code::OverLimit && !applied.quota {
-                        chosen_over = Some(header);
-                    }
-                    if chosen.is_none_or(|(_, remaining, _)| status.limit_remaining < remaining) {
-                        chosen = Some(header);
-                    }
                     (status, applied.quota)
                 }
             };
@@ -563,14 +554,8 @@ impl PlanBody {
         }
         Response {
             overall_code: overall,
+            headers: RateLimitHeaders::for_statuses(&statuses),
             statuses,
-            headers: chosen_over
-                .or(chosen)
-                .map(|(limit, remaining, reset)| RateLimitHeaders {
-                    limit,
-                    remaining,
-                    reset,
-                }),
         }
     }
 }

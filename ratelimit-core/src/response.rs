@@ -63,6 +63,34 @@ pub struct RateLimitHeaders {
     pub reset: u64,
 }
 
+impl RateLimitHeaders {
+    /// The header values for a request's statuses, local or from a remote service: the
+    /// last descriptor over its limit, else the limited one with the fewest hits left;
+    /// `None` when no limit applied.
+    pub fn for_statuses(statuses: &[DescriptorStatus]) -> Option<RateLimitHeaders> {
+        let mut chosen: Option<RateLimitHeaders> = None;
+        let mut over: Option<RateLimitHeaders> = None;
+        for status in statuses {
+            let (Some(limit), Some(reset)) = (&status.current_limit, status.duration_until_reset)
+            else {
+                continue;
+            };
+            let headers = RateLimitHeaders {
+                limit: limit.requests_per_unit,
+                remaining: status.limit_remaining,
+                reset,
+            };
+            if status.code == Code::OverLimit {
+                over = Some(headers);
+            }
+            if chosen.is_none_or(|c| headers.remaining < c.remaining) {
+                chosen = Some(headers);
+            }
+        }
+        over.or(chosen)
+    }
+}
+
 /// The decision for a whole request.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Response {

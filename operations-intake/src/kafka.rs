@@ -1,0 +1,281 @@
+//! The Kafka side: an idempotent `acks=all` producer, and the broker's health as last
+//! seen by a background probe, so neither `/health` nor a POST waits on a dead broker.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use arc_swap::ArcSwap;
+use rdkafka::ClientContext;
+use rdkafka::config::ClientConfig;
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use rdkafka::message::{Header, OwnedHeaders};
+use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
+use serde::Serialize;
+
+/// How often the background probe asks the broker for metadata.
+pub const PROBE_INTERVAL: Duration = Duration::from_secs(1);
+
+/// The broker as last seen.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct BrokerHealth {
+    /// `UP` or `DOWN`.
+    pub status: &'static str,
+    /// The bootstrap servers asked.
+    pub bootstrap_servers: String,
+    /// The topic produced to.
+    pub topic: String,
+    /// Its partition count, when it is up.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub partitions: Option<usize>,
+    /// Why it is down.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+}
+
+impl BrokerHealth {
+    /// Whether the last probe succeeded.
+    pub fn is_up(&self) -> bool {
+        self.status == "UP"
+    }
+}
+
+/// Why a batch was not acknowledged.
+#[derive(Debug, thiserror::Error)]
+pub enum ProduceError {
+    /// The broker is known to be unreachable: nothing was sent.
+    #[error("Kafka is unavailable ({0}); nothing was recorded")]
+    Unavailable(String),
+    /// The producer's local queue is full: nothing was sent.
+    #[error("the producer queue is full; nothing was recorded")]
+    QueueFull,
+    /// The message is larger than the broker accepts: nothing was recorded.
+    #[error("the batch is larger than the broker accepts ({0})")]
+    TooLarge(String),
+    /// Sent, but not acknowledged: the broker may or may not have it.
+    #[error("{0}")]
+    Unacknowledged(String),
+}
+
+/// Where an acknowledged batch landed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Ack {
+    /// The partition.
+    pub partition: i32,
+    /// The offset in it.
+    pub offset: i64,
+}
+
+/// Metadata carried in each message's headers.
+#[derive(Clone, Copy, Debug)]
+pub struct MessageMeta<'a> {
+    /// The request id, also the message key.
+    pub request_id: &'a str,
+    /// Who sent the batch.
+    pub client_id: &'a str,
+    /// When it arrived, RFC 3339 in UTC.
+    pub received_at: &'a str,
+}
+
+/// The content type of every message value.
+pub const CONTENT_TYPE: &str = "application/json";
+
+/// The producer and the broker's last known health.
+pub struct Kafka {
+    producer: FutureProducer<Context>,
+    topic: String,
+    health: Arc<ArcSwap<BrokerHealth>>,
+    health_timeout: Duration,
+}
+
+/// Records global errors the client reports between probes.
+struct Context {
+    health: Arc<ArcSwap<BrokerHealth>>,
+}
+
+impl ClientContext for Context {
+    fn error(&self, error: KafkaError, reason: &str) {
+        tracing::warn!(%error, reason, "Kafka client error");
+        if error.rdkafka_error_code() == Some(RDKafkaErrorCode::AllBrokersDown) {
+            self.health
+                .rcu(|h| down(h, format!("all brokers are down: {reason}")));
+        }
+    }
+}
+
+fn down(health: &BrokerHealth, reason: String) -> BrokerHealth {
+    BrokerHealth {
+        status: "DOWN",
+        partitions: None,
+        reason: Some(reason),
+        ..health.clone()
+    }
+}
+
+impl Kafka {
+    /// A producer for `topic` with librdkafka `properties` applied over the safe defaults
+    /// (idempotence, `acks=all`, `message.timeout.ms` from `delivery_timeout`).
+    pub fn new(
+        bootstrap_servers: &str,
+        topic: &str,
+        properties: &[(String, String)],
+        delivery_timeout: Duration,
+        health_timeout: Duration,
+    ) -> Result<Kafka, KafkaError> {
+        let mut config = ClientConfig::new();
+        config
+            .set("bootstrap.servers", bootstrap_servers)
+            .set("enable.idempotence", "true")
+            .set("acks", "all")
+            .set("linger.ms", "2")
+            .set(
+                "message.timeout.ms",
+                delivery_timeout.as_millis().max(1).to_string(),
+            );
+        for (name, value) in properties {
+            config.set(name, value);
+        }
+        let health = Arc::new(ArcSwap::from_pointee(BrokerHealth {
+            status: "DOWN",
+            bootstrap_servers: bootstrap_servers.to_owned(),
+            topic: topic.to_owned(),
+            partitions: None,
+            reason: Some("not probed yet".to_owned()),
+        }));
+        let producer = config.create_with_context(Context {
+            health: health.clone(),
+        })?;
+        Ok(Kafka {
+            producer,
+            topic: topic.to_owned(),
+            health,
+            health_timeout,
+        })
+    }
+
+    /// The broker as last seen.
+    pub fn health(&self) -> Arc<BrokerHealth> {
+        self.health.load_full()
+    }
+
+    /// Asks the broker for the topic's metadata (bounded by the health timeout) and
+    /// records the answer.
+    pub async fn probe(self: &Arc<Self>) -> Arc<BrokerHealth> {
+        let this = self.clone();
+        let timeout = self.health_timeout;
+        let asked = tokio::task::spawn_blocking(move || {
+            this.producer
+                .client()
+                .fetch_metadata(Some(&this.topic), timeout)
+        });
+        let current = self.health.load_full();
+        let next = match tokio::time::timeout(timeout + Duration::from_millis(100), asked).await {
+            Ok(Ok(Ok(metadata))) => match metadata.topics().first() {
+                Some(t) if t.error().is_none() && !t.partitions().is_empty() => BrokerHealth {
+                    status: "UP",
+                    partitions: Some(t.partitions().len()),
+                    reason: None,
+                    ..(*current).clone()
+                },
+                Some(t) => down(
+                    &current,
+                    match t.error() {
+                        Some(e) => format!("topic {}: {:?}", self.topic, RDKafkaErrorCode::from(e)),
+                        None => format!("topic {} has no partitions", self.topic),
+                    },
+                ),
+                None => down(&current, format!("topic {} does not exist", self.topic)),
+            },
+            Ok(Ok(Err(error))) => down(&current, format!("metadata request failed: {error}")),
+            Ok(Err(_)) | Err(_) => down(&current, format!("no metadata answer within {timeout:?}")),
+        };
+        if let Some(fatal) = self.producer.client().fatal_error() {
+            let reason = format!(
+                "fatal producer error {:?}: {}; restart the service",
+                fatal.0, fatal.1
+            );
+            self.health.store(Arc::new(down(&current, reason)));
+        } else {
+            if next.is_up() != current.is_up() {
+                tracing::info!(
+                    status = next.status,
+                    reason = next.reason.as_deref(),
+                    "Kafka health changed"
+                );
+            }
+            self.health.store(Arc::new(next));
+        }
+        self.health.load_full()
+    }
+
+    /// Probes the broker every [`PROBE_INTERVAL`] until the task is dropped.
+    pub async fn watch(self: Arc<Self>) {
+        loop {
+            tokio::time::sleep(PROBE_INTERVAL).await;
+            self.probe().await;
+        }
+    }
+
+    /// Produces one batch and waits for the broker's acknowledgement.
+    pub async fn produce(&self, value: &[u8], meta: MessageMeta<'_>) -> Result<Ack, ProduceError> {
+        let health = self.health.load();
+        if !health.is_up() {
+            return Err(ProduceError::Unavailable(
+                health.reason.clone().unwrap_or_default(),
+            ));
+        }
+        let headers = OwnedHeaders::new_with_capacity(4)
+            .insert(Header {
+                key: "request-id",
+                value: Some(meta.request_id),
+            })
+            .insert(Header {
+                key: "client-id",
+                value: Some(meta.client_id),
+            })
+            .insert(Header {
+                key: "received-at",
+                value: Some(meta.received_at),
+            })
+            .insert(Header {
+                key: "content-type",
+                value: Some(CONTENT_TYPE),
+            });
+        let record = FutureRecord::to(&self.topic)
+            .key(meta.request_id)
+            .payload(value)
+            .headers(headers);
+        let delivery = match self.producer.send_result(record) {
+            Ok(delivery) => delivery,
+            Err((error, _)) => return Err(refused(&error)),
+        };
+        match delivery.await {
+            Ok(Ok(done)) => Ok(Ack {
+                partition: done.partition,
+                offset: done.offset,
+            }),
+            Ok(Err((error, _))) => Err(match error.rdkafka_error_code() {
+                Some(RDKafkaErrorCode::MessageSizeTooLarge) => {
+                    ProduceError::TooLarge(error.to_string())
+                }
+                _ => ProduceError::Unacknowledged(error.to_string()),
+            }),
+            Err(_) => Err(ProduceError::Unacknowledged(
+                "the producer was shut down".to_owned(),
+            )),
+        }
+    }
+
+    /// Waits up to `timeout` for every queued message to be acknowledged.
+    pub fn flush(&self, timeout: Duration) -> Result<(), KafkaError> {
+        self.producer.flush(timeout)
+    }
+}
+
+/// The error for a message librdkafka would not even queue.
+fn refused(error: &KafkaError) -> ProduceError {
+    match error.rdkafka_error_code() {
+        Some(RDKafkaErrorCode::QueueFull) => ProduceError::QueueFull,
+        Some(RDKafkaErrorCode::MessageSizeTooLarge) => ProduceError::TooLarge(error.to_string()),
+        _ => ProduceError::Unavailable(error.to_string()),
+    }
+}

@@ -1,0 +1,15 @@
+//! The operations intake service: clients POST batches of buy/sell operations; each batch
+//! is validated, checked against rate limits decided by ratelimit-core, and produced to a
+//! Kafka topic as one message, answered only once the broker acknowledged it.
+//!
+//! Money is involved, so a batch is never changed on the way (the message value is the
+//! request body, byte for byte; numbers are never read as floats), never lost (the
+//! answer waits for `acks=all`) and never recorded twice by a retry (`Idempotency-Key`).
+
+pub mod batch;
+pub mod idempotency;
+pub mod kafka;
+pub mod limits;
+pub mod routes;
+pub mod run;
+pub mod settings;

@@ -1,0 +1,318 @@
+//! Whether a client may send a batch now: decided by ratelimit-core in process, or by a
+//! ratelimit sidecar over gRPC so that replicas share counters.
+//!
+//! Limits count operations, not requests: the descriptor `client_id=<id>` carries the
+//! batch size as its hits, and `client_id=<id>, operation=<kind>` carries each kind's
+//! count, so a configuration can cap sells apart from buys.
+
+use std::path::Path;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::{
+    RateLimitDescriptor, rate_limit_descriptor,
+};
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code as PbCode;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
+use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
+use envoy_types::pb::google::protobuf::UInt64Value;
+use ratelimit_core::{
+    Code, Config, CurrentLimit, Descriptor, DescriptorStatus, Limiter, MemoryStore,
+    RateLimitHeaders, Request, Settings, Unit,
+};
+use tonic::transport::{Channel, Endpoint};
+
+use crate::batch::Batch;
+
+/// What the limits say about a batch.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Verdict {
+    /// Go ahead; the headers describe the tightest limit, when one applies.
+    Allow(Option<RateLimitHeaders>),
+    /// Over a limit: 429 with these headers.
+    Deny(Option<RateLimitHeaders>),
+    /// The remote limiter could not answer and the failure mode is deny: 503.
+    Unavailable,
+}
+
+/// Why the limits could not be set up.
+#[derive(Debug, thiserror::Error)]
+pub enum LimitsError {
+    /// The rules file could not be read.
+    #[error("cannot read RATELIMIT_CONFIG {path}: {source}")]
+    Read {
+        /// The file.
+        path: String,
+        /// What the system said.
+        source: std::io::Error,
+    },
+    /// The rules are not valid; the message is the sidecar's.
+    #[error("RATELIMIT_CONFIG is not valid: {0}")]
+    Invalid(#[from] ratelimit_core::ConfigError),
+    /// The rules do not mention the domain this service asks for.
+    #[error("RATELIMIT_CONFIG has no domain `{0}`; set RATELIMIT_DOMAIN or fix the file")]
+    NoDomain(String),
+    /// The sidecar URL is not a URL.
+    #[error("RATELIMIT_GRPC_URL `{url}` is not valid: {source}")]
+    BadUrl {
+        /// The URL given.
+        url: String,
+        /// What is wrong with it.
+        source: tonic::transport::Error,
+    },
+}
+
+/// The configured limits.
+pub enum Limits {
+    /// No rules: every batch is allowed.
+    Off,
+    /// Decided in process against in-memory counters.
+    Local {
+        /// The engine.
+        limiter: Limiter,
+        /// The counters.
+        store: MemoryStore,
+        /// The domain asked for.
+        domain: String,
+    },
+    /// Asked of a ratelimit sidecar.
+    Remote {
+        /// The sidecar's client; channels are cheap to clone.
+        client: RateLimitServiceClient<Channel>,
+        /// The domain asked for.
+        domain: String,
+        /// Per-call deadline.
+        timeout: Duration,
+        /// Refuse batches when the sidecar fails.
+        failure_mode_deny: bool,
+    },
+}
+
+/// How many distinct counters the in-process store keeps at most.
+const LOCAL_COUNTERS: usize = 1 << 20;
+
+impl Limits {
+    /// In-process limits from the YAML rules in `path`.
+    pub fn local(path: &Path, domain: &str) -> Result<Limits, LimitsError> {
+        let text = std::fs::read_to_string(path).map_err(|source| LimitsError::Read {
+            path: path.display().to_string(),
+            source,
+        })?;
+        let config = Config::from_files([(path.display().to_string(), text)], false)?;
+        if !config.domains().iter().any(|d| d.domain == domain) {
+            return Err(LimitsError::NoDomain(domain.to_owned()));
+        }
+        Ok(Limits::Local {
+            limiter: Limiter::new(&config, Settings::default()),
+            store: MemoryStore::new(LOCAL_COUNTERS),
+            domain: domain.to_owned(),
+        })
+    }
+
+    /// Limits asked of the sidecar at `url`; the connection is made on first use.
+    pub fn remote(
+        url: &str,
+        domain: &str,
+        timeout: Duration,
+        failure_mode_deny: bool,
+    ) -> Result<Limits, LimitsError> {
+        let endpoint = Endpoint::from_shared(url.to_owned())
+            .map_err(|source| LimitsError::BadUrl {
+                url: url.to_owned(),
+                source,
+            })?
+            .connect_timeout(timeout)
+            .timeout(timeout);
+        Ok(Limits::Remote {
+            client: RateLimitServiceClient::new(endpoint.connect_lazy()),
+            domain: domain.to_owned(),
+            timeout,
+            failure_mode_deny,
+        })
+    }
+
+    /// Checks `batch` from `client_id`, counting its operations.
+    pub async fn check(&self, client_id: &str, batch: &Batch) -> Verdict {
+        match self {
+            Limits::Off => Verdict::Allow(None),
+            Limits::Local {
+                limiter,
+                store,
+                domain,
+            } => {
+                let request = Request::new(domain.clone(), descriptors(client_id, batch));
+                match limiter.should_rate_limit(&request, store, unix_now()) {
+                    Ok(response) => verdict(response.overall_code, response.headers),
+                    Err(error) => {
+                        tracing::error!(%error, "the rate limiter refused its own request");
+                        Verdict::Allow(None)
+                    }
+                }
+            }
+            Limits::Remote {
+                client,
+                domain,
+                timeout,
+                failure_mode_deny,
+            } => {
+                let request = remote_request(domain, client_id, batch);
+                let mut client = client.clone();
+                let answer =
+                    tokio::time::timeout(*timeout, client.should_rate_limit(request)).await;
+                match answer {
+                    Ok(Ok(response)) => remote_verdict(&response.into_inner()),
+                    Ok(Err(status)) => remote_failed(*failure_mode_deny, &status.to_string()),
+                    Err(_) => remote_failed(*failure_mode_deny, "no answer in time"),
+                }
+            }
+        }
+    }
+}
+
+/// The descriptors for a batch: the client's total, then one per kind present.
+pub fn descriptors(client_id: &str, batch: &Batch) -> Vec<Descriptor> {
+    let mut descriptors = vec![Descriptor::new([("client_id", client_id)]).with_hits(batch.count)];
+    descriptors.extend(batch.kinds().map(|(kind, count)| {
+        Descriptor::new([("client_id", client_id), ("operation", kind.as_str())]).with_hits(count)
+    }));
+    descriptors
+}
+
+fn verdict(code: Code, headers: Option<RateLimitHeaders>) -> Verdict {
+    match code {
+        Code::Ok => Verdict::Allow(headers),
+        Code::OverLimit => Verdict::Deny(headers),
+    }
+}
+
+fn remote_request(domain: &str, client_id: &str, batch: &Batch) -> RateLimitRequest {
+    RateLimitRequest {
+        domain: domain.to_owned(),
+        descriptors: descriptors(client_id, batch)
+            .into_iter()
+            .map(|d| RateLimitDescriptor {
+                entries: d
+                    .entries
+                    .into_iter()
+                    .map(|e| rate_limit_descriptor::Entry {
+                        key: e.key,
+                        value: e.value,
+                    })
+                    .collect(),
+                hits_addend: d.hits_addend.map(|value| UInt64Value { value }),
+                ..Default::default()
+            })
+            .collect(),
+        ..Default::default()
+    }
+}
+
+/// The verdict from a sidecar's answer, with the header values chosen the way the core
+/// chooses them for its own decisions.
+fn remote_verdict(response: &RateLimitResponse) -> Verdict {
+    let statuses: Vec<DescriptorStatus> = response
+        .statuses
+        .iter()
+        .map(|s| DescriptorStatus {
+            code: code_from_pb(s.code),
+            current_limit: s.current_limit.as_ref().and_then(|l| {
+                Some(CurrentLimit {
+                    requests_per_unit: l.requests_per_unit,
+                    unit: Unit::parse(l.unit().as_str_name())?,
+                    name: None,
+                })
+            }),
+            limit_remaining: s.limit_remaining,
+            duration_until_reset: s
+                .duration_until_reset
+                .and_then(|d| u64::try_from(d.seconds).ok()),
+            metadata: None,
+        })
+        .collect();
+    verdict(
+        code_from_pb(response.overall_code),
+        RateLimitHeaders::for_statuses(&statuses),
+    )
+}
+
+fn code_from_pb(code: i32) -> Code {
+    if code == PbCode::OverLimit as i32 {
+        Code::OverLimit
+    } else {
+        Code::Ok
+    }
+}
+
+fn remote_failed(deny: bool, why: &str) -> Verdict {
+    if deny {
+        tracing::warn!(error = why, "rate-limit service failed; refusing the batch");
+        Verdict::Unavailable
+    } else {
+        tracing::warn!(error = why, "rate-limit service failed; allowing the batch");
+        Verdict::Allow(None)
+    }
+}
+
+fn unix_now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn descriptors_count_operations_per_client_and_kind() {
+        let batch = Batch {
+            count: 5,
+            buys: 0,
+            sells: 5,
+        };
+        let found = descriptors("c1", &batch);
+        assert_eq!(found.len(), 2);
+        assert_eq!(found[0].hits_addend, Some(5));
+        assert_eq!(found[1].entries[1].value, "sell");
+        assert_eq!(found[1].hits_addend, Some(5));
+    }
+
+    #[test]
+    fn local_limits_count_operations_and_cap_kinds_apart() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("limits.yaml");
+        std::fs::write(
+            &path,
+            "domain: operations\ndescriptors:\n  - key: client_id\n    rate_limit: {unit: hour, requests_per_unit: 10}\n    descriptors:\n      - key: operation\n        value: sell\n        rate_limit: {unit: hour, requests_per_unit: 3}\n",
+        )
+        .unwrap();
+        let limits = Limits::local(&path, "operations").unwrap();
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        let check = |buys, sells| {
+            let batch = Batch {
+                count: buys + sells,
+                buys,
+                sells,
+            };
+            rt.block_on(limits.check("c1", &batch))
+        };
+        assert!(matches!(check(2, 3), Verdict::Allow(Some(h)) if h.remaining == 0 && h.limit == 3));
+        assert!(matches!(check(0, 1), Verdict::Deny(Some(h)) if h.limit == 3));
+        assert!(
+            matches!(check(4, 0), Verdict::Allow(Some(h)) if h.remaining == 0 && h.limit == 10)
+        );
+        assert!(matches!(check(1, 0), Verdict::Deny(_)));
+    }
+
+    #[test]
+    fn rules_without_the_domain_are_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("limits.yaml");
+        std::fs::write(&path, "domain: other\n").unwrap();
+        assert!(matches!(
+            Limits::local(&path, "operations"),
+            Err(LimitsError::NoDomain(_))
+        ));
+    }
+}

@@ -1,0 +1,388 @@
+//! The HTTP API: `POST /operations` and `GET /health`, every answer a JSON body.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Instant, SystemTime};
+
+use bytes::{Buf, Bytes, BytesMut};
+use futures_util::{Stream, StreamExt};
+use ratelimit_core::RateLimitHeaders;
+use serde::Serialize;
+use serde_json::json;
+use warp::Filter;
+use warp::http::Response;
+use warp::http::header::{ALLOW, CONTENT_LENGTH, CONTENT_TYPE, RETRY_AFTER};
+use warp::http::{HeaderMap, HeaderValue, Method, StatusCode};
+
+use crate::batch::{self, Batch, Problem, Rejection};
+use crate::idempotency::{self, Claim};
+use crate::kafka::{BrokerHealth, Kafka, MessageMeta, ProduceError};
+use crate::limits::{Limits, Verdict};
+
+/// The answer the original service gave for an accepted batch; clients match on it.
+pub const ACCEPTED_MESSAGE: &str = "Operations processed successfully";
+
+/// Everything a request needs.
+pub struct App {
+    /// Rate limits.
+    pub limits: Limits,
+    /// The producer.
+    pub kafka: Arc<Kafka>,
+    /// Remembered answers for `Idempotency-Key`.
+    pub idempotency: idempotency::Store,
+    /// `MAX_BODY_BYTES`.
+    pub max_body_bytes: usize,
+    /// `MAX_OPERATIONS`.
+    pub max_operations: usize,
+}
+
+type Reply = Response<Bytes>;
+
+/// The service as one warp filter.
+pub fn routes(
+    app: Arc<App>,
+) -> impl Filter<Extract = (Reply,), Error = warp::Rejection> + Clone + Send + Sync + 'static {
+    warp::method()
+        .and(warp::path::full())
+        .and(warp::header::headers_cloned())
+        .and(warp::addr::remote())
+        .and(warp::body::stream())
+        .then(
+            move |method, path: warp::path::FullPath, headers, peer, body| {
+                let app = app.clone();
+                async move {
+                    // The work runs to its end even if the client goes away, so an
+                    // acknowledged batch is always remembered for its idempotency key.
+                    let task = tokio::spawn(async move {
+                        match path.as_str() {
+                            "/operations" if method == Method::POST => {
+                                post_operations(&app, &headers, peer, body).await
+                            }
+                            "/health" if method == Method::GET => health(&app),
+                            "/operations" => not_allowed("POST"),
+                            "/health" => not_allowed("GET"),
+                            _ => message(
+                                StatusCode::NOT_FOUND,
+                                "no such route; the routes are POST /operations and GET /health",
+                            ),
+                        }
+                    });
+                    task.await.unwrap_or_else(|error| {
+                        tracing::error!(%error, "request handler failed");
+                        message(StatusCode::INTERNAL_SERVER_ERROR, "internal error")
+                    })
+                }
+            },
+        )
+}
+
+fn health(app: &App) -> Reply {
+    let kafka = app.kafka.health();
+    #[derive(Serialize)]
+    struct Health<'a> {
+        status: &'static str,
+        kafka: &'a BrokerHealth,
+    }
+    let (status, code) = if kafka.is_up() {
+        ("UP", StatusCode::OK)
+    } else {
+        ("DOWN", StatusCode::SERVICE_UNAVAILABLE)
+    };
+    json_reply(
+        code,
+        &Health {
+            status,
+            kafka: &kafka,
+        },
+    )
+}
+
+/// The answer for an acknowledged batch; `message` comes first, as the original
+/// service's answer did.
+#[derive(Serialize)]
+struct Accepted<'a> {
+    message: &'static str,
+    id: &'a str,
+    count: u64,
+    partition: i32,
+    offset: i64,
+}
+
+async fn post_operations<S, B>(
+    app: &App,
+    headers: &HeaderMap,
+    peer: Option<SocketAddr>,
+    body: S,
+) -> Reply
+where
+    S: Stream<Item = Result<B, warp::Error>> + Unpin,
+    B: Buf,
+{
+    let received = SystemTime::now();
+    if !is_json(headers) {
+        return message(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "Content-Type must be application/json",
+        );
+    }
+    let body = match read_body(headers, body, app.max_body_bytes).await {
+        Ok(body) => body,
+        Err(reply) => return reply,
+    };
+    let batch = match batch::parse(&body, app.max_operations) {
+        Ok(batch) => batch,
+        Err(Rejection::Invalid(problems)) => return invalid(&problems),
+        Err(Rejection::TooMany { count, max }) => {
+            return message(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                &format!("{count} operations in one request; MAX_OPERATIONS is {max}"),
+            );
+        }
+    };
+    let client_id = match client_id(headers, peer) {
+        Ok(id) => id,
+        Err(reply) => return reply,
+    };
+    let key = match headers.get("idempotency-key").map(HeaderValue::to_str) {
+        None => None,
+        Some(Ok(key)) if idempotency::valid_key(key) => Some(key.to_owned()),
+        Some(_) => {
+            return invalid(&[Problem {
+                index: None,
+                field: Some("Idempotency-Key".to_owned()),
+                message: format!(
+                    "must be 1 to {} visible ASCII characters",
+                    idempotency::MAX_KEY_LEN
+                ),
+            }]);
+        }
+    };
+    if let Some(key) = &key {
+        match app
+            .idempotency
+            .claim(&client_id, key, &body, Instant::now())
+        {
+            Claim::New => {}
+            Claim::Replay(answer) => {
+                let mut reply = Response::new(answer);
+                reply.headers_mut().insert(CONTENT_TYPE, json_type());
+                reply
+                    .headers_mut()
+                    .insert("idempotent-replayed", HeaderValue::from_static("true"));
+                return reply;
+            }
+            Claim::InProgress => {
+                return message(
+                    StatusCode::CONFLICT,
+                    "a request with this Idempotency-Key is still being processed; retry later",
+                );
+            }
+            Claim::Mismatch => {
+                return message(
+                    StatusCode::UNPROCESSABLE_ENTITY,
+                    "this Idempotency-Key was used with a different body",
+                );
+            }
+        }
+    }
+    let reply = limit_and_produce(app, &body, &batch, &client_id, key.as_deref(), received).await;
+    if let Some(key) = &key {
+        if reply.status() == StatusCode::OK {
+            app.idempotency
+                .finish(&client_id, key, reply.body().clone(), Instant::now());
+        } else {
+            app.idempotency.release(&client_id, key);
+        }
+    }
+    reply
+}
+
+/// The rate-limit check, then the message, for a valid batch.
+async fn limit_and_produce(
+    app: &App,
+    body: &Bytes,
+    batch: &Batch,
+    client_id: &str,
+    key: Option<&str>,
+    received: SystemTime,
+) -> Reply {
+    let limit_headers = match app.limits.check(client_id, batch).await {
+        Verdict::Allow(headers) => headers,
+        Verdict::Deny(headers) => {
+            let mut reply = message(
+                StatusCode::TOO_MANY_REQUESTS,
+                "rate limit exceeded; nothing was recorded",
+            );
+            if let Some(h) = headers {
+                add_limit_headers(reply.headers_mut(), h);
+                reply.headers_mut().insert(RETRY_AFTER, h.reset.into());
+            }
+            return reply;
+        }
+        Verdict::Unavailable => {
+            return message(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "the rate-limit service is unavailable; nothing was recorded",
+            );
+        }
+    };
+    let id = key.map_or_else(|| uuid::Uuid::new_v4().to_string(), str::to_owned);
+    let received_at = humantime::format_rfc3339_millis(received).to_string();
+    let meta = MessageMeta {
+        request_id: &id,
+        client_id,
+        received_at: &received_at,
+    };
+    let mut reply = match app.kafka.produce(body, meta).await {
+        Ok(ack) => json_reply(
+            StatusCode::OK,
+            &Accepted {
+                message: ACCEPTED_MESSAGE,
+                id: &id,
+                count: batch.count,
+                partition: ack.partition,
+                offset: ack.offset,
+            },
+        ),
+        Err(error @ ProduceError::TooLarge(_)) => json_reply(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            &json!({"message": format!("{error}; nothing was recorded"), "id": id}),
+        ),
+        Err(error @ (ProduceError::Unavailable(_) | ProduceError::QueueFull)) => {
+            tracing::warn!(%error, id, "batch refused");
+            json_reply(
+                StatusCode::SERVICE_UNAVAILABLE,
+                &json!({"message": error.to_string(), "id": id}),
+            )
+        }
+        Err(ProduceError::Unacknowledged(why)) => {
+            tracing::warn!(error = why, id, "batch not acknowledged");
+            json_reply(
+                StatusCode::SERVICE_UNAVAILABLE,
+                &json!({
+                    "message": format!(
+                        "the broker did not acknowledge the operations ({why}); they may or may not have been recorded. Retry with the header Idempotency-Key: {id}; the id is also the message key, so consumers can drop a duplicate"
+                    ),
+                    "id": id,
+                }),
+            )
+        }
+    };
+    if let Some(h) = limit_headers {
+        add_limit_headers(reply.headers_mut(), h);
+    }
+    reply
+}
+
+/// Reads the body, refusing more than `max` bytes (413) before reading them when the
+/// length is announced.
+async fn read_body<S, B>(headers: &HeaderMap, mut body: S, max: usize) -> Result<Bytes, Reply>
+where
+    S: Stream<Item = Result<B, warp::Error>> + Unpin,
+    B: Buf,
+{
+    let too_large = || {
+        message(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            &format!("the body is larger than MAX_BODY_BYTES ({max} bytes)"),
+        )
+    };
+    let announced = headers
+        .get(CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok()?.parse::<usize>().ok());
+    if announced.is_some_and(|n| n > max) {
+        return Err(too_large());
+    }
+    let mut buffer = BytesMut::with_capacity(announced.unwrap_or(0));
+    while let Some(chunk) = body.next().await {
+        let mut chunk = chunk.map_err(|error| {
+            message(
+                StatusCode::BAD_REQUEST,
+                &format!("the body could not be read: {error}"),
+            )
+        })?;
+        if buffer.len() + chunk.remaining() > max {
+            return Err(too_large());
+        }
+        while chunk.has_remaining() {
+            let part = chunk.chunk();
+            buffer.extend_from_slice(part);
+            let n = part.len();
+            chunk.advance(n);
+        }
+    }
+    Ok(buffer.freeze())
+}
+
+fn is_json(headers: &HeaderMap) -> bool {
+    headers
+        .get(CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split(';').next())
+        .is_some_and(|media| media.trim().eq_ignore_ascii_case("application/json"))
+}
+
+/// The `X-Client-Id` header, else the peer's IP address.
+fn client_id(headers: &HeaderMap, peer: Option<SocketAddr>) -> Result<String, Reply> {
+    match headers.get("x-client-id").map(HeaderValue::to_str) {
+        Some(Ok(id))
+            if (1..=255).contains(&id.len()) && id.bytes().all(|b| b.is_ascii_graphic()) =>
+        {
+            Ok(id.to_owned())
+        }
+        Some(_) => Err(invalid(&[Problem {
+            index: None,
+            field: Some("X-Client-Id".to_owned()),
+            message: "must be 1 to 255 visible ASCII characters".to_owned(),
+        }])),
+        None => Ok(peer.map_or_else(|| "unknown".to_owned(), |p| p.ip().to_string())),
+    }
+}
+
+fn add_limit_headers(headers: &mut HeaderMap, h: RateLimitHeaders) {
+    headers.insert("ratelimit-limit", h.limit.into());
+    headers.insert("ratelimit-remaining", h.remaining.into());
+    headers.insert("ratelimit-reset", h.reset.into());
+}
+
+fn invalid(problems: &[Problem]) -> Reply {
+    #[derive(Serialize)]
+    struct Body<'a> {
+        message: &'static str,
+        errors: &'a [Problem],
+    }
+    json_reply(
+        StatusCode::BAD_REQUEST,
+        &Body {
+            message: "the operations are not valid; nothing was recorded",
+            errors: problems,
+        },
+    )
+}
+
+fn not_allowed(allow: &'static str) -> Reply {
+    let mut reply = message(
+        StatusCode::METHOD_NOT_ALLOWED,
+        &format!("this route takes {allow} only"),
+    );
+    reply
+        .headers_mut()
+        .insert(ALLOW, HeaderValue::from_static(allow));
+    reply
+}
+
+fn message(status: StatusCode, text: &str) -> Reply {
+    json_reply(status, &json!({ "message": text }))
+}
+
+fn json_reply(status: StatusCode, body: &impl Serialize) -> Reply {
+    let bytes = serde_json::to_vec(body).unwrap_or_default();
+    let mut reply = Response::new(Bytes::from(bytes));
+    *reply.status_mut() = status;
+    reply.headers_mut().insert(CONTENT_TYPE, json_type());
+    reply
+}
+
+fn json_type() -> HeaderValue {
+    HeaderValue::from_static("application/json")
+}

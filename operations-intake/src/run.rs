@@ -1,0 +1,153 @@
+//! Start-up and shutdown: build the parts from the settings, serve until SIGTERM or
+//! SIGINT, let the requests in flight finish, flush the producer.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Instant;
+
+use rdkafka::mocking::MockCluster;
+use tokio::net::TcpListener;
+
+use crate::idempotency;
+use crate::kafka::Kafka;
+use crate::limits::{Limits, LimitsError};
+use crate::routes::{App, routes};
+use crate::settings::{Settings, parse_properties, parse_properties_file};
+
+/// Why the service could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    /// The rate limits could not be set up.
+    #[error(transparent)]
+    Limits(#[from] LimitsError),
+    /// A librdkafka property list is malformed or unreadable.
+    #[error("{0}")]
+    Properties(String),
+    /// The producer or the mock broker could not be created.
+    #[error("cannot create the Kafka producer: {0}")]
+    Kafka(#[from] rdkafka::error::KafkaError),
+    /// The listener could not be bound.
+    #[error("cannot listen on {addr}: {source}")]
+    Listen {
+        /// The address.
+        addr: String,
+        /// What the system said.
+        source: std::io::Error,
+    },
+}
+
+/// Runs the service until a shutdown signal; returns once it has drained.
+pub async fn run(settings: Settings) -> Result<(), StartError> {
+    let limits = match (&settings.ratelimit_config, &settings.ratelimit_grpc_url) {
+        (Some(path), _) => Limits::local(path, &settings.ratelimit_domain)?,
+        (None, Some(url)) => Limits::remote(
+            url,
+            &settings.ratelimit_domain,
+            settings.ratelimit_timeout,
+            settings.ratelimit_failure_mode_deny,
+        )?,
+        (None, None) => Limits::Off,
+    };
+    let mut properties = Vec::new();
+    if let Some(path) = &settings.kafka_properties_file {
+        let text = std::fs::read_to_string(path).map_err(|e| {
+            StartError::Properties(format!(
+                "cannot read KAFKA_PROPERTIES_FILE {}: {e}",
+                path.display()
+            ))
+        })?;
+        properties.extend(parse_properties_file(&text).map_err(|e| {
+            StartError::Properties(format!("KAFKA_PROPERTIES_FILE {}: {e}", path.display()))
+        })?);
+    }
+    properties.extend(
+        parse_properties(&settings.kafka_properties)
+            .map_err(|e| StartError::Properties(format!("KAFKA_PROPERTIES: {e}")))?,
+    );
+
+    // Held until the end of the run: dropping it stops the mock broker.
+    let mock = if settings.kafka_mock_broker {
+        let mock = MockCluster::new(1)?;
+        mock.create_topic(&settings.kafka_topic, 1, 1)?;
+        tracing::warn!(
+            bootstrap_servers = %mock.bootstrap_servers(),
+            "KAFKA_MOCK_BROKER is on: operations go to an in-process mock broker and are NOT DURABLE; they are lost when the service stops"
+        );
+        Some(mock)
+    } else {
+        None
+    };
+    let bootstrap = mock.as_ref().map_or_else(
+        || settings.kafka_bootstrap_servers.clone(),
+        MockCluster::bootstrap_servers,
+    );
+    let kafka = Arc::new(Kafka::new(
+        &bootstrap,
+        &settings.kafka_topic,
+        &properties,
+        settings.kafka_delivery_timeout,
+        settings.kafka_health_timeout,
+    )?);
+    let first = kafka.probe().await;
+    tracing::info!(status = first.status, reason = first.reason.as_deref(), bootstrap_servers = %bootstrap, topic = %settings.kafka_topic, "Kafka probed");
+    let watcher = tokio::spawn(kafka.clone().watch());
+
+    let app = Arc::new(App {
+        limits,
+        kafka: kafka.clone(),
+        idempotency: idempotency::Store::new(
+            settings.idempotency_ttl,
+            settings.idempotency_max_keys,
+        ),
+        max_body_bytes: settings.max_body_bytes,
+        max_operations: settings.max_operations,
+    });
+    let addr = format!("{}:{}", settings.host, settings.port);
+    let listener = TcpListener::bind(&addr)
+        .await
+        .map_err(|source| StartError::Listen {
+            addr: addr.clone(),
+            source,
+        })?;
+    let local: Option<SocketAddr> = listener.local_addr().ok();
+    tracing::info!(addr = ?local, "operations-intake listening");
+
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let server = warp::serve(routes(app))
+        .incoming(listener)
+        .graceful(async {
+            let _ = stop_rx.await;
+        })
+        .run();
+    tokio::pin!(server);
+    tokio::select! {
+        () = &mut server => {}
+        () = shutdown_signal() => {
+            tracing::info!(timeout = ?settings.shutdown_timeout, "shutting down: no new connections, waiting for requests in flight");
+            let _ = stop_tx.send(());
+            let started = Instant::now();
+            if tokio::time::timeout(settings.shutdown_timeout, &mut server).await.is_err() {
+                tracing::warn!("requests still in flight at the shutdown timeout");
+            }
+            let left = settings.shutdown_timeout.saturating_sub(started.elapsed());
+            let flushed = tokio::task::spawn_blocking(move || kafka.flush(left)).await;
+            match flushed {
+                Ok(Ok(())) => tracing::info!("producer flushed; bye"),
+                Ok(Err(error)) => tracing::warn!(%error, "producer not fully flushed"),
+                Err(error) => tracing::warn!(%error, "producer flush failed"),
+            }
+        }
+    }
+    watcher.abort();
+    drop(mock);
+    Ok(())
+}
+
+async fn shutdown_signal() {
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .expect("a SIGTERM handler can be installed");
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = tokio::signal::ctrl_c() => {}
+    }
+}
