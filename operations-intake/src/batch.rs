@@ -391,7 +391,7 @@ mod tests {
     #[test]
     fn too_many_operations_is_its_own_rejection() {
         let one = r#"{"operation":"buy","unit-cost":1,"quantity":1}"#;
-        let body = format!("[{}]", vec![one; 11].join(","));
+        let body = format!("[{}]", [one; 11].join(","));
         assert_eq!(
             parse(body.as_bytes(), 10),
             Err(Rejection::TooMany { count: 11, max: 10 })

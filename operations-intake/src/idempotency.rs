@@ -6,7 +6,7 @@
 //! Kafka message key, so consumers can drop the duplicate if both arrived).
 
 use std::collections::{HashMap, VecDeque};
-use std::hash::{BuildHasher, Hash, Hasher};
+use std::hash::BuildHasher;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -61,9 +61,7 @@ impl Store {
     }
 
     fn body_hash(&self, body: &[u8]) -> u64 {
-        let mut hasher = self.hasher.build_hasher();
-        body.hash(&mut hasher);
-        hasher.finish()
+        self.hasher.hash_one(body)
     }
 
     /// Looks `key` up for `client` sending `body` at `now`.

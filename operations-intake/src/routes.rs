@@ -127,7 +127,7 @@ where
     }
     let body = match read_body(headers, body, app.max_body_bytes).await {
         Ok(body) => body,
-        Err(reply) => return reply,
+        Err((status, text)) => return message(status, &text),
     };
     let batch = match batch::parse(&body, app.max_operations) {
         Ok(batch) => batch,
@@ -141,7 +141,7 @@ where
     };
     let client_id = match client_id(headers, peer) {
         Ok(id) => id,
-        Err(reply) => return reply,
+        Err(problem) => return invalid(&[problem]),
     };
     let key = match headers.get("idempotency-key").map(HeaderValue::to_str) {
         None => None,
@@ -179,8 +179,8 @@ where
             }
             Claim::Mismatch => {
                 return message(
-                    StatusCode::UNPROCESSABLE_ENTITY,
-                    "this Idempotency-Key was used with a different body",
+                    StatusCode::CONFLICT,
+                    "this Idempotency-Key was used before with a different body; use a new key for a new batch",
                 );
             }
         }
@@ -276,15 +276,19 @@ async fn limit_and_produce(
 
 /// Reads the body, refusing more than `max` bytes (413) before reading them when the
 /// length is announced.
-async fn read_body<S, B>(headers: &HeaderMap, mut body: S, max: usize) -> Result<Bytes, Reply>
+async fn read_body<S, B>(
+    headers: &HeaderMap,
+    mut body: S,
+    max: usize,
+) -> Result<Bytes, (StatusCode, String)>
 where
     S: Stream<Item = Result<B, warp::Error>> + Unpin,
     B: Buf,
 {
     let too_large = || {
-        message(
+        (
             StatusCode::PAYLOAD_TOO_LARGE,
-            &format!("the body is larger than MAX_BODY_BYTES ({max} bytes)"),
+            format!("the body is larger than MAX_BODY_BYTES ({max} bytes)"),
         )
     };
     let announced = headers
@@ -296,9 +300,9 @@ where
     let mut buffer = BytesMut::with_capacity(announced.unwrap_or(0));
     while let Some(chunk) = body.next().await {
         let mut chunk = chunk.map_err(|error| {
-            message(
+            (
                 StatusCode::BAD_REQUEST,
-                &format!("the body could not be read: {error}"),
+                format!("the body could not be read: {error}"),
             )
         })?;
         if buffer.len() + chunk.remaining() > max {
@@ -323,18 +327,18 @@ fn is_json(headers: &HeaderMap) -> bool {
 }
 
 /// The `X-Client-Id` header, else the peer's IP address.
-fn client_id(headers: &HeaderMap, peer: Option<SocketAddr>) -> Result<String, Reply> {
+fn client_id(headers: &HeaderMap, peer: Option<SocketAddr>) -> Result<String, Problem> {
     match headers.get("x-client-id").map(HeaderValue::to_str) {
         Some(Ok(id))
             if (1..=255).contains(&id.len()) && id.bytes().all(|b| b.is_ascii_graphic()) =>
         {
             Ok(id.to_owned())
         }
-        Some(_) => Err(invalid(&[Problem {
+        Some(_) => Err(Problem {
             index: None,
             field: Some("X-Client-Id".to_owned()),
             message: "must be 1 to 255 visible ASCII characters".to_owned(),
-        }])),
+        }),
         None => Ok(peer.map_or_else(|| "unknown".to_owned(), |p| p.ip().to_string())),
     }
 }

@@ -1,0 +1,374 @@
+//! The service against a real Kafka-compatible broker (tansu), each message read back by
+//! an independent client and compared byte for byte.
+
+mod support;
+
+use std::collections::HashMap;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use support::{Intake, Tansu, batch, health, operation, post, read_topic};
+
+async fn broker_with_topic(topic: &str, partitions: i32) -> Tansu {
+    let tansu = Tansu::start();
+    tansu.create_topic(topic, partitions).await;
+    tansu
+}
+
+fn intake(tansu: &Tansu, topic: &str, extra: &[(&str, &str)]) -> Intake {
+    let bootstrap = tansu.bootstrap();
+    let mut env = vec![
+        ("KAFKA_BOOTSTRAP_SERVERS", bootstrap.as_str()),
+        ("KAFKA_TOPIC", topic),
+    ];
+    env.extend_from_slice(extra);
+    Intake::start(&env)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn accepted_batches_reach_the_topic_byte_for_byte() {
+    let tansu = broker_with_topic("ops", 3).await;
+    let service = intake(&tansu, "ops", &[]);
+    let answer = health(&service).await;
+    assert_eq!(answer.status, 200, "{}", answer.body);
+    assert_eq!(answer.body["status"], "UP");
+    assert_eq!(answer.body["kafka"]["partitions"], 3);
+
+    let bodies = [
+        format!(
+            "[{},{},{}]",
+            operation("buy", "10.10", 100),
+            operation("sell", "0.000001", 1),
+            operation("buy", "123456789012345678.99", 18_446_744_073_709_551_615)
+        ),
+        // Spacing, field order and escapes are kept: the value is the body as received.
+        "[ {\"quantity\": 5,\n \"unit-cost\": 1.50000, \"operation\": \"s\\u0065ll\"} ]".to_owned(),
+        batch("sell", 1),
+    ];
+    let mut accepted = HashMap::new();
+    for (i, body) in bodies.iter().enumerate() {
+        let client = format!("client-{i}");
+        let answer = post(&service, body, &[("x-client-id", &client)]).await;
+        assert_eq!(answer.status, 200, "{}", answer.body);
+        assert_eq!(answer.body["message"], "Operations processed successfully");
+        let id = answer.body["id"].as_str().unwrap().to_owned();
+        accepted.insert(id, (body.clone(), client, answer.body.clone()));
+    }
+    assert_eq!(
+        accepted
+            .values()
+            .map(|(_, _, a)| a["count"].as_u64().unwrap())
+            .sum::<u64>(),
+        5
+    );
+
+    let records = read_topic(&tansu.bootstrap(), "ops");
+    assert_eq!(records.len(), bodies.len());
+    for record in &records {
+        let key = String::from_utf8(record.key.clone()).unwrap();
+        let (body, client, answer) = accepted
+            .get(&key)
+            .expect("every message is an accepted request");
+        assert_eq!(record.value, body.as_bytes(), "value changed on the way");
+        assert_eq!(answer["partition"], record.partition);
+        assert_eq!(answer["offset"], record.offset);
+        assert_eq!(record.header("request-id"), Some(key.as_str()));
+        assert_eq!(record.header("client-id"), Some(client.as_str()));
+        assert_eq!(record.header("content-type"), Some("application/json"));
+        let received = record.header("received-at").unwrap();
+        let received = humantime::parse_rfc3339(received).expect("received-at is RFC 3339");
+        let age = SystemTime::now().duration_since(received).unwrap();
+        assert!(
+            age < Duration::from_secs(120),
+            "received-at is now-ish: {age:?}"
+        );
+    }
+}
+
+type Case = (&'static str, u16, &'static [(&'static str, &'static str)]);
+
+#[tokio::test(flavor = "multi_thread")]
+async fn rejected_requests_produce_nothing() {
+    let tansu = broker_with_topic("rejects", 1).await;
+    let service = intake(
+        &tansu,
+        "rejects",
+        &[("MAX_BODY_BYTES", "2000"), ("MAX_OPERATIONS", "3")],
+    );
+    // (body, status, the (index, field) of each problem listed)
+    let cases: [Case; 11] = [
+        ("not json", 400, &[("", "")]),
+        (
+            r#"{"operation":"buy","unit-cost":1,"quantity":1}"#,
+            400,
+            &[("", "")],
+        ),
+        ("[]", 400, &[("", "")]),
+        (
+            r#"[{"operation":"buy","quantity":1}]"#,
+            400,
+            &[("0", "unit-cost")],
+        ),
+        (
+            r#"[{"operation":"buy","unit_cost":1,"quantity":1}]"#,
+            400,
+            &[("0", "unit_cost"), ("0", "unit-cost")],
+        ),
+        (
+            r#"[{"operation":"buy","unit-cost":"1.00","quantity":1}]"#,
+            400,
+            &[("0", "unit-cost")],
+        ),
+        (
+            r#"[{"operation":"buy","unit-cost":1,"quantity":-1}, {"operation":"buy","unit-cost":-1,"quantity":2.5}]"#,
+            400,
+            &[("0", "quantity"), ("1", "unit-cost"), ("1", "quantity")],
+        ),
+        (
+            r#"[{"operation":"hold","unit-cost":1,"quantity":1}]"#,
+            400,
+            &[("0", "operation")],
+        ),
+        (
+            r#"[{"operation":"buy","unit-cost":1,"quantity":18446744073709551616}]"#,
+            400,
+            &[("0", "quantity")],
+        ),
+        ("", 413, &[]),
+        ("", 413, &[]),
+    ];
+    let too_many = batch("buy", 4);
+    let too_big = format!("[{}]", vec![" "; 2001].join(""));
+    for (i, (body, status, problems)) in cases.iter().enumerate() {
+        let body = match i {
+            9 => too_many.as_str(),
+            10 => too_big.as_str(),
+            _ => body,
+        };
+        let answer = post(&service, body, &[]).await;
+        assert_eq!(answer.status, *status, "{body}: {}", answer.body);
+        assert!(answer.body["message"].is_string());
+        if *status == 400 {
+            let errors = answer.body["errors"].as_array().unwrap();
+            let found: Vec<(String, String)> = errors
+                .iter()
+                .map(|e| {
+                    (
+                        e["index"]
+                            .as_u64()
+                            .map(|i| i.to_string())
+                            .unwrap_or_default(),
+                        e["field"].as_str().unwrap_or_default().to_owned(),
+                    )
+                })
+                .collect();
+            let expected: Vec<(String, String)> = problems
+                .iter()
+                .map(|(i, f)| ((*i).to_owned(), (*f).to_owned()))
+                .collect();
+            assert_eq!(found, expected, "{body}");
+            assert!(errors.iter().all(|e| e["message"].is_string()));
+        }
+    }
+    let client = reqwest::Client::new();
+    let wrong_type = client
+        .post(service.url("/operations"))
+        .header("content-type", "text/plain")
+        .body(batch("buy", 1))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(wrong_type.status(), 415);
+    let wrong_method = client.get(service.url("/operations")).send().await.unwrap();
+    assert_eq!(wrong_method.status(), 405);
+
+    // One good batch, so the reader has something to find: only it is on the topic.
+    let good = post(&service, &batch("buy", 1), &[]).await;
+    assert_eq!(good.status, 200);
+    let records = read_topic(&tansu.bootstrap(), "rejects");
+    assert_eq!(records.len(), 1);
+    assert_eq!(records[0].value, batch("buy", 1).as_bytes());
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn limits_count_operations_and_roll_over_with_the_window() {
+    let tansu = broker_with_topic("limited", 1).await;
+    let dir = tempfile::tempdir().unwrap();
+    let rules = dir.path().join("limits.yaml");
+    std::fs::write(
+        &rules,
+        "domain: operations\ndescriptors:\n  - key: client_id\n    rate_limit: {unit: second, requests_per_unit: 10}\n    descriptors:\n      - key: operation\n        value: sell\n        rate_limit: {unit: second, requests_per_unit: 2}\n",
+    )
+    .unwrap();
+    let service = intake(
+        &tansu,
+        "limited",
+        &[("RATELIMIT_CONFIG", rules.to_str().unwrap())],
+    );
+
+    // Start at the beginning of a second so the whole exchange fits in one window.
+    let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap();
+    tokio::time::sleep(Duration::from_nanos(
+        1_000_000_000 - u64::from(now.subsec_nanos()),
+    ))
+    .await;
+    let first = post(&service, &batch("buy", 6), &[("x-client-id", "a")]).await;
+    assert_eq!(first.status, 200, "{}", first.body);
+    assert_eq!(first.header("ratelimit-limit"), Some("10"));
+    assert_eq!(first.header("ratelimit-remaining"), Some("4"));
+    let over = post(&service, &batch("buy", 6), &[("x-client-id", "a")]).await;
+    assert_eq!(over.status, 429, "{}", over.body);
+    assert_eq!(over.header("ratelimit-limit"), Some("10"));
+    assert_eq!(over.header("ratelimit-remaining"), Some("0"));
+    assert_eq!(over.header("ratelimit-reset"), Some("1"));
+    assert_eq!(over.header("retry-after"), Some("1"));
+    let sells = post(&service, &batch("sell", 3), &[("x-client-id", "b")]).await;
+    assert_eq!(sells.status, 429, "sells are capped apart: {}", sells.body);
+    assert_eq!(sells.header("ratelimit-limit"), Some("2"));
+    let other = post(&service, &batch("buy", 10), &[("x-client-id", "c")]).await;
+    assert_eq!(other.status, 200, "another client has its own counter");
+
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let next = post(&service, &batch("buy", 6), &[("x-client-id", "a")]).await;
+    assert_eq!(
+        next.status, 200,
+        "the next window starts afresh: {}",
+        next.body
+    );
+
+    let records = read_topic(&tansu.bootstrap(), "limited");
+    let ids: Vec<String> = records
+        .iter()
+        .map(|r| String::from_utf8(r.key.clone()).unwrap())
+        .collect();
+    let mut expected: Vec<String> = [&first, &other, &next]
+        .iter()
+        .map(|a| a.body["id"].as_str().unwrap().to_owned())
+        .collect();
+    expected.sort();
+    let mut ids = ids;
+    ids.sort();
+    assert_eq!(ids, expected, "refused batches were not produced");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn idempotent_retries_produce_once() {
+    let tansu = broker_with_topic("idem", 1).await;
+    let service = intake(&tansu, "idem", &[]);
+    let body = batch("sell", 2);
+    let first = post(&service, &body, &[("idempotency-key", "order-7")]).await;
+    assert_eq!(first.status, 200, "{}", first.body);
+    assert_eq!(first.body["id"], "order-7");
+    let retry = post(&service, &body, &[("idempotency-key", "order-7")]).await;
+    assert_eq!(retry.status, 200);
+    assert_eq!(retry.body, first.body, "the retry gets the first answer");
+    assert_eq!(retry.header("idempotent-replayed"), Some("true"));
+    let changed = post(
+        &service,
+        &batch("sell", 3),
+        &[("idempotency-key", "order-7")],
+    )
+    .await;
+    assert_eq!(changed.status, 409, "{}", changed.body);
+    assert!(
+        changed.body["message"]
+            .as_str()
+            .unwrap()
+            .contains("different body")
+    );
+    let bad_key = post(&service, &body, &[("idempotency-key", "has space")]).await;
+    assert_eq!(bad_key.status, 400);
+
+    let records = read_topic(&tansu.bootstrap(), "idem");
+    assert_eq!(records.len(), 1, "produced once");
+    assert_eq!(records[0].key, b"order-7");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn sigterm_loses_no_answered_batch() {
+    let tansu = broker_with_topic("drain", 2).await;
+    let mut service = intake(&tansu, "drain", &[]);
+    let url = service.url("/operations");
+    let client = reqwest::Client::new();
+    let senders: Vec<_> = (0..40)
+        .map(|i| {
+            let (client, url) = (client.clone(), url.clone());
+            tokio::spawn(async move {
+                tokio::time::sleep(Duration::from_millis(i * 5)).await;
+                let response = client
+                    .post(url)
+                    .header("content-type", "application/json")
+                    .body(batch("buy", 3))
+                    .send()
+                    .await
+                    .ok()?;
+                let ok = response.status() == 200;
+                let body: serde_json::Value = response.json().await.ok()?;
+                ok.then(|| body["id"].as_str().unwrap().to_owned())
+            })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(60)).await;
+    service.terminate();
+    let mut answered = Vec::new();
+    for sender in senders {
+        if let Some(id) = sender.await.unwrap() {
+            answered.push(id);
+        }
+    }
+    let status = service
+        .wait_exit(Duration::from_secs(30))
+        .expect("exits after draining");
+    assert!(status.success(), "exit status {status:?}");
+    assert!(
+        !answered.is_empty(),
+        "some requests were answered before the signal"
+    );
+
+    let records = read_topic(&tansu.bootstrap(), "drain");
+    let keys: std::collections::HashSet<String> = records
+        .iter()
+        .map(|r| String::from_utf8(r.key.clone()).unwrap())
+        .collect();
+    for id in &answered {
+        assert!(
+            keys.contains(id),
+            "batch {id} was answered 200 but is not on the topic"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn schemathesis_finds_no_failures() {
+    let tansu = broker_with_topic("fuzz", 1).await;
+    let service = intake(&tansu, "fuzz", &[]);
+    let spec = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("openapi.yaml");
+    let output = tokio::process::Command::new(
+        std::env::var("SCHEMATHESIS_BIN").expect("SCHEMATHESIS_BIN is set by scripts/test.sh"),
+    )
+    .arg("run")
+    .arg(&spec)
+    .args([
+        "--url",
+        &service.url(""),
+        "--checks",
+        "all",
+        "--max-examples",
+        "60",
+    ])
+    .args(["--generation-deterministic", "--no-color"])
+    .output()
+    .await
+    .expect("schemathesis runs");
+    let report: String = format!(
+        "{}\n{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    )
+    .lines()
+    .map(|line| format!("{}\n", line.chars().take(400).collect::<String>()))
+    .collect();
+    assert!(
+        output.status.success(),
+        "schemathesis found failures:\n{report}"
+    );
+}

@@ -1,0 +1,204 @@
+//! Broker and rate-limit-service failures: librdkafka's mock cluster (served over loopback
+//! TCP to the service process) takes brokers down and fails requests on purpose; a real
+//! ratelimit sidecar is started and stopped.
+
+mod support;
+
+use std::time::Duration;
+
+use rdkafka::mocking::MockCluster;
+use rdkafka::types::{RDKafkaApiKey, RDKafkaRespErr};
+use support::{Intake, Sidecar, batch, eventually, health, post};
+
+fn mock_with_topic(topic: &str) -> MockCluster<'static, rdkafka::producer::DefaultProducerContext> {
+    let mock = MockCluster::new(1).unwrap();
+    mock.create_topic(topic, 1, 1).unwrap();
+    mock
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_broker_outage_answers_503_promptly_and_the_service_recovers() {
+    let mock = mock_with_topic("ops");
+    let bootstrap = mock.bootstrap_servers();
+    // Deliveries may take a minute: a prompt 503 can only come from knowing the broker
+    // is down, not from waiting for a delivery to time out.
+    let service = Intake::start(&[
+        ("KAFKA_BOOTSTRAP_SERVERS", &bootstrap),
+        ("KAFKA_TOPIC", "ops"),
+        ("KAFKA_DELIVERY_TIMEOUT", "60s"),
+    ]);
+    assert_eq!(post(&service, &batch("buy", 1), &[]).await.status, 200);
+
+    mock.broker_down(1).unwrap();
+    eventually("/health reports the broker down", || async {
+        let answer = health(&service).await;
+        answer.status == 503 && answer.body["status"] == "DOWN"
+    })
+    .await;
+    let answer = health(&service).await;
+    assert_eq!(answer.body["kafka"]["status"], "DOWN");
+    assert!(answer.body["kafka"]["reason"].is_string());
+
+    let client = reqwest::Client::builder()
+        .timeout(Duration::from_secs(10))
+        .build()
+        .unwrap();
+    let response = client
+        .post(service.url("/operations"))
+        .header("content-type", "application/json")
+        .body(batch("buy", 1))
+        .send()
+        .await
+        .expect("answered well before the 60 s delivery timeout");
+    let refused = support::answer(response).await;
+    assert_eq!(refused.status, 503);
+    assert!(
+        refused.body["message"]
+            .as_str()
+            .unwrap()
+            .contains("nothing was recorded"),
+        "{}",
+        refused.body
+    );
+
+    mock.broker_up(1).unwrap();
+    eventually("/health reports the broker up again", || async {
+        health(&service).await.status == 200
+    })
+    .await;
+    let again = post(&service, &batch("buy", 1), &[]).await;
+    assert_eq!(again.status, 200, "{}", again.body);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_unacknowledged_batch_is_503_with_an_id_to_retry_with() {
+    let mock = mock_with_topic("ops");
+    let bootstrap = mock.bootstrap_servers();
+    let service = Intake::start(&[
+        ("KAFKA_BOOTSTRAP_SERVERS", &bootstrap),
+        ("KAFKA_TOPIC", "ops"),
+        ("KAFKA_DELIVERY_TIMEOUT", "1s"),
+    ]);
+    assert_eq!(health(&service).await.status, 200);
+    // Every produce request fails with a retriable error until the delivery times out.
+    mock.request_errors(
+        RDKafkaApiKey::Produce,
+        &[RDKafkaRespErr::RD_KAFKA_RESP_ERR_NOT_ENOUGH_REPLICAS; 500],
+    );
+    let answer = post(&service, &batch("sell", 2), &[]).await;
+    assert_eq!(answer.status, 503, "{}", answer.body);
+    let id = answer.body["id"].as_str().unwrap().to_owned();
+    let message = answer.body["message"].as_str().unwrap();
+    assert!(
+        message.contains("may or may not have been recorded"),
+        "{message}"
+    );
+    assert!(message.contains(&id), "{message}");
+
+    mock.clear_request_errors(RDKafkaApiKey::Produce);
+    let retry = post(&service, &batch("sell", 2), &[("idempotency-key", &id)]).await;
+    assert_eq!(retry.status, 200, "{}", retry.body);
+    assert_eq!(retry.body["id"], id.as_str());
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_missing_topic_makes_the_service_unhealthy() {
+    let mock = mock_with_topic("ops");
+    let bootstrap = mock.bootstrap_servers();
+    let service = Intake::start(&[
+        ("KAFKA_BOOTSTRAP_SERVERS", &bootstrap),
+        ("KAFKA_TOPIC", "nowhere"),
+    ]);
+    mock.topic_error(
+        "nowhere",
+        RDKafkaRespErr::RD_KAFKA_RESP_ERR_UNKNOWN_TOPIC_OR_PART,
+    )
+    .unwrap();
+    eventually("/health reports the topic missing", || async {
+        let answer = health(&service).await;
+        answer.status == 503
+            && answer.body["kafka"]["reason"]
+                .as_str()
+                .is_some_and(|r| r.contains("nowhere"))
+    })
+    .await;
+}
+
+const SIDECAR_RULES: &str = "domain: operations\ndescriptors:\n  - key: client_id\n    rate_limit: {unit: hour, requests_per_unit: 5}\n";
+
+#[tokio::test(flavor = "multi_thread")]
+async fn remote_limits_are_shared_through_the_sidecar() {
+    let mock = mock_with_topic("ops");
+    let bootstrap = mock.bootstrap_servers();
+    let sidecar = Sidecar::start(SIDECAR_RULES);
+    let url = sidecar.url();
+    let env = [
+        ("KAFKA_BOOTSTRAP_SERVERS", bootstrap.as_str()),
+        ("KAFKA_TOPIC", "ops"),
+        ("RATELIMIT_GRPC_URL", url.as_str()),
+    ];
+    let replicas = [Intake::start(&env), Intake::start(&env)];
+    let first = post(&replicas[0], &batch("buy", 3), &[("x-client-id", "z")]).await;
+    assert_eq!(first.status, 200, "{}", first.body);
+    assert_eq!(first.header("ratelimit-remaining"), Some("2"));
+    let second = post(&replicas[1], &batch("buy", 3), &[("x-client-id", "z")]).await;
+    assert_eq!(
+        second.status, 429,
+        "the other replica sees the same counter: {}",
+        second.body
+    );
+    assert_eq!(second.header("ratelimit-limit"), Some("5"));
+    assert!(second.header("retry-after").is_some());
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_sidecar_outage_follows_the_failure_mode() {
+    let mock = mock_with_topic("ops");
+    let bootstrap = mock.bootstrap_servers();
+    let mut sidecar = Sidecar::start(SIDECAR_RULES);
+    let url = sidecar.url();
+    sidecar.kill();
+    let open = Intake::start(&[
+        ("KAFKA_BOOTSTRAP_SERVERS", &bootstrap),
+        ("KAFKA_TOPIC", "ops"),
+        ("RATELIMIT_GRPC_URL", &url),
+    ]);
+    let allowed = post(&open, &batch("buy", 1), &[]).await;
+    assert_eq!(
+        allowed.status, 200,
+        "fail open by default: {}",
+        allowed.body
+    );
+
+    let closed = Intake::start(&[
+        ("KAFKA_BOOTSTRAP_SERVERS", &bootstrap),
+        ("KAFKA_TOPIC", "ops"),
+        ("RATELIMIT_GRPC_URL", &url),
+        ("RATELIMIT_FAILURE_MODE_DENY", "true"),
+    ]);
+    let refused = post(&closed, &batch("buy", 1), &[]).await;
+    assert_eq!(refused.status, 503, "{}", refused.body);
+    assert!(
+        refused.body["message"]
+            .as_str()
+            .unwrap()
+            .contains("rate-limit service")
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn bad_settings_stop_start_up_with_a_message() {
+    let dir = tempfile::tempdir().unwrap();
+    let rules = dir.path().join("bad.yaml");
+    std::fs::write(&rules, "domain: operations\ndescriptors:\n  - key: client_id\n    rate_limit: {unit: fortnight, requests_per_unit: 5}\n").unwrap();
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_operations-intake"))
+        .env_clear()
+        .env("PORT", support::free_port().to_string())
+        .env("RATELIMIT_CONFIG", &rules)
+        .output()
+        .unwrap();
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("RATELIMIT_CONFIG is not valid"), "{stderr}");
+    assert!(stderr.contains("fortnight"), "{stderr}");
+}

@@ -1,0 +1,51 @@
+"""Prints every message of a topic as JSON lines, read with confluent-kafka.
+
+Usage: read_topic.py BOOTSTRAP TOPIC
+
+Partitions are assigned by hand and read from offset 0 up to their high watermark
+(consumer-group joins are slow on tansu). Keys and values are printed as hex so the
+caller compares bytes, not decoded text.
+"""
+
+import json
+import sys
+import time
+
+from confluent_kafka import Consumer, TopicPartition
+
+bootstrap, topic = sys.argv[1], sys.argv[2]
+consumer = Consumer({
+    "bootstrap.servers": bootstrap,
+    "group.id": "operations-intake-tests",
+    "enable.auto.commit": False,
+    "enable.partition.eof": True,
+})
+partitions = consumer.list_topics(topic, timeout=10).topics[topic].partitions
+remaining = set()
+assignment = []
+for p in partitions:
+    low, high = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)
+    if high > 0:
+        remaining.add(p)
+        assignment.append(TopicPartition(topic, p, 0))
+consumer.assign(assignment)
+deadline = time.time() + 30
+while remaining and time.time() < deadline:
+    message = consumer.poll(0.5)
+    if message is None:
+        continue
+    if message.error():
+        if message.error().code() == message.error()._PARTITION_EOF:
+            remaining.discard(message.partition())
+            continue
+        raise SystemExit(f"read error: {message.error()}")
+    print(json.dumps({
+        "partition": message.partition(),
+        "offset": message.offset(),
+        "key": (message.key() or b"").hex(),
+        "value": (message.value() or b"").hex(),
+        "headers": [[k, v.decode()] for k, v in (message.headers() or [])],
+    }))
+if remaining:
+    raise SystemExit(f"partitions {sorted(remaining)} not read to the end in time")
+consumer.close()

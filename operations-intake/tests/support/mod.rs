@@ -1,0 +1,379 @@
+//! Real processes for the end-to-end tests: the intake binary, a tansu broker, a
+//! ratelimit sidecar, and a Python `confluent-kafka` reader, all on free loopback ports.
+#![allow(dead_code)]
+
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::client::DefaultClientContext;
+use rdkafka::config::ClientConfig;
+use serde::Deserialize;
+
+/// A port nobody listens on right now.
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn required_env(name: &str) -> String {
+    std::env::var(name).unwrap_or_else(|_| {
+        panic!("{name} is not set; run the tests through scripts/test.sh, which installs and points to it")
+    })
+}
+
+fn wait_for_port(port: u16, what: &str, log: &Path) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while Instant::now() < deadline {
+        if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    panic!(
+        "{what} did not start; log:\n{}",
+        std::fs::read_to_string(log).unwrap_or_default()
+    );
+}
+
+/// A running `operations-intake` process.
+pub struct Intake {
+    child: Option<Child>,
+    pub port: u16,
+    _dir: tempfile::TempDir,
+    log: PathBuf,
+}
+
+impl Intake {
+    /// Starts the service with `env` (besides HOST and PORT) and waits for its port.
+    pub fn start(env: &[(&str, &str)]) -> Intake {
+        let dir = tempfile::tempdir().unwrap();
+        let port = free_port();
+        let log = dir.path().join("intake.log");
+        let mut command = Command::new(env!("CARGO_BIN_EXE_operations-intake"));
+        command
+            .env_clear()
+            .env("PATH", std::env::var("PATH").unwrap_or_default())
+            .env("HOST", "127.0.0.1")
+            .env("PORT", port.to_string())
+            .env("LOG_LEVEL", "debug")
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap());
+        for (key, value) in env {
+            command.env(key, value);
+        }
+        let child = command
+            .spawn()
+            .expect("the operations-intake binary starts");
+        wait_for_port(port, "operations-intake", &log);
+        Intake {
+            child: Some(child),
+            port,
+            _dir: dir,
+            log,
+        }
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("http://127.0.0.1:{}{path}", self.port)
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Sends SIGTERM.
+    pub fn terminate(&self) {
+        let pid = self.child.as_ref().unwrap().id().to_string();
+        let status = Command::new("kill").args(["-TERM", &pid]).status().unwrap();
+        assert!(status.success());
+    }
+
+    /// Waits for the process to exit by itself.
+    pub fn wait_exit(&mut self, timeout: Duration) -> Option<ExitStatus> {
+        let deadline = Instant::now() + timeout;
+        let child = self.child.as_mut()?;
+        while Instant::now() < deadline {
+            if let Some(status) = child.try_wait().unwrap() {
+                self.child = None;
+                return Some(status);
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        None
+    }
+}
+
+impl Drop for Intake {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        if std::thread::panicking() {
+            eprintln!("operations-intake log:\n{}", self.log());
+        }
+    }
+}
+
+/// A tansu broker (a Kafka-compatible server) with in-memory storage.
+pub struct Tansu {
+    child: Child,
+    pub port: u16,
+    _dir: tempfile::TempDir,
+}
+
+impl Tansu {
+    pub fn start() -> Tansu {
+        let dir = tempfile::tempdir().unwrap();
+        let port = free_port();
+        let log = dir.path().join("tansu.log");
+        let url = format!("tcp://127.0.0.1:{port}");
+        let child = Command::new(required_env("TANSU_BIN"))
+            .args([
+                "broker",
+                "--listener-url",
+                &url,
+                "--advertised-listener-url",
+                &url,
+            ])
+            .args(["--storage-engine", "memory://tansu/"])
+            .env_clear()
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .expect("tansu starts");
+        wait_for_port(port, "tansu", &log);
+        Tansu {
+            child,
+            port,
+            _dir: dir,
+        }
+    }
+
+    pub fn bootstrap(&self) -> String {
+        format!("127.0.0.1:{}", self.port)
+    }
+
+    /// Creates `topic` with `partitions` partitions.
+    pub async fn create_topic(&self, topic: &str, partitions: i32) {
+        create_topic(&self.bootstrap(), topic, partitions).await;
+    }
+}
+
+impl Drop for Tansu {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Creates `topic` on the broker at `bootstrap`.
+pub async fn create_topic(bootstrap: &str, topic: &str, partitions: i32) {
+    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .create()
+        .unwrap();
+    let results = admin
+        .create_topics(
+            &[NewTopic::new(topic, partitions, TopicReplication::Fixed(1))],
+            &AdminOptions::new().operation_timeout(Some(Duration::from_secs(10))),
+        )
+        .await
+        .unwrap();
+    for result in results {
+        result.unwrap();
+    }
+}
+
+/// A message as the independent reader saw it.
+#[derive(Debug, Deserialize)]
+pub struct Record {
+    pub partition: i32,
+    pub offset: i64,
+    #[serde(deserialize_with = "hex")]
+    pub key: Vec<u8>,
+    #[serde(deserialize_with = "hex")]
+    pub value: Vec<u8>,
+    pub headers: Vec<(String, String)>,
+}
+
+impl Record {
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| v.as_str())
+    }
+}
+
+fn hex<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<u8>, D::Error> {
+    let text = String::deserialize(d)?;
+    (0..text.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&text[i..i + 2], 16).map_err(serde::de::Error::custom))
+        .collect()
+}
+
+/// Every message of `topic`, read from the start of each partition by Python's
+/// `confluent-kafka` (a client independent of the service's producer code).
+pub fn read_topic(bootstrap: &str, topic: &str) -> Vec<Record> {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/read_topic.py");
+    let output = Command::new(required_env("KAFKA_PYTHON"))
+        .arg(script)
+        .args([bootstrap, topic])
+        .output()
+        .expect("the reader runs");
+    assert!(
+        output.status.success(),
+        "reader failed: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8(output.stdout)
+        .unwrap()
+        .lines()
+        .map(|line| serde_json::from_str(line).unwrap())
+        .collect()
+}
+
+/// A ratelimit sidecar process (built by the same `cargo test` run) on the memory
+/// backend with one rules file.
+pub struct Sidecar {
+    child: Option<Child>,
+    pub grpc: u16,
+    _dir: tempfile::TempDir,
+}
+
+impl Sidecar {
+    pub fn start(rules: &str) -> Sidecar {
+        let dir = tempfile::tempdir().unwrap();
+        let config = dir.path().join("root/config");
+        std::fs::create_dir_all(&config).unwrap();
+        std::fs::write(config.join("rules.yaml"), rules).unwrap();
+        let binary = Path::new(env!("CARGO_BIN_EXE_operations-intake")).with_file_name("ratelimit");
+        assert!(
+            binary.exists(),
+            "{} is missing: build the workspace (cargo test --workspace builds it)",
+            binary.display()
+        );
+        let grpc = free_port();
+        let log = dir.path().join("sidecar.log");
+        let child = Command::new(binary)
+            .env_clear()
+            .env("HOST", "127.0.0.1")
+            .env("PORT", free_port().to_string())
+            .env("GRPC_HOST", "127.0.0.1")
+            .env("GRPC_PORT", grpc.to_string())
+            .env("DEBUG_HOST", "127.0.0.1")
+            .env("DEBUG_PORT", free_port().to_string())
+            .env("BACKEND_TYPE", "memory")
+            .env("USE_STATSD", "false")
+            .env("RUNTIME_ROOT", dir.path().join("root"))
+            .env("RUNTIME_SUBDIRECTORY", "")
+            .env("RUNTIME_APPDIRECTORY", "config")
+            .env("RUNTIME_WATCH_ROOT", "false")
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .expect("the ratelimit sidecar starts");
+        wait_for_port(grpc, "ratelimit sidecar", &log);
+        Sidecar {
+            child: Some(child),
+            grpc,
+            _dir: dir,
+        }
+    }
+
+    pub fn url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.grpc)
+    }
+
+    /// Stops the sidecar for good.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+impl Drop for Sidecar {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// An HTTP answer: status, headers and the body as JSON.
+pub struct Answer {
+    pub status: u16,
+    pub headers: reqwest::header::HeaderMap,
+    pub body: serde_json::Value,
+}
+
+impl Answer {
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers.get(name).and_then(|v| v.to_str().ok())
+    }
+}
+
+/// Posts `body` to `/operations` with `Content-Type: application/json` and `headers`.
+pub async fn post(intake: &Intake, body: &str, headers: &[(&str, &str)]) -> Answer {
+    let client = reqwest::Client::new();
+    let mut request = client
+        .post(intake.url("/operations"))
+        .header("content-type", "application/json")
+        .body(body.to_owned());
+    for (name, value) in headers {
+        request = request.header(*name, *value);
+    }
+    answer(request.send().await.unwrap()).await
+}
+
+/// Reads a response into an [`Answer`].
+pub async fn answer(response: reqwest::Response) -> Answer {
+    let status = response.status().as_u16();
+    let headers = response.headers().clone();
+    let bytes = response.bytes().await.unwrap();
+    let body = serde_json::from_slice(&bytes)
+        .unwrap_or_else(|e| panic!("{status}: body is not JSON ({e}): {bytes:?}"));
+    Answer {
+        status,
+        headers,
+        body,
+    }
+}
+
+/// `GET /health`.
+pub async fn health(intake: &Intake) -> Answer {
+    answer(reqwest::get(intake.url("/health")).await.unwrap()).await
+}
+
+/// Polls `check` every 100 ms for up to 20 s until it holds.
+pub async fn eventually<F, Fut>(what: &str, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while Instant::now() < deadline {
+        if check().await {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("timed out waiting for: {what}");
+}
+
+/// One valid operation object.
+pub fn operation(kind: &str, cost: &str, quantity: u64) -> String {
+    format!(r#"{{"operation":"{kind}","unit-cost":{cost},"quantity":{quantity}}}"#)
+}
+
+/// A batch of `n` operations of `kind`.
+pub fn batch(kind: &str, n: usize) -> String {
+    format!("[{}]", vec![operation(kind, "1.00", 1); n].join(","))
+}
