@@ -23,26 +23,21 @@ CACHE="${XDG_CACHE_HOME:-$HOME/.cache}/ratelimit-rs"
 log() { printf '== %s\n' "$*" >&2; }
 
 APT_UPDATED=
-ensure_apt() { # command package
-	if ! command -v "$1" >/dev/null 2>&1; then
-		log "installing $2 with apt-get"
-		if [ -z "$APT_UPDATED" ]; then
-			apt-get update -qq
-			APT_UPDATED=1
-		fi
-		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$2" >/dev/null
+apt_install() { # package
+	log "installing $1 with apt-get"
+	if [ -z "$APT_UPDATED" ]; then
+		apt-get update -qq
+		APT_UPDATED=1
 	fi
+	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$1" >/dev/null
+}
+
+ensure_apt() { # command package
+	command -v "$1" >/dev/null 2>&1 || apt_install "$2"
 }
 
 ensure_deb() { # package (libraries: no command to look for)
-	if ! dpkg -s "$1" >/dev/null 2>&1; then
-		log "installing $1 with apt-get"
-		if [ -z "$APT_UPDATED" ]; then
-			apt-get update -qq
-			APT_UPDATED=1
-		fi
-		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$1" >/dev/null
-	fi
+	dpkg -s "$1" >/dev/null 2>&1 || apt_install "$1"
 }
 
 free_port() {

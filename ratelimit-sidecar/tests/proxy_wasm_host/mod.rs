@@ -11,7 +11,9 @@ use std::time::Duration;
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
 use prost::Message;
-use wasmtime::{Caller, Config, Engine, Extern, Instance, Linker, Module, Store};
+use wasmtime::{
+    Caller, Config, Engine, Extern, FuncType, Instance, Linker, Module, Store, Val, ValType,
+};
 
 // proxy-wasm ABI 0.2.1 values.
 const OK: i32 = 0;
@@ -786,88 +788,30 @@ fn define_host_functions(linker: &mut Linker<Host>) {
         .unwrap();
     // Imported by the SDK but never called by this filter: answered as unimplemented,
     // so a filter change that starts using one fails loudly here.
-    linker
-        .func_wrap(
-            env,
-            "proxy_set_buffer_bytes",
-            |_: Caller<'_, Host>, _: i32, _: i32, _: i32, _: i32, _: i32| UNIMPLEMENTED,
-        )
-        .unwrap();
-    linker
-        .func_wrap(
-            env,
-            "proxy_set_property",
-            |_: Caller<'_, Host>, _: i32, _: i32, _: i32, _: i32| UNIMPLEMENTED,
-        )
-        .unwrap();
-    linker
-        .func_wrap(
-            env,
-            "proxy_http_call",
-            |_: Caller<'_, Host>,
-             _: i32,
-             _: i32,
-             _: i32,
-             _: i32,
-             _: i32,
-             _: i32,
-             _: i32,
-             _: i32,
-             _: i32,
-             _: i32| UNIMPLEMENTED,
-        )
-        .unwrap();
-    linker
-        .func_wrap(
-            env,
-            "proxy_grpc_stream",
-            |_: Caller<'_, Host>,
-             _: i32,
-             _: i32,
-             _: i32,
-             _: i32,
-             _: i32,
-             _: i32,
-             _: i32,
-             _: i32,
-             _: i32| UNIMPLEMENTED,
-        )
-        .unwrap();
-    linker
-        .func_wrap(
-            env,
-            "proxy_grpc_send",
-            |_: Caller<'_, Host>, _: i32, _: i32, _: i32, _: i32| UNIMPLEMENTED,
-        )
-        .unwrap();
-    for name in ["proxy_grpc_cancel", "proxy_grpc_close"] {
-        linker
-            .func_wrap(env, name, |_: Caller<'_, Host>, _: i32| UNIMPLEMENTED)
-            .unwrap();
-    }
-    for name in [
-        "proxy_register_shared_queue",
-        "proxy_dequeue_shared_queue",
-        "proxy_enqueue_shared_queue",
+    for (name, params) in [
+        ("proxy_set_buffer_bytes", 5),
+        ("proxy_set_property", 4),
+        ("proxy_http_call", 10),
+        ("proxy_grpc_stream", 9),
+        ("proxy_grpc_send", 4),
+        ("proxy_grpc_cancel", 1),
+        ("proxy_grpc_close", 1),
+        ("proxy_register_shared_queue", 3),
+        ("proxy_resolve_shared_queue", 5),
+        ("proxy_enqueue_shared_queue", 3),
+        ("proxy_dequeue_shared_queue", 3),
+        ("proxy_call_foreign_function", 6),
     ] {
+        let signature = FuncType::new(
+            linker.engine(),
+            std::iter::repeat_n(ValType::I32, params),
+            [ValType::I32],
+        );
         linker
-            .func_wrap(env, name, |_: Caller<'_, Host>, _: i32, _: i32, _: i32| {
-                UNIMPLEMENTED
+            .func_new(env, name, signature, |_, _, results| {
+                results[0] = Val::I32(UNIMPLEMENTED);
+                Ok(())
             })
             .unwrap();
     }
-    linker
-        .func_wrap(
-            env,
-            "proxy_resolve_shared_queue",
-            |_: Caller<'_, Host>, _: i32, _: i32, _: i32, _: i32, _: i32| UNIMPLEMENTED,
-        )
-        .unwrap();
-    linker
-        .func_wrap(
-            env,
-            "proxy_call_foreign_function",
-            |_: Caller<'_, Host>, _: i32, _: i32, _: i32, _: i32, _: i32, _: i32| UNIMPLEMENTED,
-        )
-        .unwrap();
 }
