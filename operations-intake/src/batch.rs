@@ -62,10 +62,20 @@ pub struct Problem {
 }
 
 impl Problem {
-    fn body(message: impl Into<String>) -> Problem {
+    /// A problem with the body as a whole.
+    pub fn body(message: impl Into<String>) -> Problem {
         Problem {
             index: None,
             field: None,
+            message: message.into(),
+        }
+    }
+
+    /// A problem with a request header.
+    pub fn header(name: &str, message: impl Into<String>) -> Problem {
+        Problem {
+            index: None,
+            field: Some(name.to_owned()),
             message: message.into(),
         }
     }

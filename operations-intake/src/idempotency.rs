@@ -1,5 +1,7 @@
 //! `Idempotency-Key`: the first successful answer for a key is remembered for a while, and
 //! a retry with the same key and body gets it again without producing a second message.
+//! Keys are global, not per client: the key is also the Kafka message key, which
+//! consumers deduplicate on, so two clients must not share one.
 //!
 //! Only acknowledged batches are remembered: a refused batch recorded nothing, and a
 //! batch whose fate is unknown must be retried (with the same key, which is also the
@@ -16,11 +18,11 @@ use bytes::Bytes;
 pub const MAX_KEY_LEN: usize = 255;
 
 /// What a lookup found.
-#[derive(Debug, PartialEq, Eq)]
-pub enum Claim {
-    /// The key is new: the caller now owns it and must [`Store::finish`] or
-    /// [`Store::release`] it.
-    New,
+#[derive(Debug)]
+pub enum Claim<'a> {
+    /// The key is new and now held by the caller until the [`Pending`] is finished or
+    /// dropped.
+    New(Pending<'a>),
     /// The key already has an answer: send it again.
     Replay(Bytes),
     /// A request with this key is still being processed.
@@ -29,7 +31,37 @@ pub enum Claim {
     Mismatch,
 }
 
-/// Remembered answers, keyed by client and key.
+/// A claimed key. [`Pending::finish`] remembers the answer; dropping it unfinished (a
+/// refused batch, or a panic) forgets the key so it can be used again.
+pub struct Pending<'a> {
+    store: &'a Store,
+    key: Option<String>,
+}
+
+impl std::fmt::Debug for Pending<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Pending").field("key", &self.key).finish()
+    }
+}
+
+impl Pending<'_> {
+    /// Remembers `answer` for the key, from `now`.
+    pub fn finish(mut self, answer: Bytes, now: Instant) {
+        if let Some(key) = self.key.take() {
+            self.store.finish(key, answer, now);
+        }
+    }
+}
+
+impl Drop for Pending<'_> {
+    fn drop(&mut self) {
+        if let Some(key) = self.key.take() {
+            self.store.release(&key);
+        }
+    }
+}
+
+/// Remembered answers, by key.
 pub struct Store {
     ttl: Duration,
     max_keys: usize,
@@ -39,9 +71,9 @@ pub struct Store {
 
 #[derive(Default)]
 struct State {
-    entries: HashMap<(String, String), Entry>,
+    entries: HashMap<String, Entry>,
     /// Keys in the order they were finished, which is also their expiry order.
-    order: VecDeque<(Instant, (String, String))>,
+    order: VecDeque<(Instant, String)>,
 }
 
 struct Entry {
@@ -60,17 +92,12 @@ impl Store {
         }
     }
 
-    fn body_hash(&self, body: &[u8]) -> u64 {
-        self.hasher.hash_one(body)
-    }
-
-    /// Looks `key` up for `client` sending `body` at `now`.
-    pub fn claim(&self, client: &str, key: &str, body: &[u8], now: Instant) -> Claim {
-        let body_hash = self.body_hash(body);
+    /// Looks `key` up for a request with `body` at `now`.
+    pub fn claim(&self, key: &str, body: &[u8], now: Instant) -> Claim<'_> {
+        let body_hash = self.hasher.hash_one(body);
         let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
         state.expire(now, self.ttl);
-        let id = (client.to_owned(), key.to_owned());
-        match state.entries.get(&id) {
+        match state.entries.get(key) {
             Some(entry) if entry.body_hash != body_hash => Claim::Mismatch,
             Some(Entry {
                 answer: Some(answer),
@@ -79,24 +106,25 @@ impl Store {
             Some(_) => Claim::InProgress,
             None => {
                 state.entries.insert(
-                    id,
+                    key.to_owned(),
                     Entry {
                         body_hash,
                         answer: None,
                     },
                 );
-                Claim::New
+                Claim::New(Pending {
+                    store: self,
+                    key: Some(key.to_owned()),
+                })
             }
         }
     }
 
-    /// Remembers `answer` for a claimed key.
-    pub fn finish(&self, client: &str, key: &str, answer: Bytes, now: Instant) {
+    fn finish(&self, key: String, answer: Bytes, now: Instant) {
         let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        let id = (client.to_owned(), key.to_owned());
-        if let Some(entry) = state.entries.get_mut(&id) {
+        if let Some(entry) = state.entries.get_mut(&key) {
             entry.answer = Some(answer);
-            state.order.push_back((now, id));
+            state.order.push_back((now, key));
         }
         while state.order.len() > self.max_keys {
             if let Some((_, oldest)) = state.order.pop_front() {
@@ -105,12 +133,10 @@ impl Store {
         }
     }
 
-    /// Forgets a claimed key whose request recorded nothing, so it can be retried.
-    pub fn release(&self, client: &str, key: &str) {
+    fn release(&self, key: &str) {
         let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        let id = (client.to_owned(), key.to_owned());
-        if state.entries.get(&id).is_some_and(|e| e.answer.is_none()) {
-            state.entries.remove(&id);
+        if state.entries.get(key).is_some_and(|e| e.answer.is_none()) {
+            state.entries.remove(key);
         }
     }
 }
@@ -137,32 +163,37 @@ pub fn valid_key(key: &str) -> bool {
 mod tests {
     use super::*;
 
+    fn finish(claim: Claim<'_>, answer: &'static [u8], now: Instant) {
+        match claim {
+            Claim::New(pending) => pending.finish(Bytes::from_static(answer), now),
+            other => panic!("expected a new key, got {other:?}"),
+        }
+    }
+
     #[test]
     fn a_finished_key_replays_until_it_expires() {
         let store = Store::new(Duration::from_secs(10), 100);
         let t0 = Instant::now();
-        assert_eq!(store.claim("c", "k", b"body", t0), Claim::New);
-        assert_eq!(store.claim("c", "k", b"body", t0), Claim::InProgress);
-        store.finish("c", "k", Bytes::from_static(b"answer"), t0);
-        assert_eq!(
-            store.claim("c", "k", b"body", t0 + Duration::from_secs(9)),
-            Claim::Replay(Bytes::from_static(b"answer"))
-        );
-        assert_eq!(store.claim("c", "k", b"other", t0), Claim::Mismatch);
-        assert_eq!(store.claim("other-client", "k", b"body", t0), Claim::New);
-        assert_eq!(
-            store.claim("c", "k", b"body", t0 + Duration::from_secs(10)),
-            Claim::New
-        );
+        let pending = store.claim("k", b"body", t0);
+        assert!(matches!(store.claim("k", b"body", t0), Claim::InProgress));
+        finish(pending, b"answer", t0);
+        assert!(matches!(
+            store.claim("k", b"body", t0 + Duration::from_secs(9)),
+            Claim::Replay(a) if a == "answer"
+        ));
+        assert!(matches!(store.claim("k", b"other", t0), Claim::Mismatch));
+        assert!(matches!(
+            store.claim("k", b"body", t0 + Duration::from_secs(10)),
+            Claim::New(_)
+        ));
     }
 
     #[test]
-    fn a_released_key_can_be_claimed_again() {
+    fn an_unfinished_key_is_released_when_dropped() {
         let store = Store::new(Duration::from_secs(10), 100);
         let t0 = Instant::now();
-        assert_eq!(store.claim("c", "k", b"body", t0), Claim::New);
-        store.release("c", "k");
-        assert_eq!(store.claim("c", "k", b"body", t0), Claim::New);
+        drop(store.claim("k", b"body", t0));
+        assert!(matches!(store.claim("k", b"body", t0), Claim::New(_)));
     }
 
     #[test]
@@ -170,11 +201,10 @@ mod tests {
         let store = Store::new(Duration::from_secs(10), 2);
         let t0 = Instant::now();
         for key in ["a", "b", "c"] {
-            assert_eq!(store.claim("c", key, b"x", t0), Claim::New);
-            store.finish("c", key, Bytes::from_static(b"ok"), t0);
+            finish(store.claim(key, b"x", t0), b"ok", t0);
         }
-        assert_eq!(store.claim("c", "a", b"x", t0), Claim::New);
-        assert!(matches!(store.claim("c", "c", b"x", t0), Claim::Replay(_)));
+        assert!(matches!(store.claim("a", b"x", t0), Claim::New(_)));
+        assert!(matches!(store.claim("c", b"x", t0), Claim::Replay(_)));
     }
 
     #[test]

@@ -111,29 +111,84 @@ fn down(health: &BrokerHealth, reason: String) -> BrokerHealth {
     }
 }
 
+/// librdkafka properties the service sets itself, because its promises rest on them: no
+/// loss (`acks=all`), no duplicates from producer retries (idempotence), a 503 at the
+/// delivery timeout, and no topic created by accident.
+pub const MANAGED_PROPERTIES: [&str; 8] = [
+    "bootstrap.servers",
+    "metadata.broker.list",
+    "enable.idempotence",
+    "acks",
+    "request.required.acks",
+    "message.timeout.ms",
+    "delivery.timeout.ms",
+    "allow.auto.create.topics",
+];
+
+/// Why the producer could not be made.
+#[derive(Debug, thiserror::Error)]
+pub enum SetupError {
+    /// A property the service manages was given.
+    #[error(
+        "the librdkafka property `{0}` is set by the service (use KAFKA_BOOTSTRAP_SERVERS or KAFKA_DELIVERY_TIMEOUT); remove it from KAFKA_PROPERTIES"
+    )]
+    Managed(String),
+    /// librdkafka refused the configuration.
+    #[error("cannot create the Kafka producer: {0}")]
+    Client(#[from] KafkaError),
+}
+
+/// What the producer is made from.
+#[derive(Clone, Debug)]
+pub struct ProducerSettings<'a> {
+    /// Brokers to bootstrap from.
+    pub bootstrap_servers: &'a str,
+    /// Topic produced to.
+    pub topic: &'a str,
+    /// Extra librdkafka properties.
+    pub properties: &'a [(String, String)],
+    /// Acknowledgement deadline.
+    pub delivery_timeout: Duration,
+    /// Metadata probe deadline.
+    pub health_timeout: Duration,
+    /// Largest message value the service will send.
+    pub max_value_bytes: usize,
+}
+
+/// Room for the key, headers and batch framing around a value.
+const MESSAGE_OVERHEAD: usize = 64 * 1024;
+
 impl Kafka {
-    /// A producer for `topic` with librdkafka `properties` applied over the safe defaults
-    /// (idempotence, `acks=all`, `message.timeout.ms` from `delivery_timeout`).
-    pub fn new(
-        bootstrap_servers: &str,
-        topic: &str,
-        properties: &[(String, String)],
-        delivery_timeout: Duration,
-        health_timeout: Duration,
-    ) -> Result<Kafka, KafkaError> {
+    /// A producer with the service's guarantees (idempotence, `acks=all`,
+    /// `message.timeout.ms` from the delivery timeout, no topic auto-creation) and the
+    /// extra properties, which may not touch [`MANAGED_PROPERTIES`].
+    pub fn new(settings: &ProducerSettings<'_>) -> Result<Kafka, SetupError> {
+        if let Some((name, _)) = settings
+            .properties
+            .iter()
+            .find(|(name, _)| MANAGED_PROPERTIES.contains(&name.as_str()))
+        {
+            return Err(SetupError::Managed(name.clone()));
+        }
         let mut config = ClientConfig::new();
-        config
-            .set("bootstrap.servers", bootstrap_servers)
-            .set("enable.idempotence", "true")
-            .set("acks", "all")
-            .set("linger.ms", "2")
-            .set(
-                "message.timeout.ms",
-                delivery_timeout.as_millis().max(1).to_string(),
-            );
-        for (name, value) in properties {
+        config.set("linger.ms", "2").set(
+            "message.max.bytes",
+            (settings.max_value_bytes + MESSAGE_OVERHEAD).to_string(),
+        );
+        for (name, value) in settings.properties {
             config.set(name, value);
         }
+        config
+            .set("bootstrap.servers", settings.bootstrap_servers)
+            .set("enable.idempotence", "true")
+            .set("acks", "all")
+            .set("allow.auto.create.topics", "false")
+            .set(
+                "message.timeout.ms",
+                settings.delivery_timeout.as_millis().max(1).to_string(),
+            );
+        let (bootstrap_servers, topic) = (settings.bootstrap_servers, settings.topic);
+        let health_timeout = settings.health_timeout;
         let health = Arc::new(ArcSwap::from_pointee(BrokerHealth {
             status: "DOWN",
             bootstrap_servers: bootstrap_servers.to_owned(),
@@ -215,14 +270,21 @@ impl Kafka {
         }
     }
 
+    /// `Ok` when the last probe saw the broker and the topic.
+    pub fn available(&self) -> Result<(), ProduceError> {
+        let health = self.health.load();
+        if health.is_up() {
+            Ok(())
+        } else {
+            Err(ProduceError::Unavailable(
+                health.reason.clone().unwrap_or_default(),
+            ))
+        }
+    }
+
     /// Produces one batch and waits for the broker's acknowledgement.
     pub async fn produce(&self, value: &[u8], meta: MessageMeta<'_>) -> Result<Ack, ProduceError> {
-        let health = self.health.load();
-        if !health.is_up() {
-            return Err(ProduceError::Unavailable(
-                health.reason.clone().unwrap_or_default(),
-            ));
-        }
+        self.available()?;
         let headers = OwnedHeaders::new_with_capacity(4)
             .insert(Header {
                 key: "request-id",

@@ -28,8 +28,15 @@ use crate::batch::Batch;
 pub enum Verdict {
     /// Go ahead; the headers describe the tightest limit, when one applies.
     Allow(Option<RateLimitHeaders>),
-    /// Over a limit: 429 with these headers.
-    Deny(Option<RateLimitHeaders>),
+    /// Over a limit: 429 with these headers. `retry_after` is when every limit the batch
+    /// is over has a new window; `None` when the batch holds more operations than some
+    /// limit allows in a whole window, so no retry can pass.
+    Deny {
+        /// The `RateLimit-*` values.
+        headers: Option<RateLimitHeaders>,
+        /// Seconds until a retry can pass.
+        retry_after: Option<u64>,
+    },
     /// The remote limiter could not answer and the failure mode is deny: 503.
     Unavailable,
 }
@@ -141,7 +148,12 @@ impl Limits {
             } => {
                 let request = Request::new(domain.clone(), descriptors(client_id, batch));
                 match limiter.should_rate_limit(&request, store, unix_now()) {
-                    Ok(response) => verdict(response.overall_code, response.headers),
+                    Ok(response) => verdict(
+                        response.overall_code,
+                        response.headers,
+                        &response.statuses,
+                        &request,
+                    ),
                     Err(error) => {
                         tracing::error!(%error, "the rate limiter refused its own request");
                         Verdict::Allow(None)
@@ -154,12 +166,12 @@ impl Limits {
                 timeout,
                 failure_mode_deny,
             } => {
-                let request = remote_request(domain, client_id, batch);
+                let request = Request::new(domain.clone(), descriptors(client_id, batch));
                 let mut client = client.clone();
-                let answer =
-                    tokio::time::timeout(*timeout, client.should_rate_limit(request)).await;
+                let call = client.should_rate_limit(remote_request(&request));
+                let answer = tokio::time::timeout(*timeout, call).await;
                 match answer {
-                    Ok(Ok(response)) => remote_verdict(&response.into_inner()),
+                    Ok(Ok(response)) => remote_verdict(&response.into_inner(), &request),
                     Ok(Err(status)) => remote_failed(*failure_mode_deny, &status.to_string()),
                     Err(_) => remote_failed(*failure_mode_deny, "no answer in time"),
                 }
@@ -177,25 +189,44 @@ pub fn descriptors(client_id: &str, batch: &Batch) -> Vec<Descriptor> {
     descriptors
 }
 
-fn verdict(code: Code, headers: Option<RateLimitHeaders>) -> Verdict {
-    match code {
-        Code::Ok => Verdict::Allow(headers),
-        Code::OverLimit => Verdict::Deny(headers),
+fn verdict(
+    code: Code,
+    headers: Option<RateLimitHeaders>,
+    statuses: &[DescriptorStatus],
+    request: &Request,
+) -> Verdict {
+    if code == Code::Ok {
+        return Verdict::Allow(headers);
+    }
+    let mut retry_after = Some(0);
+    for (status, descriptor) in statuses.iter().zip(&request.descriptors) {
+        let (Code::OverLimit, Some(limit)) = (status.code, &status.current_limit) else {
+            continue;
+        };
+        if descriptor.hits_addend.unwrap_or(1) > u64::from(limit.requests_per_unit) {
+            retry_after = None;
+        }
+        retry_after = retry_after.map(|r: u64| r.max(status.duration_until_reset.unwrap_or(0)));
+    }
+    Verdict::Deny {
+        headers,
+        retry_after,
     }
 }
 
-fn remote_request(domain: &str, client_id: &str, batch: &Batch) -> RateLimitRequest {
+fn remote_request(request: &Request) -> RateLimitRequest {
     RateLimitRequest {
-        domain: domain.to_owned(),
-        descriptors: descriptors(client_id, batch)
-            .into_iter()
+        domain: request.domain.clone(),
+        descriptors: request
+            .descriptors
+            .iter()
             .map(|d| RateLimitDescriptor {
                 entries: d
                     .entries
-                    .into_iter()
+                    .iter()
                     .map(|e| rate_limit_descriptor::Entry {
-                        key: e.key,
-                        value: e.value,
+                        key: e.key.clone(),
+                        value: e.value.clone(),
                     })
                     .collect(),
                 hits_addend: d.hits_addend.map(|value| UInt64Value { value }),
@@ -208,7 +239,7 @@ fn remote_request(domain: &str, client_id: &str, batch: &Batch) -> RateLimitRequ
 
 /// The verdict from a sidecar's answer, with the header values chosen the way the core
 /// chooses them for its own decisions.
-fn remote_verdict(response: &RateLimitResponse) -> Verdict {
+fn remote_verdict(response: &RateLimitResponse, request: &Request) -> Verdict {
     let statuses: Vec<DescriptorStatus> = response
         .statuses
         .iter()
@@ -231,6 +262,8 @@ fn remote_verdict(response: &RateLimitResponse) -> Verdict {
     verdict(
         code_from_pb(response.overall_code),
         RateLimitHeaders::for_statuses(&statuses),
+        &statuses,
+        request,
     )
 }
 
@@ -298,11 +331,30 @@ mod tests {
             rt.block_on(limits.check("c1", &batch))
         };
         assert!(matches!(check(2, 3), Verdict::Allow(Some(h)) if h.remaining == 0 && h.limit == 3));
-        assert!(matches!(check(0, 1), Verdict::Deny(Some(h)) if h.limit == 3));
+        assert!(matches!(
+            check(0, 1),
+            Verdict::Deny { headers: Some(h), retry_after: Some(r) } if h.limit == 3 && (1..=3600).contains(&r)
+        ));
         assert!(
             matches!(check(4, 0), Verdict::Allow(Some(h)) if h.remaining == 0 && h.limit == 10)
         );
-        assert!(matches!(check(1, 0), Verdict::Deny(_)));
+        assert!(matches!(
+            check(1, 0),
+            Verdict::Deny {
+                retry_after: Some(_),
+                ..
+            }
+        ));
+        assert!(
+            matches!(
+                check(0, 4),
+                Verdict::Deny {
+                    retry_after: None,
+                    ..
+                }
+            ),
+            "4 sells can never fit a limit of 3"
+        );
     }
 
     #[test]

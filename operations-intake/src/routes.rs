@@ -127,11 +127,22 @@ where
     }
     let body = match read_body(headers, body, app.max_body_bytes).await {
         Ok(body) => body,
-        Err((status, text)) => return message(status, &text),
+        Err(BodyError::TooLarge(text)) => return message(StatusCode::PAYLOAD_TOO_LARGE, &text),
+        Err(BodyError::Unreadable(text)) => return invalid(&[Problem::body(text)]),
     };
+    // Header and body problems are reported together.
+    let mut problems = Vec::new();
+    let client_id = client_id(headers, peer).map_err(|p| problems.push(p)).ok();
+    let key = idempotency_key(headers)
+        .map_err(|p| problems.push(p))
+        .ok()
+        .flatten();
     let batch = match batch::parse(&body, app.max_operations) {
-        Ok(batch) => batch,
-        Err(Rejection::Invalid(problems)) => return invalid(&problems),
+        Ok(batch) => Some(batch),
+        Err(Rejection::Invalid(found)) => {
+            problems.extend(found);
+            None
+        }
         Err(Rejection::TooMany { count, max }) => {
             return message(
                 StatusCode::PAYLOAD_TOO_LARGE,
@@ -139,30 +150,13 @@ where
             );
         }
     };
-    let client_id = match client_id(headers, peer) {
-        Ok(id) => id,
-        Err(problem) => return invalid(&[problem]),
+    let (Some(batch), Some(client_id), true) = (batch, client_id, problems.is_empty()) else {
+        return invalid(&problems);
     };
-    let key = match headers.get("idempotency-key").map(HeaderValue::to_str) {
+    let pending = match &key {
         None => None,
-        Some(Ok(key)) if idempotency::valid_key(key) => Some(key.to_owned()),
-        Some(_) => {
-            return invalid(&[Problem {
-                index: None,
-                field: Some("Idempotency-Key".to_owned()),
-                message: format!(
-                    "must be 1 to {} visible ASCII characters",
-                    idempotency::MAX_KEY_LEN
-                ),
-            }]);
-        }
-    };
-    if let Some(key) = &key {
-        match app
-            .idempotency
-            .claim(&client_id, key, &body, Instant::now())
-        {
-            Claim::New => {}
+        Some(key) => match app.idempotency.claim(key, &body, Instant::now()) {
+            Claim::New(pending) => Some(pending),
             Claim::Replay(answer) => {
                 let mut reply = Response::new(answer);
                 reply.headers_mut().insert(CONTENT_TYPE, json_type());
@@ -183,18 +177,31 @@ where
                     "this Idempotency-Key was used before with a different body; use a new key for a new batch",
                 );
             }
-        }
-    }
+        },
+    };
     let reply = limit_and_produce(app, &body, &batch, &client_id, key.as_deref(), received).await;
-    if let Some(key) = &key {
-        if reply.status() == StatusCode::OK {
-            app.idempotency
-                .finish(&client_id, key, reply.body().clone(), Instant::now());
-        } else {
-            app.idempotency.release(&client_id, key);
-        }
+    // An unfinished claim is released when dropped, so a refused batch can be retried.
+    if let Some(pending) = pending
+        && reply.status() == StatusCode::OK
+    {
+        pending.finish(reply.body().clone(), Instant::now());
     }
     reply
+}
+
+/// The `Idempotency-Key` header, if any.
+fn idempotency_key(headers: &HeaderMap) -> Result<Option<String>, Problem> {
+    match headers.get("idempotency-key").map(HeaderValue::to_str) {
+        None => Ok(None),
+        Some(Ok(key)) if idempotency::valid_key(key) => Ok(Some(key.to_owned())),
+        Some(_) => Err(Problem::header(
+            "Idempotency-Key",
+            format!(
+                "must be 1 to {} visible ASCII characters",
+                idempotency::MAX_KEY_LEN
+            ),
+        )),
+    }
 }
 
 /// The rate-limit check, then the message, for a valid batch.
@@ -206,16 +213,28 @@ async fn limit_and_produce(
     key: Option<&str>,
     received: SystemTime,
 ) -> Reply {
+    // A known outage is answered before the batch counts against any limit.
+    if let Err(error) = app.kafka.available() {
+        return message(StatusCode::SERVICE_UNAVAILABLE, &error.to_string());
+    }
     let limit_headers = match app.limits.check(client_id, batch).await {
         Verdict::Allow(headers) => headers,
-        Verdict::Deny(headers) => {
-            let mut reply = message(
-                StatusCode::TOO_MANY_REQUESTS,
-                "rate limit exceeded; nothing was recorded",
-            );
+        Verdict::Deny {
+            headers,
+            retry_after,
+        } => {
+            let text = match retry_after {
+                Some(_) => "rate limit exceeded; nothing was recorded",
+                None => {
+                    "the batch holds more operations than a limit allows in a whole window; split it. Nothing was recorded"
+                }
+            };
+            let mut reply = message(StatusCode::TOO_MANY_REQUESTS, text);
             if let Some(h) = headers {
                 add_limit_headers(reply.headers_mut(), h);
-                reply.headers_mut().insert(RETRY_AFTER, h.reset.into());
+            }
+            if let Some(seconds) = retry_after {
+                reply.headers_mut().insert(RETRY_AFTER, seconds.into());
             }
             return reply;
         }
@@ -274,22 +293,25 @@ async fn limit_and_produce(
     reply
 }
 
+/// Why a body was not read.
+enum BodyError {
+    /// Over the size limit: 413.
+    TooLarge(String),
+    /// The connection broke or the framing was bad: 400.
+    Unreadable(String),
+}
+
 /// Reads the body, refusing more than `max` bytes (413) before reading them when the
 /// length is announced.
-async fn read_body<S, B>(
-    headers: &HeaderMap,
-    mut body: S,
-    max: usize,
-) -> Result<Bytes, (StatusCode, String)>
+async fn read_body<S, B>(headers: &HeaderMap, mut body: S, max: usize) -> Result<Bytes, BodyError>
 where
     S: Stream<Item = Result<B, warp::Error>> + Unpin,
     B: Buf,
 {
     let too_large = || {
-        (
-            StatusCode::PAYLOAD_TOO_LARGE,
-            format!("the body is larger than MAX_BODY_BYTES ({max} bytes)"),
-        )
+        BodyError::TooLarge(format!(
+            "the body is larger than MAX_BODY_BYTES ({max} bytes)"
+        ))
     };
     let announced = headers
         .get(CONTENT_LENGTH)
@@ -300,10 +322,7 @@ where
     let mut buffer = BytesMut::with_capacity(announced.unwrap_or(0));
     while let Some(chunk) = body.next().await {
         let mut chunk = chunk.map_err(|error| {
-            (
-                StatusCode::BAD_REQUEST,
-                format!("the body could not be read: {error}"),
-            )
+            BodyError::Unreadable(format!("the body could not be read: {error}"))
         })?;
         if buffer.len() + chunk.remaining() > max {
             return Err(too_large());
@@ -334,11 +353,10 @@ fn client_id(headers: &HeaderMap, peer: Option<SocketAddr>) -> Result<String, Pr
         {
             Ok(id.to_owned())
         }
-        Some(_) => Err(Problem {
-            index: None,
-            field: Some("X-Client-Id".to_owned()),
-            message: "must be 1 to 255 visible ASCII characters".to_owned(),
-        }),
+        Some(_) => Err(Problem::header(
+            "X-Client-Id",
+            "must be 1 to 255 visible ASCII characters",
+        )),
         None => Ok(peer.map_or_else(|| "unknown".to_owned(), |p| p.ip().to_string())),
     }
 }

@@ -9,7 +9,7 @@ use rdkafka::mocking::MockCluster;
 use tokio::net::TcpListener;
 
 use crate::idempotency;
-use crate::kafka::Kafka;
+use crate::kafka::{Kafka, ProducerSettings, SetupError};
 use crate::limits::{Limits, LimitsError};
 use crate::routes::{App, routes};
 use crate::settings::{Settings, parse_properties, parse_properties_file};
@@ -23,9 +23,12 @@ pub enum StartError {
     /// A librdkafka property list is malformed or unreadable.
     #[error("{0}")]
     Properties(String),
-    /// The producer or the mock broker could not be created.
-    #[error("cannot create the Kafka producer: {0}")]
-    Kafka(#[from] rdkafka::error::KafkaError),
+    /// The producer could not be created.
+    #[error(transparent)]
+    Kafka(#[from] SetupError),
+    /// The mock broker could not be started.
+    #[error("cannot start the mock broker: {0}")]
+    Mock(#[from] rdkafka::error::KafkaError),
     /// The listener could not be bound.
     #[error("cannot listen on {addr}: {source}")]
     Listen {
@@ -38,6 +41,8 @@ pub enum StartError {
 
 /// Runs the service until a shutdown signal; returns once it has drained.
 pub async fn run(settings: Settings) -> Result<(), StartError> {
+    // Installed before anything slow, so a SIGTERM during start-up still drains.
+    let shutdown = shutdown_signal();
     let limits = match (&settings.ratelimit_config, &settings.ratelimit_grpc_url) {
         (Some(path), _) => Limits::local(path, &settings.ratelimit_domain)?,
         (None, Some(url)) => Limits::remote(
@@ -81,13 +86,14 @@ pub async fn run(settings: Settings) -> Result<(), StartError> {
         || settings.kafka_bootstrap_servers.clone(),
         MockCluster::bootstrap_servers,
     );
-    let kafka = Arc::new(Kafka::new(
-        &bootstrap,
-        &settings.kafka_topic,
-        &properties,
-        settings.kafka_delivery_timeout,
-        settings.kafka_health_timeout,
-    )?);
+    let kafka = Arc::new(Kafka::new(&ProducerSettings {
+        bootstrap_servers: &bootstrap,
+        topic: &settings.kafka_topic,
+        properties: &properties,
+        delivery_timeout: settings.kafka_delivery_timeout,
+        health_timeout: settings.kafka_health_timeout,
+        max_value_bytes: settings.max_body_bytes,
+    })?);
     let first = kafka.probe().await;
     tracing::info!(status = first.status, reason = first.reason.as_deref(), bootstrap_servers = %bootstrap, topic = %settings.kafka_topic, "Kafka probed");
     let watcher = tokio::spawn(kafka.clone().watch());
@@ -122,7 +128,7 @@ pub async fn run(settings: Settings) -> Result<(), StartError> {
     tokio::pin!(server);
     tokio::select! {
         () = &mut server => {}
-        () = shutdown_signal() => {
+        () = shutdown => {
             tracing::info!(timeout = ?settings.shutdown_timeout, "shutting down: no new connections, waiting for requests in flight");
             let _ = stop_tx.send(());
             let started = Instant::now();
@@ -143,11 +149,14 @@ pub async fn run(settings: Settings) -> Result<(), StartError> {
     Ok(())
 }
 
-async fn shutdown_signal() {
+/// Completes on SIGTERM or SIGINT; the SIGTERM handler is installed on the call.
+fn shutdown_signal() -> impl std::future::Future<Output = ()> {
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
         .expect("a SIGTERM handler can be installed");
-    tokio::select! {
-        _ = term.recv() => {}
-        _ = tokio::signal::ctrl_c() => {}
+    async move {
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = tokio::signal::ctrl_c() => {}
+        }
     }
 }

@@ -180,6 +180,21 @@ async fn rejected_requests_produce_nothing() {
     assert_eq!(wrong_type.status(), 415);
     let wrong_method = client.get(service.url("/operations")).send().await.unwrap();
     assert_eq!(wrong_method.status(), 405);
+    // Header and body problems come in one list.
+    let both = post(
+        &service,
+        r#"[{"operation":"buy","unit-cost":1}]"#,
+        &[("x-client-id", "has space"), ("idempotency-key", "")],
+    )
+    .await;
+    assert_eq!(both.status, 400);
+    let fields: Vec<&str> = both.body["errors"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["field"].as_str().unwrap())
+        .collect();
+    assert_eq!(fields, ["X-Client-Id", "Idempotency-Key", "quantity"]);
 
     // One good batch, so the reader has something to find: only it is on the topic.
     let good = post(&service, &batch("buy", 1), &[]).await;
@@ -224,6 +239,12 @@ async fn limits_count_operations_and_roll_over_with_the_window() {
     let sells = post(&service, &batch("sell", 3), &[("x-client-id", "b")]).await;
     assert_eq!(sells.status, 429, "sells are capped apart: {}", sells.body);
     assert_eq!(sells.header("ratelimit-limit"), Some("2"));
+    assert_eq!(
+        sells.header("retry-after"),
+        None,
+        "3 sells never fit a limit of 2"
+    );
+    assert!(sells.body["message"].as_str().unwrap().contains("split it"));
     let other = post(&service, &batch("buy", 10), &[("x-client-id", "c")]).await;
     assert_eq!(other.status, 200, "another client has its own counter");
 
@@ -371,4 +392,23 @@ async fn schemathesis_finds_no_failures() {
         output.status.success(),
         "schemathesis found failures:\n{report}"
     );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_missing_topic_is_reported_not_created() {
+    let tansu = broker_with_topic("present", 1).await;
+    let service = intake(&tansu, "absent", &[]);
+    for _ in 0..3 {
+        let answer = health(&service).await;
+        assert_eq!(answer.status, 503, "{}", answer.body);
+        assert!(
+            answer.body["kafka"]["reason"]
+                .as_str()
+                .unwrap()
+                .contains("absent")
+        );
+        let refused = post(&service, &batch("buy", 1), &[]).await;
+        assert_eq!(refused.status, 503, "{}", refused.body);
+        tokio::time::sleep(Duration::from_millis(1200)).await;
+    }
 }

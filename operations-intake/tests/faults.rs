@@ -22,10 +22,14 @@ async fn a_broker_outage_answers_503_promptly_and_the_service_recovers() {
     let bootstrap = mock.bootstrap_servers();
     // Deliveries may take a minute: a prompt 503 can only come from knowing the broker
     // is down, not from waiting for a delivery to time out.
+    let dir = tempfile::tempdir().unwrap();
+    let rules = dir.path().join("limits.yaml");
+    std::fs::write(&rules, "domain: operations\ndescriptors:\n  - key: client_id\n    rate_limit: {unit: hour, requests_per_unit: 2}\n").unwrap();
     let service = Intake::start(&[
         ("KAFKA_BOOTSTRAP_SERVERS", &bootstrap),
         ("KAFKA_TOPIC", "ops"),
         ("KAFKA_DELIVERY_TIMEOUT", "60s"),
+        ("RATELIMIT_CONFIG", rules.to_str().unwrap()),
     ]);
     assert_eq!(post(&service, &batch("buy", 1), &[]).await.status, 200);
 
@@ -60,6 +64,10 @@ async fn a_broker_outage_answers_503_promptly_and_the_service_recovers() {
         "{}",
         refused.body
     );
+    // Refused during the outage, so not counted: the limit of 2 still has room for one.
+    for _ in 0..3 {
+        assert_eq!(post(&service, &batch("buy", 1), &[]).await.status, 503);
+    }
 
     mock.broker_up(1).unwrap();
     eventually("/health reports the broker up again", || async {
@@ -201,4 +209,14 @@ async fn bad_settings_stop_start_up_with_a_message() {
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(stderr.contains("RATELIMIT_CONFIG is not valid"), "{stderr}");
     assert!(stderr.contains("fortnight"), "{stderr}");
+
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_operations-intake"))
+        .env_clear()
+        .env("PORT", support::free_port().to_string())
+        .env("KAFKA_PROPERTIES", "linger.ms=5,acks=1")
+        .output()
+        .unwrap();
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("`acks` is set by the service"), "{stderr}");
 }
