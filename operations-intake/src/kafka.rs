@@ -250,14 +250,14 @@ impl Kafka {
             );
             self.health.store(Arc::new(down(&current, reason)));
         } else {
-            if next.is_up() != current.is_up() {
-                tracing::info!(
-                    status = next.status,
-                    reason = next.reason.as_deref(),
-                    "Kafka health changed"
-                );
+            let (status, reason, changed) =
+                (next.status, next.reason.clone(), next.is_up() != current.is_up());
+            // If the client reported the brokers down while this probe was out, that
+            // newer news wins over the probe's answer until the next probe.
+            let previous = self.health.compare_and_swap(&current, Arc::new(next));
+            if changed && Arc::ptr_eq(&previous, &current) {
+                tracing::info!(status, reason, "Kafka health changed");
             }
-            self.health.store(Arc::new(next));
         }
         self.health.load_full()
     }
