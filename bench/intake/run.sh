@@ -6,7 +6,8 @@
 #   health      GET /health: the HTTP stack alone (no body, no Kafka), the ceiling
 #   tansu       POST /operations to a tansu broker on loopback (in-memory storage)
 #   tansu+rl    the same with a rate-limit rule per client (limits never reached)
-# The service is pinned to CPU 0; wrk and the broker share CPU 1.
+# The service is pinned to CPU 0; wrk and the broker share CPU 1. Each row is measured
+# after a 3-second warm-up on the same service process.
 #   bench/intake/run.sh [SECONDS] [CONNECTIONS]
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
@@ -52,6 +53,8 @@ measure() { # name method-args
 	local name="$1"
 	shift
 	local out
+	# A fresh service's first seconds are slower (p99 ~340 ms seen here): warm up first.
+	taskset -c 1 wrk -t 1 -c "$CONNECTIONS" -d 3s "$@" >/dev/null
 	out="$(taskset -c 1 wrk -t 1 -c "$CONNECTIONS" -d "${SECONDS_PER_RUN}s" --latency "$@")"
 	local rps
 	rps="$(awk '/^Requests\/sec/ {print $2}' <<<"$out")"
