@@ -250,8 +250,11 @@ impl Kafka {
             );
             self.health.store(Arc::new(down(&current, reason)));
         } else {
-            let (status, reason, changed) =
-                (next.status, next.reason.clone(), next.is_up() != current.is_up());
+            let (status, reason, changed) = (
+                next.status,
+                next.reason.clone(),
+                next.is_up() != current.is_up(),
+            );
             // If the client reported the brokers down while this probe was out, that
             // newer news wins over the probe's answer until the next probe.
             let previous = self.health.compare_and_swap(&current, Arc::new(next));
