@@ -1,5 +1,6 @@
 //! The HTTP API: `POST /operations` and `GET /health`, every answer a JSON body.
 
+use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Instant, SystemTime};
@@ -7,6 +8,7 @@ use std::time::{Instant, SystemTime};
 use bytes::{Buf, Bytes, BytesMut};
 use futures_util::{Stream, StreamExt};
 use ratelimit_core::RateLimitHeaders;
+use ratelimit_sidecar::serve::Peer;
 use serde::Serialize;
 use serde_json::json;
 use warp::Filter;
@@ -41,11 +43,11 @@ type Reply = Response<Bytes>;
 /// The service as one warp filter.
 pub fn routes(
     app: Arc<App>,
-) -> impl Filter<Extract = (Reply,), Error = warp::Rejection> + Clone + Send + Sync + 'static {
+) -> impl Filter<Extract = (Reply,), Error = Infallible> + Clone + Send + Sync + 'static {
     warp::method()
         .and(warp::path::full())
         .and(warp::header::headers_cloned())
-        .and(warp::addr::remote())
+        .and(warp::ext::optional::<Peer>().map(|peer: Option<Peer>| peer.map(|Peer(addr)| addr)))
         .and(warp::body::stream())
         .then(
             move |method, path: warp::path::FullPath, headers, peer, body| {
@@ -74,6 +76,12 @@ pub fn routes(
                 }
             },
         )
+        // Only a body taken twice rejects, which the filter above never does.
+        .recover(|rejection: warp::Rejection| async move {
+            tracing::error!(?rejection, "request rejected by the HTTP layer");
+            Ok::<_, Infallible>(message(StatusCode::INTERNAL_SERVER_ERROR, "internal error"))
+        })
+        .unify()
 }
 
 fn health(app: &App) -> Reply {
@@ -190,7 +198,7 @@ where
 }
 
 /// The `Idempotency-Key` header, if any.
-fn idempotency_key(headers: &HeaderMap) -> Result<Option<String>, Problem> {
+pub fn idempotency_key(headers: &HeaderMap) -> Result<Option<String>, Problem> {
     match headers.get("idempotency-key").map(HeaderValue::to_str) {
         None => Ok(None),
         Some(Ok(key)) if idempotency::valid_key(key) => Ok(Some(key.to_owned())),
@@ -337,7 +345,7 @@ where
     Ok(buffer.freeze())
 }
 
-fn is_json(headers: &HeaderMap) -> bool {
+pub fn is_json(headers: &HeaderMap) -> bool {
     headers
         .get(CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
@@ -346,7 +354,7 @@ fn is_json(headers: &HeaderMap) -> bool {
 }
 
 /// The `X-Client-Id` header, else the peer's IP address.
-fn client_id(headers: &HeaderMap, peer: Option<SocketAddr>) -> Result<String, Problem> {
+pub fn client_id(headers: &HeaderMap, peer: Option<SocketAddr>) -> Result<String, Problem> {
     match headers.get("x-client-id").map(HeaderValue::to_str) {
         Some(Ok(id))
             if (1..=255).contains(&id.len()) && id.bytes().all(|b| b.is_ascii_graphic()) =>

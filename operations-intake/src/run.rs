@@ -5,6 +5,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Instant;
 
+use ratelimit_sidecar::serve;
 use rdkafka::mocking::MockCluster;
 use tokio::net::TcpListener;
 
@@ -119,12 +120,14 @@ pub async fn run(settings: Settings) -> Result<(), StartError> {
     tracing::info!(addr = ?local, "operations-intake listening");
 
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let server = warp::serve(routes(app))
-        .incoming(listener)
-        .graceful(async {
+    let server = serve::serve(
+        listener,
+        serve::warp_filter(routes(app)),
+        settings.http.connection_limits(),
+        async {
             let _ = stop_rx.await;
-        })
-        .run();
+        },
+    );
     tokio::pin!(server);
     tokio::select! {
         () = &mut server => {}

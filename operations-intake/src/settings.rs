@@ -26,6 +26,9 @@ pub struct Settings {
     /// Most operations in one request (413 above it).
     #[arg(long, env = "MAX_OPERATIONS", default_value_t = 10_000)]
     pub max_operations: usize,
+    /// `HTTP_HEADER_READ_TIMEOUT`, `HTTP_IDLE_TIMEOUT` and `HTTP_MAX_CONNECTIONS`.
+    #[command(flatten)]
+    pub http: ratelimit_sidecar::bounds::HttpLimitsSettings,
 
     /// Rate-limit rules in envoyproxy/ratelimit's YAML format; none means no limits.
     #[arg(long, env = "RATELIMIT_CONFIG")]

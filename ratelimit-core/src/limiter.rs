@@ -9,7 +9,7 @@ use smallvec::SmallVec;
 use crate::config::Config;
 use crate::local_cache::OverLimitCache;
 use crate::plan::Plan;
-use crate::request::{Request, RequestError};
+use crate::request::{Request, RequestBounds, RequestError};
 use crate::response::Response;
 use crate::rules::RuleSet;
 use crate::stats::{Counter, StatsRegistry};
@@ -40,6 +40,8 @@ pub struct Settings {
     /// counters that went over their limit and answer them without the store until their
     /// window ends. 0 turns it off.
     pub local_cache_size_in_bytes: usize,
+    /// Bounds on request names and addends; a request past one is refused.
+    pub bounds: RequestBounds,
 }
 
 impl Default for Settings {
@@ -51,6 +53,7 @@ impl Default for Settings {
             shadow_mode: false,
             quota_mode: false,
             local_cache_size_in_bytes: 0,
+            bounds: RequestBounds::default(),
         }
     }
 }
@@ -153,7 +156,7 @@ impl Limiter {
             .engine
             .load_full()
             .ok_or(RequestError::NoConfiguration)?;
-        check(request)?;
+        check(request, &self.settings.bounds)?;
         let body = engine.plan_body(request, now);
         Ok(Plan { engine, body })
     }
@@ -170,7 +173,7 @@ impl Limiter {
     {
         let guard = self.engine.load();
         let engine = guard.as_ref().ok_or(RequestError::NoConfiguration)?;
-        check(request)?;
+        check(request, &self.settings.bounds)?;
         let body = engine.match_request(request, now);
         let counts = KEY_BUFFER.with_borrow_mut(|buffer| {
             let increment = if engine.settings.stop_cache_key_increment_when_overlimit {
@@ -193,12 +196,12 @@ impl Limiter {
     }
 }
 
-fn check(request: &Request) -> Result<(), RequestError> {
+fn check(request: &Request, bounds: &RequestBounds) -> Result<(), RequestError> {
     if request.domain.is_empty() {
         return Err(RequestError::EmptyDomain);
     }
     if request.descriptors.is_empty() {
         return Err(RequestError::NoDescriptors);
     }
-    Ok(())
+    bounds.check(request)
 }

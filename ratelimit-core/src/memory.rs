@@ -15,19 +15,23 @@ const SHARDS: usize = 64;
 const COUNTER_OVERHEAD: usize = 48;
 /// How many counters an eviction looks at to pick the one whose window ends first.
 const EVICTION_SAMPLE: usize = 8;
+/// The byte cap of [`MemoryStore::new`]: 256 MiB.
+pub const DEFAULT_MAX_BYTES: usize = 256 << 20;
 
 /// Sharded fixed-window counters in this process's memory.
 ///
 /// Lookups of existing counters take a shard's read lock and an atomic add, so two cores
 /// rarely wait on each other. Counters whose window has ended are removed as new ones are
-/// created, and the number of counters is capped: when a shard is full, the counter whose
-/// window ends soonest among a small sample is evicted (and counted in
-/// [`MemoryUsage::evictions`]).
+/// created, and both the number of counters and the bytes they hold are capped: when a
+/// shard is full, the counter whose window ends soonest among a small sample is evicted
+/// (and counted in [`MemoryUsage::evictions`]). Counts saturate at `u64::MAX` instead of
+/// wrapping.
 #[derive(Debug)]
 pub struct MemoryStore {
     shards: Box<[Shard]>,
     hasher: RandomState,
     max_per_shard: usize,
+    max_bytes_per_shard: usize,
     evictions: AtomicU64,
 }
 
@@ -63,14 +67,23 @@ struct Slot {
 }
 
 impl MemoryStore {
-    /// A store holding at most about `max_counters` counters (at least one per shard).
+    /// A store holding at most about `max_counters` counters (at least one per shard) in
+    /// at most about [`DEFAULT_MAX_BYTES`] (see [`MemoryStore::with_max_bytes`]).
     pub fn new(max_counters: usize) -> MemoryStore {
         MemoryStore {
             shards: (0..SHARDS).map(|_| Shard::default()).collect(),
             hasher: RandomState::default(),
             max_per_shard: max_counters.div_ceil(SHARDS).max(1),
+            max_bytes_per_shard: DEFAULT_MAX_BYTES / SHARDS,
             evictions: AtomicU64::new(0),
         }
+    }
+
+    /// The same store holding at most about `max_bytes` of counters and keys; a single
+    /// counter larger than a shard's share is still kept, alone in its shard.
+    pub fn with_max_bytes(mut self, max_bytes: usize) -> MemoryStore {
+        self.max_bytes_per_shard = max_bytes.div_ceil(SHARDS).max(1);
+        self
     }
 
     /// Counters, bytes and evictions right now.
@@ -105,23 +118,27 @@ impl CounterStore for MemoryStore {
         let hash = self.hasher.hash_one(key);
         let shard = self.shard(hash);
         if let Some(slot) = shard.read().find(hash, key) {
-            return slot.count.fetch_add(hits, Ordering::Relaxed) + hits;
+            return slot.add(hits);
         }
         let mut map = shard.write();
         if let Some(slot) = map.find(hash, key) {
-            return slot.count.fetch_add(hits, Ordering::Relaxed) + hits;
+            return slot.add(hits);
         }
         if now >= map.next_expiry {
             map.remove_expired(now);
         }
-        if map.counters.len() >= self.max_per_shard {
+        let size = key.len() + COUNTER_OVERHEAD;
+        while !map.counters.is_empty()
+            && (map.counters.len() >= self.max_per_shard
+                || map.bytes + size > self.max_bytes_per_shard)
+        {
             map.evict_one(&self.hasher);
             self.evictions.fetch_add(1, Ordering::Relaxed);
         }
         if map.counters.is_empty() || window_end < map.next_expiry {
             map.next_expiry = window_end;
         }
-        map.bytes += key.len() + COUNTER_OVERHEAD;
+        map.bytes += size;
         let slot = Slot {
             key: key.into(),
             count: AtomicU64::new(hits),
@@ -139,6 +156,19 @@ impl CounterStore for MemoryStore {
             .find(hash, key)
             .filter(|slot| slot.window_end > now)
             .map_or(0, |slot| slot.count.load(Ordering::Relaxed))
+    }
+}
+
+impl Slot {
+    /// Adds `hits`, saturating, and returns the new count.
+    fn add(&self, hits: u64) -> u64 {
+        let previous = self
+            .count
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |count| {
+                Some(count.saturating_add(hits))
+            })
+            .unwrap_or_else(|count| count);
+        previous.saturating_add(hits)
     }
 }
 
@@ -236,6 +266,28 @@ mod tests {
         let usage = store.usage();
         assert!(usage.counters <= SHARDS * 4, "{usage:?}");
         assert_eq!(usage.evictions, 10_000 - usage.counters as u64);
+    }
+
+    #[test]
+    fn counts_saturate_instead_of_wrapping() {
+        let store = MemoryStore::new(10);
+        assert_eq!(store.increment("k_0", 151, 60, 1), 151);
+        assert_eq!(store.increment("k_0", u64::MAX - 150, 60, 1), u64::MAX);
+        assert_eq!(store.increment("k_0", 1 << 63, 60, 1), u64::MAX);
+        assert_eq!(store.get("k_0", 1), u64::MAX);
+    }
+
+    #[test]
+    fn bytes_are_capped_by_evicting() {
+        let store = MemoryStore::new(1 << 20).with_max_bytes(SHARDS * 10_000);
+        let value = "v".repeat(4_000);
+        for i in 0..2_000 {
+            store.increment(&format!("{value}{i}"), 1, 1_000 + i, 0);
+        }
+        let usage = store.usage();
+        assert!(usage.bytes <= SHARDS * 10_000, "{usage:?}");
+        assert!(usage.counters < 2_000 && usage.evictions > 0, "{usage:?}");
+        assert_eq!(usage.evictions, 2_000 - usage.counters as u64);
     }
 
     #[test]

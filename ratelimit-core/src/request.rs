@@ -87,7 +87,78 @@ impl Descriptor {
     }
 }
 
-/// Why a request cannot be evaluated. The messages are envoyproxy/ratelimit's.
+/// Bounds on what a request may carry, so that no caller-chosen name or number makes the
+/// service keep unbounded memory or wrap a counter. envoyproxy/ratelimit has none.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RequestBounds {
+    /// Longest domain, in bytes.
+    pub max_domain_bytes: usize,
+    /// Longest descriptor entry key, in bytes.
+    pub max_key_bytes: usize,
+    /// Longest descriptor entry value, in bytes.
+    pub max_value_bytes: usize,
+    /// Largest hits addend, for the request and for each descriptor.
+    pub max_hits_addend: u64,
+}
+
+impl Default for RequestBounds {
+    /// 256-byte domains and keys, 4 KiB values, addends up to 2³² − 1 (the range of the
+    /// request-wide `hits_addend`).
+    fn default() -> RequestBounds {
+        RequestBounds {
+            max_domain_bytes: 256,
+            max_key_bytes: 256,
+            max_value_bytes: 4096,
+            max_hits_addend: u64::from(u32::MAX),
+        }
+    }
+}
+
+impl RequestBounds {
+    /// Checks `request` against the bounds; the error names the first field past one.
+    pub fn check(&self, request: &Request) -> Result<(), RequestError> {
+        let too_long = |field: String, len: usize, max: usize| {
+            (len > max).then_some(RequestError::TooLong { field, len, max })
+        };
+        if let Some(error) = too_long(
+            "domain".to_owned(),
+            request.domain.len(),
+            self.max_domain_bytes,
+        ) {
+            return Err(error);
+        }
+        let addend_error = |field: String, value: u64| {
+            (value > self.max_hits_addend).then_some(RequestError::HitsAddendTooLarge {
+                field,
+                value,
+                max: self.max_hits_addend,
+            })
+        };
+        if let Some(error) = addend_error("hits_addend".to_owned(), request.hits_addend.into()) {
+            return Err(error);
+        }
+        for (d, descriptor) in request.descriptors.iter().enumerate() {
+            for (e, entry) in descriptor.entries.iter().enumerate() {
+                let at = |part: &str| format!("descriptors[{d}].entries[{e}].{part}");
+                if let Some(error) = too_long(at("key"), entry.key.len(), self.max_key_bytes)
+                    .or_else(|| too_long(at("value"), entry.value.len(), self.max_value_bytes))
+                {
+                    return Err(error);
+                }
+            }
+            if let Some(error) = descriptor
+                .hits_addend
+                .and_then(|value| addend_error(format!("descriptors[{d}].hits_addend"), value))
+            {
+                return Err(error);
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Why a request cannot be evaluated. The first three messages are envoyproxy/ratelimit's;
+/// the others are the caller's mistakes that it does not check ([`RequestError::is_invalid_argument`]).
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum RequestError {
     /// The request names no domain.
@@ -99,4 +170,35 @@ pub enum RequestError {
     /// No configuration was ever loaded successfully.
     #[error("no rate limit configuration loaded")]
     NoConfiguration,
+    /// A name is longer than [`RequestBounds`] allows.
+    #[error("{field} is {len} bytes long; at most {max} are allowed")]
+    TooLong {
+        /// Which name: `domain` or `descriptors[i].entries[j].key|value`.
+        field: String,
+        /// Its length in bytes.
+        len: usize,
+        /// The bound.
+        max: usize,
+    },
+    /// A hits addend is larger than [`RequestBounds`] allows.
+    #[error("{field} is {value}; at most {max} is allowed")]
+    HitsAddendTooLarge {
+        /// `hits_addend` or `descriptors[i].hits_addend`.
+        field: String,
+        /// The value sent.
+        value: u64,
+        /// The bound.
+        max: u64,
+    },
+}
+
+impl RequestError {
+    /// Whether the caller sent something invalid (gRPC `INVALID_ARGUMENT`, HTTP 400), as
+    /// opposed to the errors envoyproxy/ratelimit itself reports.
+    pub fn is_invalid_argument(&self) -> bool {
+        matches!(
+            self,
+            RequestError::TooLong { .. } | RequestError::HitsAddendTooLarge { .. }
+        )
+    }
 }

@@ -44,6 +44,13 @@ pub struct RuleStats {
 }
 
 impl RuleStats {
+    /// [`RuleStats::named`] in the order of the names.
+    pub fn named_sorted(&self) -> [(&'static str, &Counter); 6] {
+        let mut named = self.named();
+        named.sort_unstable_by_key(|(name, _)| *name);
+        named
+    }
+
     /// The counters with their statistic suffixes, in a stable order.
     pub fn named(&self) -> [(&'static str, &Counter); 6] {
         [
@@ -64,8 +71,44 @@ impl RuleStats {
 /// that keeps its key after a reload keeps counting where it was.
 #[derive(Debug, Default)]
 pub struct StatsRegistry {
-    rules: RwLock<HashMap<Box<str>, Arc<RuleStats>>>,
-    counters: RwLock<HashMap<Box<str>, Arc<Counter>>>,
+    rules: RwLock<HashMap<Arc<str>, Arc<RuleStats>>>,
+    counters: RwLock<HashMap<Arc<str>, Arc<Counter>>>,
+}
+
+/// One entry of [`StatsRegistry::entries`]: a rule's counters or a single counter.
+#[derive(Clone, Debug)]
+pub enum StatsEntry {
+    /// The counters of a rule key (without [`RULE_STATS_PREFIX`]).
+    Rule(Arc<str>, Arc<RuleStats>),
+    /// A counter with its full name.
+    Counter(Arc<str>, Arc<Counter>),
+}
+
+impl StatsEntry {
+    /// Appends the entry's `name: value` lines to `out`.
+    pub fn write_lines(&self, out: &mut String) {
+        let mut line = |name: &[&str], value: u64| {
+            name.iter().for_each(|part| out.push_str(part));
+            out.push_str(": ");
+            out.push_str(itoa::Buffer::new().format(value));
+            out.push('\n');
+        };
+        match self {
+            StatsEntry::Rule(key, stats) => {
+                for (stat, counter) in stats.named_sorted() {
+                    line(&[RULE_STATS_PREFIX, key, ".", stat], counter.value());
+                }
+            }
+            StatsEntry::Counter(name, counter) => line(&[name], counter.value()),
+        }
+    }
+
+    fn sort_key(&self) -> (&str, &str) {
+        match self {
+            StatsEntry::Rule(key, _) => (RULE_STATS_PREFIX, key),
+            StatsEntry::Counter(name, _) => (name, ""),
+        }
+    }
 }
 
 impl StatsRegistry {
@@ -81,6 +124,27 @@ impl StatsRegistry {
     /// (sanitized like [`StatsRegistry::rule`]).
     pub fn counter(&self, name: &str) -> Arc<Counter> {
         get_or_insert(&self.counters, &sanitize(name))
+    }
+
+    /// Every rule and counter, sorted by name, without copying a name: the values are read
+    /// when the entries are.
+    pub fn entries(&self) -> Vec<StatsEntry> {
+        let mut out: Vec<StatsEntry> = read(&self.rules)
+            .iter()
+            .map(|(key, stats)| StatsEntry::Rule(Arc::clone(key), Arc::clone(stats)))
+            .collect();
+        out.extend(
+            read(&self.counters)
+                .iter()
+                .map(|(name, counter)| StatsEntry::Counter(Arc::clone(name), Arc::clone(counter))),
+        );
+        out.sort_unstable_by(|a, b| {
+            let ((a0, a1), (b0, b1)) = (a.sort_key(), b.sort_key());
+            a0.bytes()
+                .chain(a1.bytes())
+                .cmp(b0.bytes().chain(b1.bytes()))
+        });
+        out
     }
 
     /// Every statistic as `(full name, value)`, sorted by name.
@@ -103,7 +167,7 @@ fn read<T>(lock: &RwLock<T>) -> std::sync::RwLockReadGuard<'_, T> {
     lock.read().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
-fn get_or_insert<T: Default>(map: &RwLock<HashMap<Box<str>, Arc<T>>>, key: &str) -> Arc<T> {
+fn get_or_insert<T: Default>(map: &RwLock<HashMap<Arc<str>, Arc<T>>>, key: &str) -> Arc<T> {
     if let Some(found) = read(map).get(key) {
         return Arc::clone(found);
     }

@@ -1,12 +1,17 @@
 //! The debug listener: `/`, `/rlconfig`, `/stats`, `/debug/pprof/`.
+//!
+//! `/stats` is streamed a few hundred statistics at a time, so a scrape holds no more
+//! than one chunk of text however many statistics there are.
 
 use std::convert::Infallible;
 use std::fmt::Write as _;
 use std::sync::Arc;
 
-use warp::Filter;
-use warp::http::StatusCode;
-use warp::reply::{Reply, Response, with_status};
+use bytes::Bytes;
+use http_body_util::combinators::BoxBody;
+use http_body_util::{BodyExt, Full, StreamBody};
+use hyper::body::{Frame, Incoming};
+use hyper::{Request, Response, StatusCode};
 
 use crate::service::{Backend, Service};
 
@@ -20,51 +25,83 @@ const PATHS: [(&str, &str); 4] = [
     ("/", "this list"),
 ];
 
-/// The debug routes.
-pub fn routes(
-    service: Arc<Service>,
-) -> impl Filter<Extract = (Response,), Error = Infallible> + Clone {
-    let with_service = warp::any().map(move || Arc::clone(&service));
-    let index = warp::path::end().map(|| {
-        let mut out = String::new();
-        for (path, help) in PATHS {
-            let _ = writeln!(out, "{path}: {help}");
-        }
-        out.into_response()
-    });
-    let rlconfig = warp::path!("rlconfig")
-        .and(with_service.clone())
-        .map(|s: Arc<Service>| s.limiter.describe().into_response());
-    let stats = warp::path!("stats")
-        .and(with_service)
-        .map(|s: Arc<Service>| stats(&s).into_response());
-    let pprof = warp::path("debug").and(warp::path("pprof")).map(|| {
-        "No profiles are built into this server. For a CPU profile in pprof-compatible form, run\n\
-         `perf record -g -p <pid>` on the host and convert it with `pprof -raw` or open it with\n\
-         `perf report`; memory in use by counters is in /stats (ratelimit.memory.*).\n"
-            .into_response()
-    });
-    index
-        .or(rlconfig)
-        .unify()
-        .or(stats)
-        .unify()
-        .or(pprof)
-        .unify()
-        .recover(|_| async {
-            Ok::<_, Infallible>(
-                with_status("404 page not found\n", StatusCode::NOT_FOUND).into_response(),
-            )
-        })
-        .unify()
+/// Statistics entries rendered into one chunk of the `/stats` body.
+const ENTRIES_PER_CHUNK: usize = 256;
+
+/// A debug response body: whole, or streamed.
+pub type Body = BoxBody<Bytes, Infallible>;
+
+/// The debug routes as a service for [`crate::serve::serve`].
+#[derive(Clone, Debug)]
+pub struct Debug(pub Arc<Service>);
+
+impl hyper::service::Service<Request<Incoming>> for Debug {
+    type Response = Response<Body>;
+    type Error = Infallible;
+    type Future = std::future::Ready<Result<Response<Body>, Infallible>>;
+
+    fn call(&self, request: Request<Incoming>) -> Self::Future {
+        std::future::ready(Ok(route(&self.0, request.uri().path())))
+    }
 }
 
-/// Every statistic, one `name: value` line each, sorted.
-fn stats(service: &Service) -> String {
-    let mut out = String::new();
-    for (name, value) in service.limiter.stats().snapshot() {
-        let _ = writeln!(out, "{name}: {value}");
+fn route(service: &Service, path: &str) -> Response<Body> {
+    match path {
+        "/" => {
+            let mut out = String::new();
+            for (path, help) in PATHS {
+                let _ = writeln!(out, "{path}: {help}");
+            }
+            text(StatusCode::OK, out)
+        }
+        "/rlconfig" => text(StatusCode::OK, service.limiter.describe()),
+        "/stats" => stats(service),
+        _ if path.starts_with("/debug/pprof") => text(
+            StatusCode::OK,
+            "No profiles are built into this server. For a CPU profile in pprof-compatible form, run\n\
+             `perf record -g -p <pid>` on the host and convert it with `pprof -raw` or open it with\n\
+             `perf report`; memory in use by counters is in /stats (ratelimit.memory.*).\n"
+                .to_owned(),
+        ),
+        _ => text(StatusCode::NOT_FOUND, "404 page not found\n".to_owned()),
     }
+}
+
+fn text(status: StatusCode, body: String) -> Response<Body> {
+    let mut response = Response::new(Full::new(Bytes::from(body)).boxed());
+    *response.status_mut() = status;
+    response.headers_mut().insert(
+        hyper::header::CONTENT_TYPE,
+        hyper::header::HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
+    response
+}
+
+/// Every statistic, one `name: value` line each: the registry's, sorted, then the
+/// service's own gauges and timers.
+fn stats(service: &Service) -> Response<Body> {
+    let mut entries = service.limiter.stats().entries().into_iter();
+    let mut gauges = Some(gauges(service));
+    let chunks = std::iter::from_fn(move || {
+        let mut out = String::new();
+        entries
+            .by_ref()
+            .take(ENTRIES_PER_CHUNK)
+            .for_each(|entry| entry.write_lines(&mut out));
+        if out.is_empty() {
+            out = gauges.take()?;
+        }
+        Some(Ok::<_, Infallible>(Frame::data(Bytes::from(out))))
+    });
+    let body = StreamBody::new(futures_util::stream::iter(chunks));
+    let mut response = text(StatusCode::OK, String::new());
+    *response.body_mut() = BodyExt::boxed(body);
+    response
+}
+
+/// The lines that are not in the statistics registry.
+fn gauges(service: &Service) -> String {
+    let mut out = String::new();
     let (count, total_us, max_us) = service.response_time.read();
     let _ = writeln!(
         out,

@@ -1,38 +1,130 @@
 //! `envoy.service.ratelimit.v3.RateLimitService` over tonic.
+//!
+//! The service is wired by hand rather than with the generated server so that its codec
+//! can answer a body that is not a `RateLimitRequest` with `INVALID_ARGUMENT` (the
+//! generated prost codec says `INTERNAL`, which reads as the server's fault).
 
+use std::convert::Infallible;
 use std::sync::Arc;
+use std::task::{Context, Poll};
 
-use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitService;
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
+use prost::Message;
+use tonic::codec::{Codec, DecodeBuf, Decoder, EncodeBuf, Encoder};
+use tonic::codegen::{Body, BoxFuture, Service, StdError, http};
+use tonic::server::{NamedService, UnaryService};
 use tonic::{Request, Response, Status};
 
-use crate::service::{Service, ServiceError};
+use crate::service::{Service as Decider, ServiceError};
 
-/// The gRPC face of [`Service`].
+const SHOULD_RATE_LIMIT: &str = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit";
+
+/// The gRPC face of the decision service: serves `ShouldRateLimit`.
 #[derive(Clone, Debug)]
-pub struct Grpc(pub Arc<Service>);
+pub struct Grpc(pub Arc<Decider>);
 
-#[tonic::async_trait]
-impl RateLimitService for Grpc {
-    async fn should_rate_limit(
-        &self,
-        request: Request<RateLimitRequest>,
-    ) -> Result<Response<RateLimitResponse>, Status> {
-        self.0
-            .should_rate_limit(request.into_inner())
-            .await
-            .map(Response::new)
-            .map_err(|error| status(&error))
+impl NamedService for Grpc {
+    const NAME: &'static str = "envoy.service.ratelimit.v3.RateLimitService";
+}
+
+impl<B> Service<http::Request<B>> for Grpc
+where
+    B: Body + Send + 'static,
+    B::Error: Into<StdError> + Send + 'static,
+{
+    type Response = http::Response<tonic::body::Body>;
+    type Error = Infallible;
+    type Future = BoxFuture<Self::Response, Self::Error>;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, request: http::Request<B>) -> Self::Future {
+        if request.uri().path() != SHOULD_RATE_LIMIT {
+            let status = Status::unimplemented(format!(
+                "{} is not a method of this server",
+                request.uri().path()
+            ));
+            return Box::pin(async move { Ok(status.into_http()) });
+        }
+        let method = ShouldRateLimit(Arc::clone(&self.0));
+        Box::pin(async move {
+            let mut grpc = tonic::server::Grpc::new(RlsCodec);
+            Ok(grpc.unary(method, request).await)
+        })
+    }
+}
+
+struct ShouldRateLimit(Arc<Decider>);
+
+impl UnaryService<RateLimitRequest> for ShouldRateLimit {
+    type Response = RateLimitResponse;
+    type Future = BoxFuture<Response<RateLimitResponse>, Status>;
+
+    fn call(&mut self, request: Request<RateLimitRequest>) -> Self::Future {
+        let service = Arc::clone(&self.0);
+        Box::pin(async move {
+            service
+                .should_rate_limit(request.into_inner())
+                .await
+                .map(Response::new)
+                .map_err(|error| status(&error))
+        })
     }
 }
 
 /// envoyproxy/ratelimit answers its own request errors with `UNKNOWN` and the message;
-/// an override with an unknown unit (which crashes upstream) is `INVALID_ARGUMENT`, and a
+/// an override with an unknown unit (which crashes upstream) or a request past the bounds
+/// (which upstream does not check) is `INVALID_ARGUMENT`, and a
 /// failing counter store `UNAVAILABLE` (upstream says `UNKNOWN`), so callers may retry.
 fn status(error: &ServiceError) -> Status {
     match error {
         ServiceError::Invalid(e) => Status::invalid_argument(e.to_string()),
+        ServiceError::Request(e) if e.is_invalid_argument() => {
+            Status::invalid_argument(e.to_string())
+        }
         ServiceError::Request(e) => Status::unknown(e.to_string()),
         ServiceError::Backend(e) => Status::unavailable(e.to_string()),
+    }
+}
+
+/// Protobuf in both directions; a request that does not decode is the caller's error.
+#[derive(Clone, Copy, Debug, Default)]
+struct RlsCodec;
+
+impl Codec for RlsCodec {
+    type Encode = RateLimitResponse;
+    type Decode = RateLimitRequest;
+    type Encoder = RlsCodec;
+    type Decoder = RlsCodec;
+
+    fn encoder(&mut self) -> Self::Encoder {
+        RlsCodec
+    }
+
+    fn decoder(&mut self) -> Self::Decoder {
+        RlsCodec
+    }
+}
+
+impl Encoder for RlsCodec {
+    type Item = RateLimitResponse;
+    type Error = Status;
+
+    fn encode(&mut self, item: Self::Item, buf: &mut EncodeBuf<'_>) -> Result<(), Status> {
+        item.encode(buf)
+            .map_err(|error| Status::internal(format!("cannot encode the response: {error}")))
+    }
+}
+
+impl Decoder for RlsCodec {
+    type Item = RateLimitRequest;
+    type Error = Status;
+
+    fn decode(&mut self, buf: &mut DecodeBuf<'_>) -> Result<Option<Self::Item>, Status> {
+        RateLimitRequest::decode(buf).map(Some).map_err(|error| {
+            Status::invalid_argument(format!("the body is not a RateLimitRequest: {error}"))
+        })
     }
 }

@@ -2,6 +2,7 @@
 //! `/json` facade, health, a debug server and hot-reloaded YAML rules, deciding with
 //! [`ratelimit_core`].
 
+pub mod bounds;
 pub mod cli;
 pub mod convert;
 pub mod debug;

@@ -5,6 +5,8 @@
 //! is written, created, changed in mode or removed. Every reload reads all files and
 //! either replaces the whole configuration or, on any error, keeps the previous one.
 
+use std::collections::HashSet;
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -41,6 +43,14 @@ pub enum LoadError {
         /// Why.
         error: std::io::Error,
     },
+    /// A symbolic link leads back to a directory that contains it.
+    #[error("{link}: symbolic link loop: it leads back to {target}, which contains it")]
+    Loop {
+        /// The path through the link.
+        link: String,
+        /// The directory it leads back to.
+        target: String,
+    },
     /// A file is not a valid configuration.
     #[error(transparent)]
     Config(#[from] ConfigError),
@@ -71,11 +81,11 @@ impl FileSource {
     /// in path order). Errors name files by their path under
     /// `RUNTIME_ROOT/RUNTIME_SUBDIRECTORY`, such as `config/api.yaml`.
     pub fn load(&self) -> Result<Config, LoadError> {
-        let mut paths = Vec::new();
-        if self.app.exists() {
-            self.collect(&self.app, &mut paths)?;
-        }
-        paths.sort();
+        let paths = if self.app.exists() {
+            yaml_files(&self.app, self.ignore_dotfiles)?
+        } else {
+            Vec::new()
+        };
         let mut files = Vec::with_capacity(paths.len());
         for path in paths {
             let text = std::fs::read_to_string(&path).map_err(|error| io(&path, error))?;
@@ -87,23 +97,6 @@ impl FileSource {
             files.push((name, text));
         }
         Ok(Config::from_files(files, self.merge_domains)?)
-    }
-
-    fn collect(&self, dir: &Path, out: &mut Vec<PathBuf>) -> Result<(), LoadError> {
-        for entry in std::fs::read_dir(dir).map_err(|e| io(dir, e))? {
-            let entry = entry.map_err(|e| io(dir, e))?;
-            let path = entry.path();
-            let hidden = entry.file_name().to_string_lossy().starts_with('.');
-            if hidden && self.ignore_dotfiles {
-                continue;
-            }
-            if path.is_dir() {
-                self.collect(&path, out)?;
-            } else if path.extension().is_some_and(|e| e == "yaml" || e == "yml") {
-                out.push(path);
-            }
-        }
-        Ok(())
     }
 
     /// Starts watching; each relevant change sends a unit on `changes`. The watcher
@@ -133,6 +126,63 @@ impl FileSource {
             watcher.watch(&self.app, RecursiveMode::Recursive)?;
         }
         Ok(watcher)
+    }
+}
+
+/// Every `.yaml`/`.yml` file under `dir`, recursively, sorted by path. Symbolic links are
+/// followed, but each directory is read once: a link back to a directory being read (a
+/// loop) is an error, and a second way into a directory already read is skipped.
+pub fn yaml_files(dir: &Path, ignore_dotfiles: bool) -> Result<Vec<PathBuf>, LoadError> {
+    let mut walk = Walk {
+        ignore_dotfiles,
+        seen: HashSet::new(),
+        ancestors: Vec::new(),
+        files: Vec::new(),
+    };
+    walk.directory(dir)?;
+    walk.files.sort();
+    Ok(walk.files)
+}
+
+struct Walk {
+    ignore_dotfiles: bool,
+    /// (device, inode) of every directory read.
+    seen: HashSet<(u64, u64)>,
+    /// The directories being read, outermost first.
+    ancestors: Vec<((u64, u64), PathBuf)>,
+    files: Vec<PathBuf>,
+}
+
+impl Walk {
+    fn directory(&mut self, dir: &Path) -> Result<(), LoadError> {
+        let meta = std::fs::metadata(dir).map_err(|e| io(dir, e))?;
+        let id = (meta.dev(), meta.ino());
+        if let Some((_, ancestor)) = self.ancestors.iter().find(|(a, _)| *a == id) {
+            return Err(LoadError::Loop {
+                link: dir.display().to_string(),
+                target: ancestor.display().to_string(),
+            });
+        }
+        if !self.seen.insert(id) {
+            tracing::warn!(directory = %dir.display(), "a directory reached a second time through a symbolic link is read only once");
+            return Ok(());
+        }
+        self.ancestors.push((id, dir.to_path_buf()));
+        for entry in std::fs::read_dir(dir).map_err(|e| io(dir, e))? {
+            let entry = entry.map_err(|e| io(dir, e))?;
+            let path = entry.path();
+            let hidden = entry.file_name().to_string_lossy().starts_with('.');
+            if hidden && self.ignore_dotfiles {
+                continue;
+            }
+            if path.is_dir() {
+                self.directory(&path)?;
+            } else if path.extension().is_some_and(|e| e == "yaml" || e == "yml") {
+                self.files.push(path);
+            }
+        }
+        self.ancestors.pop();
+        Ok(())
     }
 }
 

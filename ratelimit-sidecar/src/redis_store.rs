@@ -245,7 +245,7 @@ impl RedisBackend {
         plan: &Plan,
         indexes: &[usize],
     ) -> Result<Vec<u64>, RedisError> {
-        run_batched(store, indexes, |pipe, i| {
+        let totals: Vec<redis::RedisResult<i64>> = run_batched(store, indexes, |pipe, i| {
             let increment = &plan.increments()[i];
             let jitter = if self.jitter_max > 0 {
                 fastrand::u64(0..self.jitter_max)
@@ -258,7 +258,8 @@ impl RedisBackend {
                 .arg(increment.expiry_seconds(jitter))
                 .ignore();
         })
-        .await
+        .await?;
+        totals.into_iter().map(saturated_total).collect()
     }
 
     async fn get(
@@ -267,11 +268,15 @@ impl RedisBackend {
         plan: &Plan,
         indexes: &[usize],
     ) -> Result<Vec<u64>, RedisError> {
-        let values: Vec<Option<u64>> = run_batched(store, indexes, |pipe, i| {
-            pipe.cmd("GET").arg(&plan.increments()[i].key);
-        })
-        .await?;
-        Ok(values.into_iter().map(Option::unwrap_or_default).collect())
+        let values: Vec<redis::RedisResult<Option<u64>>> =
+            run_batched(store, indexes, |pipe, i| {
+                pipe.cmd("GET").arg(&plan.increments()[i].key);
+            })
+            .await?;
+        values
+            .into_iter()
+            .map(|value| value.map(Option::unwrap_or_default).map_err(redis_error))
+            .collect()
     }
 
     /// Whether the main Redis answers a PING.
@@ -280,6 +285,17 @@ impl RedisBackend {
         pipe.cmd("PING");
         let answer: Result<Vec<String>, _> = query(&self.main, &pipe).await;
         answer.is_ok()
+    }
+}
+
+/// A counter's total after `INCRBY`. Redis refuses to go past `i64::MAX`; a counter
+/// that far over any limit is decided as saturated, never as a backend failure (which
+/// Envoy's default `failure_mode_deny: false` would let through).
+fn saturated_total(total: redis::RedisResult<i64>) -> Result<u64, RedisError> {
+    match total {
+        Ok(total) => Ok(u64::try_from(total).unwrap_or(0)),
+        Err(error) if error.to_string().contains("would overflow") => Ok(u64::MAX),
+        Err(error) => Err(redis_error(error)),
     }
 }
 
@@ -294,7 +310,7 @@ async fn run_batched<T: redis::FromRedisValue>(
     if indexes.is_empty() {
         return Ok(Vec::new());
     }
-    let pipes: Vec<Pipeline> = match store {
+    let mut pipes: Vec<Pipeline> = match store {
         Store::Single(..) | Store::Sentinel(_) => {
             let mut pipe = redis::pipe();
             indexes.iter().for_each(|&i| add(&mut pipe, i));
@@ -309,6 +325,11 @@ async fn run_batched<T: redis::FromRedisValue>(
             })
             .collect(),
     };
+    // Each command's error comes back in its place, so that one counter's error is told
+    // apart from a failed round trip.
+    pipes.iter_mut().for_each(|pipe| {
+        pipe.ignore_errors();
+    });
     let results =
         futures_util::future::join_all(pipes.iter().map(|pipe| query::<Vec<T>>(store, pipe))).await;
     let mut out = Vec::with_capacity(indexes.len());
@@ -337,7 +358,11 @@ async fn query<T: redis::FromRedisValue>(store: &Store, pipe: &Pipeline) -> Resu
             result
         }
     };
-    result.map_err(|e| RedisError::Redis(e.to_string()))
+    result.map_err(redis_error)
+}
+
+fn redis_error(error: redis::RedisError) -> RedisError {
+    RedisError::Redis(error.to_string())
 }
 
 async fn with_startup_backoff<F, Fut>(

@@ -3,7 +3,6 @@
 use std::future::Future;
 use std::sync::Arc;
 
-use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitServiceServer;
 use ratelimit_core::{Limiter, MemoryStore};
 use tokio::net::{TcpListener, UnixListener};
 use tokio::signal::unix::{SignalKind, signal};
@@ -54,9 +53,13 @@ pub async fn run(settings: Settings) -> Result<(), StartError> {
         BackendType::Memory => {
             tracing::warn!(
                 max_counters = settings.limiter.memory_max_counters,
+                max_bytes = settings.bounds.memory_max_bytes,
                 "using the memory backend: counters are local to this process and not shared with other instances"
             );
-            Backend::Memory(MemoryStore::new(settings.limiter.memory_max_counters))
+            Backend::Memory(
+                MemoryStore::new(settings.limiter.memory_max_counters)
+                    .with_max_bytes(settings.bounds.memory_max_bytes),
+            )
         }
         BackendType::Redis => {
             let errors = limiter
@@ -137,15 +140,21 @@ pub async fn run(settings: Settings) -> Result<(), StartError> {
 
     let http_listener = bind("HTTP", &server.host, server.port).await?;
     let debug_listener = bind("debug", &server.debug_host, server.debug_port).await?;
+    let limits = settings.bounds.http.connection_limits();
     let mut tasks: Vec<JoinHandle<()>> = Vec::new();
     tasks.push(tokio::spawn(serve::serve(
         http_listener,
-        http::routes(Arc::clone(&service), server.max_json_body_bytes),
+        serve::warp_filter(http::routes(
+            Arc::clone(&service),
+            server.max_json_body_bytes,
+        )),
+        limits,
         stopped(),
     )));
     tasks.push(tokio::spawn(serve::serve(
         debug_listener,
-        debug::routes(Arc::clone(&service)),
+        debug::Debug(Arc::clone(&service)),
+        limits,
         stopped(),
     )));
 
@@ -153,7 +162,7 @@ pub async fn run(settings: Settings) -> Result<(), StartError> {
         .max_connection_age(server.grpc_max_connection_age)
         .max_connection_age_grace(server.grpc_max_connection_age_grace)
         .tcp_nodelay(true)
-        .add_service(RateLimitServiceServer::new(Grpc(Arc::clone(&service))))
+        .add_service(Grpc(Arc::clone(&service)))
         .add_service(health_service);
     let grpc_task = if server.grpc_uds.is_empty() {
         let listener = bind("gRPC", &server.grpc_host, server.grpc_port).await?;

@@ -1,46 +1,247 @@
 //! An HTTP/1.1 server loop for warp filters that writes header names in canonical case
 //! (`Content-Type`), as Go's net/http does: some clients of envoyproxy/ratelimit compare
 //! header names case-sensitively.
+//!
+//! It bounds what a client can hold: the number of open connections, the time to send a
+//! request's headers (which is also how long a keep-alive connection may sit between
+//! requests), and the time a connection may make no progress at all (a stalled body).
 
 use std::convert::Infallible;
 use std::future::Future;
+use std::io;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::task::{Context, Poll};
+use std::time::Duration;
 
+use std::net::SocketAddr;
+
+use hyper::Request;
+use hyper::body::Incoming;
 use hyper::server::conn::http1;
-use hyper_util::rt::TokioIo;
+use hyper::service::{Service as HyperService, service_fn};
+use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpListener;
+use tokio::sync::Semaphore;
+use tokio::time::Instant;
 use warp::Filter;
 use warp::reply::Response;
 
-/// Serves `filter` on `listener` until `stop` completes, then waits for the open
-/// connections to finish their requests.
-pub async fn serve<F>(listener: TcpListener, filter: F, stop: impl Future<Output = ()>)
+/// What one client may hold on a listener.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ConnectionLimits {
+    /// Time allowed to send a request's headers, counted from the connection's start or
+    /// the end of the previous response: idle keep-alive connections close after it.
+    pub header_read_timeout: Duration,
+    /// A connection that neither sends nor receives a byte for this long is closed.
+    pub idle_timeout: Duration,
+    /// Open connections at most; further clients wait in the listen backlog.
+    pub max_connections: usize,
+}
+
+/// How long to wait before accepting again after `accept` failed (out of descriptors).
+const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
+
+/// The address of the client, in every request's extensions (`warp::ext::optional::<Peer>()`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Peer(pub SocketAddr);
+
+/// A warp filter as a service for [`serve`].
+pub fn warp_filter<F, R>(
+    filter: F,
+) -> impl HyperService<
+    Request<Incoming>,
+    Response = Response,
+    Error = Infallible,
+    Future: Send + 'static,
+> + Clone
++ Send
++ Sync
++ 'static
 where
-    F: Filter<Extract = (Response,), Error = Infallible> + Clone + Send + Sync + 'static,
+    F: Filter<Extract = (R,), Error = Infallible> + Clone + Send + Sync + 'static,
     F::Future: Send,
+    R: warp::Reply,
+{
+    TowerToHyperService::new(warp::service(filter))
+}
+
+/// Serves `service` (a clone per connection) on `listener` within `limits` until `stop`
+/// completes, then waits for the open connections to finish their requests. Each request
+/// carries the client's address as a [`Peer`] extension.
+pub async fn serve<S, B>(
+    listener: TcpListener,
+    service: S,
+    limits: ConnectionLimits,
+    stop: impl Future<Output = ()>,
+) where
+    S: HyperService<Request<Incoming>, Response = hyper::Response<B>>
+        + Clone
+        + Send
+        + Sync
+        + 'static,
+    S::Future: Send + 'static,
+    S::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    B: hyper::body::Body + Send + 'static,
+    B::Data: Send,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
     let graceful = GracefulShutdown::new();
+    let permits = Arc::new(Semaphore::new(limits.max_connections.max(1)));
+    let mut at_cap = false;
     tokio::pin!(stop);
     loop {
-        tokio::select! {
-            accepted = listener.accept() => {
-                let Ok((stream, _)) = accepted else { continue };
-                let _ = stream.set_nodelay(true);
-                let service = TowerToHyperService::new(warp::service(filter.clone()));
-                let connection = http1::Builder::new()
-                    .title_case_headers(true)
-                    .serve_connection(TokioIo::new(stream), service);
-                let connection = graceful.watch(connection);
-                tokio::spawn(async move {
-                    if let Err(error) = connection.await {
-                        tracing::debug!(%error, "HTTP connection ended with an error");
-                    }
-                });
-            }
-            () = &mut stop => break,
+        if permits.available_permits() == 0 && !at_cap {
+            tracing::warn!(
+                max_connections = limits.max_connections,
+                "HTTP connection limit reached; new connections wait until one closes"
+            );
         }
+        at_cap = permits.available_permits() == 0;
+        let permit = tokio::select! {
+            permit = Arc::clone(&permits).acquire_owned() => permit.expect("the semaphore is never closed"),
+            () = &mut stop => break,
+        };
+        let accepted = tokio::select! {
+            accepted = listener.accept() => accepted,
+            () = &mut stop => break,
+        };
+        let (stream, peer) = match accepted {
+            Ok(accepted) => accepted,
+            Err(error) => {
+                tracing::warn!(%error, "cannot accept an HTTP connection; retrying shortly");
+                tokio::time::sleep(ACCEPT_BACKOFF).await;
+                continue;
+            }
+        };
+        let _ = stream.set_nodelay(true);
+        let (stream, activity) = Watched::new(stream);
+        let inner = service.clone();
+        let service = service_fn(move |mut request: Request<Incoming>| {
+            request.extensions_mut().insert(Peer(peer));
+            inner.call(request)
+        });
+        let connection = http1::Builder::new()
+            .timer(TokioTimer::new())
+            .header_read_timeout(limits.header_read_timeout)
+            .title_case_headers(true)
+            .serve_connection(TokioIo::new(stream), service);
+        let connection = graceful.watch(connection);
+        tokio::spawn(async move {
+            let _permit = permit;
+            tokio::select! {
+                result = connection => if let Err(error) = result {
+                    tracing::debug!(%error, "HTTP connection ended with an error");
+                },
+                () = activity.stalled(limits.idle_timeout) => {
+                    tracing::debug!(timeout = ?limits.idle_timeout, "closing an HTTP connection that made no progress");
+                }
+            }
+        });
     }
     drop(listener);
     graceful.shutdown().await;
+}
+
+/// When a connection last moved a byte, in milliseconds since it opened.
+struct Activity {
+    opened: Instant,
+    last_ms: AtomicU64,
+}
+
+impl Activity {
+    fn touch(&self) {
+        let ms = u64::try_from(self.opened.elapsed().as_millis()).unwrap_or(u64::MAX);
+        self.last_ms.store(ms, Ordering::Relaxed);
+    }
+
+    /// Completes once no byte has moved for `timeout`.
+    async fn stalled(&self, timeout: Duration) {
+        loop {
+            let last = self.opened + Duration::from_millis(self.last_ms.load(Ordering::Relaxed));
+            let deadline = last + timeout;
+            if Instant::now() >= deadline {
+                return;
+            }
+            tokio::time::sleep_until(deadline).await;
+        }
+    }
+}
+
+/// A stream that records its last read or write.
+struct Watched<S> {
+    inner: S,
+    activity: Arc<Activity>,
+}
+
+impl<S> Watched<S> {
+    fn new(inner: S) -> (Watched<S>, Arc<Activity>) {
+        let activity = Arc::new(Activity {
+            opened: Instant::now(),
+            last_ms: AtomicU64::new(0),
+        });
+        let watched = Watched {
+            inner,
+            activity: Arc::clone(&activity),
+        };
+        (watched, activity)
+    }
+
+    fn progress<T>(&self, poll: Poll<io::Result<T>>, moved: bool) -> Poll<io::Result<T>> {
+        if moved && matches!(poll, Poll::Ready(Ok(_))) {
+            self.activity.touch();
+        }
+        poll
+    }
+}
+
+impl<S: AsyncRead + Unpin> AsyncRead for Watched<S> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let before = buf.filled().len();
+        let poll = Pin::new(&mut self.inner).poll_read(cx, buf);
+        let moved = buf.filled().len() > before;
+        self.progress(poll, moved)
+    }
+}
+
+impl<S: AsyncWrite + Unpin> AsyncWrite for Watched<S> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        let poll = Pin::new(&mut self.inner).poll_write(cx, buf);
+        let moved = matches!(poll, Poll::Ready(Ok(n)) if n > 0);
+        self.progress(poll, moved)
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        let poll = Pin::new(&mut self.inner).poll_write_vectored(cx, bufs);
+        let moved = matches!(poll, Poll::Ready(Ok(n)) if n > 0);
+        self.progress(poll, moved)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
 }

@@ -9,6 +9,8 @@ use std::time::Duration;
 
 use clap::{ArgAction, Args, Parser, ValueEnum};
 
+pub use crate::bounds::BoundsSettings;
+
 /// The sidecar's settings.
 #[derive(Clone, Debug, Parser)]
 #[command(
@@ -31,6 +33,8 @@ pub struct Settings {
     pub stats: StatsSettings,
     #[command(flatten, next_help_heading = "Tracing")]
     pub tracing: TracingSettings,
+    #[command(flatten, next_help_heading = "Bounds")]
+    pub bounds: BoundsSettings,
 }
 
 /// Listeners, TLS and logs.
@@ -898,6 +902,7 @@ impl Settings {
             quota_mode: self.limiter.quota_mode,
             local_cache_size_in_bytes: usize::try_from(self.limiter.local_cache_size_in_bytes)
                 .unwrap_or(usize::MAX),
+            bounds: self.bounds.request_bounds(),
         }
     }
 }

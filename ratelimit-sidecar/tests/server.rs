@@ -1,5 +1,6 @@
 //! The `ratelimit` binary end to end: gRPC, `/json`, health, debug, reload, signals.
 
+#[macro_use]
 mod support;
 
 use std::time::Duration;
@@ -10,25 +11,6 @@ use tonic::Code;
 
 const OK: i32 = 1;
 const OVER: i32 = 2;
-
-/// Runs the test `$name(redis: Option<&Redis>)` once on the memory backend
-/// (`$name::memory`) and once on a real Redis (`$name::redis`).
-macro_rules! on_both_backends {
-    ($name:ident) => {
-        mod $name {
-            #[tokio::test]
-            async fn memory() {
-                super::$name(None).await;
-            }
-
-            #[tokio::test]
-            async fn redis() {
-                let redis = super::Redis::start(&[]);
-                super::$name(Some(&redis)).await;
-            }
-        }
-    };
-}
 
 /// Starts a server on [`RULES`] (plus `options`), on the memory backend or on `redis`.
 fn start(redis: Option<&Redis>, mut options: Options) -> Server {

@@ -58,7 +58,9 @@ impl<S: SharedData> CounterStore for SlotCounters<S> {
                 let (value, cas) = self.shared.get(&name);
                 let slot = value.as_deref().and_then(decode);
                 let total = match slot {
-                    Some(s) if s.key == key.as_bytes() && s.window_end > now => s.count + hits,
+                    Some(s) if s.key == key.as_bytes() && s.window_end > now => {
+                        s.count.saturating_add(hits)
+                    }
                     Some(s) if s.window_end > now => {
                         fallback.get_or_insert(name.clone());
                         break;

@@ -2,6 +2,7 @@
 
 mod decode;
 mod error;
+mod nesting;
 
 use std::collections::BTreeMap;
 

@@ -1,14 +1,16 @@
 //! `ratelimit-config-check`: validates a directory of rate-limit YAML files.
 //!
 //! `ratelimit-config-check -config_dir examples/config [-merge_domain_configs]`
+//! reads the directory as the server does (recursively, following each directory once).
 //! Exits 0 when every file is valid, 1 (after printing the error with file and YAML
 //! path) otherwise.
 
-use std::path::PathBuf;
+use std::path::Path;
 use std::process::ExitCode;
 
 use ratelimit_core::Config;
 use ratelimit_sidecar::cli::Flags;
+use ratelimit_sidecar::provider::yaml_files;
 
 const USAGE: &str = "usage: ratelimit-config-check -config_dir DIR [-merge_domain_configs]";
 
@@ -39,12 +41,7 @@ fn run() -> Result<(), String> {
         .is_some_and(|v| v == "true");
     println!("checking rate limit configs...");
     println!("loading config directory: {dir}");
-    let mut paths: Vec<PathBuf> = std::fs::read_dir(dir)
-        .map_err(|e| format!("{dir}: {e}"))?
-        .filter_map(|entry| entry.ok().map(|e| e.path()))
-        .filter(|p| p.is_file() && p.extension().is_some_and(|e| e == "yaml" || e == "yml"))
-        .collect();
-    paths.sort();
+    let paths = yaml_files(Path::new(dir), false).map_err(|e| e.to_string())?;
     let mut files = Vec::with_capacity(paths.len());
     for path in paths {
         println!("opening config file: {}", path.display());

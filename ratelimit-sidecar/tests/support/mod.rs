@@ -13,6 +13,37 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::R
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use tonic::transport::Channel;
 
+/// Runs the test `$name(redis: Option<&Redis>)` once on the memory backend
+/// (`$name::memory`) and once on a real Redis (`$name::redis`); the test file imports
+/// `Redis` at its root.
+#[macro_export]
+macro_rules! on_both_backends {
+    ($name:ident) => {
+        mod $name {
+            #[tokio::test]
+            async fn memory() {
+                super::$name(None).await;
+            }
+
+            #[tokio::test]
+            async fn redis() {
+                let redis = super::Redis::start(&[]);
+                super::$name(Some(&redis)).await;
+            }
+        }
+    };
+}
+
+/// The path of one of the workspace's binaries: `built` (this build's), or the one in
+/// `$RATELIMIT_TEST_BIN_DIR` when set, to run the same tests against another build
+/// (a regression test must fail on the build before its fix).
+pub fn binary(name: &str, built: &str) -> PathBuf {
+    match std::env::var_os("RATELIMIT_TEST_BIN_DIR") {
+        Some(dir) => PathBuf::from(dir).join(name),
+        None => PathBuf::from(built),
+    }
+}
+
 /// A free TCP port on 127.0.0.1 (free when asked; the server binds it right after).
 pub fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
@@ -39,6 +70,8 @@ pub struct Options {
     pub env: Vec<(&'static str, String)>,
     pub watch_root: bool,
     pub uds: bool,
+    /// A limit on the server's open files (RLIMIT_NOFILE), set with `prlimit`.
+    pub nofile: Option<u32>,
 }
 
 impl Default for Options {
@@ -48,6 +81,7 @@ impl Default for Options {
             env: Vec::new(),
             watch_root: true,
             uds: false,
+            nofile: None,
         }
     }
 }
@@ -79,7 +113,18 @@ impl Server {
         let (http, grpc, debug) = (free_port(), free_port(), free_port());
         let uds = options.uds.then(|| dir.path().join("grpc.sock"));
         let log = dir.path().join("server.log");
-        let mut command = Command::new(env!("CARGO_BIN_EXE_ratelimit"));
+        let binary = binary("ratelimit", env!("CARGO_BIN_EXE_ratelimit"));
+        let mut command = match options.nofile {
+            Some(n) => {
+                let mut command = Command::new("prlimit");
+                command
+                    .arg(format!("--nofile={n}:{n}"))
+                    .arg("--")
+                    .arg(binary);
+                command
+            }
+            None => Command::new(binary),
+        };
         command
             .env_clear()
             .env("PATH", std::env::var("PATH").unwrap_or_default())

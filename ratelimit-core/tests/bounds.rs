@@ -1,0 +1,120 @@
+//! Request bounds: caller-chosen names and addends can neither grow memory without bound
+//! nor wrap a counter back under its limit.
+
+use ratelimit_core::{
+    Code, Config, Descriptor, Limiter, MemoryStore, Request, RequestBounds, RequestError, Settings,
+};
+
+const NOW: u64 = 1_700_000_000;
+const RULES: &str =
+    "domain: b\ndescriptors: [{key: user, rate_limit: {unit: minute, requests_per_unit: 100}}]\n";
+
+fn limiter(bounds: RequestBounds) -> Limiter {
+    let settings = Settings {
+        bounds,
+        ..Settings::default()
+    };
+    Limiter::new(&Config::from_yaml("b.yaml", RULES).unwrap(), settings)
+}
+
+fn user(hits: u64) -> Request {
+    Request::new(
+        "b",
+        vec![Descriptor::new([("user", "mallory")]).with_hits(hits)],
+    )
+}
+
+#[test]
+fn a_huge_addend_is_refused_and_cannot_reset_a_counter() {
+    let (limiter, store) = (limiter(RequestBounds::default()), MemoryStore::default());
+    let over = limiter.should_rate_limit(&user(151), &store, NOW).unwrap();
+    assert_eq!(over.overall_code, Code::OverLimit);
+
+    // 2^64 - 151 would wrap the counter to 0 if it were added.
+    let error = limiter
+        .should_rate_limit(&user(u64::MAX - 150), &store, NOW)
+        .unwrap_err();
+    assert_eq!(
+        error,
+        RequestError::HitsAddendTooLarge {
+            field: "descriptors[0].hits_addend".into(),
+            value: u64::MAX - 150,
+            max: u64::from(u32::MAX),
+        }
+    );
+    assert!(error.is_invalid_argument());
+    assert_eq!(
+        error.to_string(),
+        "descriptors[0].hits_addend is 18446744073709551465; at most 4294967295 is allowed"
+    );
+    // The refused request counted nothing: the counter is still over its limit.
+    let after = limiter.should_rate_limit(&user(1), &store, NOW).unwrap();
+    assert_eq!(after.overall_code, Code::OverLimit);
+}
+
+#[test]
+fn addends_at_the_bound_saturate_the_counter_instead_of_wrapping() {
+    let bounds = RequestBounds {
+        max_hits_addend: 1 << 63,
+        ..RequestBounds::default()
+    };
+    let (limiter, store) = (limiter(bounds), MemoryStore::default());
+    for _ in 0..3 {
+        let response = limiter
+            .should_rate_limit(&user(1 << 63), &store, NOW)
+            .unwrap();
+        assert_eq!(response.overall_code, Code::OverLimit);
+        assert_eq!(response.statuses[0].limit_remaining, 0);
+    }
+    // The same on the remote path: the plan decides a saturated total as over the limit.
+    let plan = limiter.plan(&user(1 << 63), NOW).unwrap();
+    assert_eq!(plan.decide(&[u64::MAX]).overall_code, Code::OverLimit);
+}
+
+#[test]
+fn names_past_their_bound_are_refused_with_the_field() {
+    let limiter = limiter(RequestBounds::default());
+    let store = MemoryStore::default();
+    let long = |n: usize| "x".repeat(n);
+    let cases = [
+        (
+            Request::new(long(257), vec![Descriptor::new([("user", "a")])]),
+            "domain is 257 bytes long; at most 256 are allowed",
+        ),
+        (
+            Request::new(
+                "b",
+                vec![
+                    Descriptor::new([("user", "a")]),
+                    Descriptor::new([(long(300), "a".to_owned())]),
+                ],
+            ),
+            "descriptors[1].entries[0].key is 300 bytes long; at most 256 are allowed",
+        ),
+        (
+            Request::new(
+                "b",
+                vec![Descriptor::new([("user".to_owned(), long(4097))])],
+            ),
+            "descriptors[0].entries[0].value is 4097 bytes long; at most 4096 are allowed",
+        ),
+    ];
+    for (request, message) in cases {
+        let error = limiter
+            .should_rate_limit(&request, &store, NOW)
+            .unwrap_err();
+        assert!(error.is_invalid_argument());
+        assert_eq!(error.to_string(), message);
+        assert_eq!(
+            limiter.plan(&request, NOW).unwrap_err().to_string(),
+            message
+        );
+    }
+    assert_eq!(store.usage().counters, 0, "nothing was counted");
+    // At the bound exactly, the request is decided.
+    let at_bound = Request::new(
+        "b",
+        vec![Descriptor::new([("user".to_owned(), long(4096))])],
+    );
+    assert!(limiter.should_rate_limit(&at_bound, &store, NOW).is_ok());
+}

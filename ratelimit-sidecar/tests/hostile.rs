@@ -1,0 +1,398 @@
+//! Hostile input and unlucky configurations, end to end on the real binary: huge addends,
+//! oversized names, malformed protobuf, memory and connection bounds, symbolic link loops
+//! and deeply nested YAML.
+
+#[macro_use]
+mod support;
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::process::Command;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use bytes::{Buf, BufMut};
+use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
+use envoy_types::pb::google::protobuf::UInt64Value;
+use support::{Options, Redis, Server, binary, codes, eventually, redis_env, request};
+use tonic::Code;
+use tonic::codec::{Codec, DecodeBuf, Decoder, EncodeBuf, Encoder};
+
+const OK: i32 = 1;
+const OVER: i32 = 2;
+
+/// `user`: 100 an hour; `value`: 100 an hour with a statistic per value.
+const RULES: &str = "domain: h\ndescriptors:
+  - {key: user, rate_limit: {unit: hour, requests_per_unit: 100}}
+  - {key: value, detailed_metric: true, rate_limit: {unit: hour, requests_per_unit: 100}}
+";
+
+fn start(redis: Option<&Redis>, env: &[(&'static str, &str)]) -> Server {
+    let mut options = Options {
+        files: vec![("rules.yaml", RULES.to_owned())],
+        ..Options::default()
+    };
+    options
+        .env
+        .extend(env.iter().map(|(k, v)| (*k, (*v).to_owned())));
+    if let Some(redis) = redis {
+        options.env.extend(redis_env(redis.port));
+    }
+    Server::start_with(options)
+}
+
+/// Runs `ratelimit-config-check` on `dir`: whether it passed, and what it printed.
+fn config_check(dir: &std::path::Path) -> (bool, String) {
+    let binary = binary(
+        "ratelimit-config-check",
+        env!("CARGO_BIN_EXE_ratelimit-config-check"),
+    );
+    let output = Command::new(binary)
+        .arg("-config_dir")
+        .arg(dir)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+    (output.status.success(), stdout)
+}
+
+fn with_hits(mut request: RateLimitRequest, hits: u64) -> RateLimitRequest {
+    request.descriptors[0].hits_addend = Some(UInt64Value { value: hits });
+    request
+}
+
+on_both_backends!(a_huge_addend_is_the_callers_error_and_cannot_reset_a_counter);
+
+async fn a_huge_addend_is_the_callers_error_and_cannot_reset_a_counter(redis: Option<&Redis>) {
+    let server = start(redis, &[]);
+    let mut client = server.client().await;
+    let mallory = request("h", &[&[("user", "mallory")]]);
+    let over = client
+        .should_rate_limit(with_hits(mallory.clone(), 151))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(codes(&over), [(OVER, 0)]);
+
+    // 2^64 - 151 wraps a counter to 0; 2^63 twice does the same.
+    for hits in [u64::MAX - 150, 1 << 63] {
+        let error = client
+            .should_rate_limit(with_hits(mallory.clone(), hits))
+            .await
+            .unwrap_err();
+        assert_eq!(error.code(), Code::InvalidArgument, "{error:?}");
+        assert_eq!(
+            error.message(),
+            format!("descriptors[0].hits_addend is {hits}; at most 4294967295 is allowed")
+        );
+    }
+    let body = format!(
+        r#"{{"domain":"h","descriptors":[{{"entries":[{{"key":"user","value":"mallory"}}],"hitsAddend":"{}"}}]}}"#,
+        u64::MAX - 150
+    );
+    let response = reqwest::Client::new()
+        .post(server.http_url("/json"))
+        .body(body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 400);
+    assert!(
+        response
+            .text()
+            .await
+            .unwrap()
+            .contains("hits_addend is 18446744073709551465")
+    );
+
+    let still = client
+        .should_rate_limit(mallory)
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(codes(&still), [(OVER, 0)], "the counter was not reset");
+}
+
+#[tokio::test]
+async fn a_redis_counter_past_i64_is_over_the_limit_not_a_backend_failure() {
+    let redis = Redis::start(&[]);
+    let server = start(Some(&redis), &[]);
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    for hour in [now - now % 3600, now - now % 3600 + 3600] {
+        redis.cli(&[
+            "SET",
+            &format!("h_user_eve_{hour}"),
+            &(i64::MAX - 10).to_string(),
+        ]);
+    }
+    let eve = with_hits(request("h", &[&[("user", "eve")]]), 100);
+    let response = server
+        .client()
+        .await
+        .should_rate_limit(eve)
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(codes(&response), [(OVER, 0)]);
+    assert_eq!(
+        server
+            .stat("ratelimit.service.call.should_rate_limit.redis_error")
+            .await,
+        Some(0)
+    );
+}
+
+#[tokio::test]
+async fn names_past_their_bounds_are_invalid_arguments() {
+    let server = start(None, &[("MAX_DESCRIPTOR_VALUE_BYTES", "64")]);
+    let mut client = server.client().await;
+    let long_value = "v".repeat(65);
+    let cases = [
+        (
+            request(&"d".repeat(257), &[&[("user", "a")]]),
+            "domain is 257 bytes long; at most 256 are allowed",
+        ),
+        (
+            request("h", &[&[("user", "a")], &[("user", &long_value)]]),
+            "descriptors[1].entries[0].value is 65 bytes long; at most 64 are allowed",
+        ),
+    ];
+    for (request, message) in cases {
+        let error = client.should_rate_limit(request).await.unwrap_err();
+        assert_eq!(error.code(), Code::InvalidArgument);
+        assert_eq!(error.message(), message);
+    }
+    let at_bound = request("h", &[&[("user", &"v".repeat(64))]]);
+    let ok = client
+        .should_rate_limit(at_bound)
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(codes(&ok), [(OK, 99)]);
+}
+
+/// Sends raw bytes as the request message.
+#[derive(Clone, Default)]
+struct Raw;
+
+impl Codec for Raw {
+    type Encode = Vec<u8>;
+    type Decode = Vec<u8>;
+    type Encoder = Raw;
+    type Decoder = Raw;
+    fn encoder(&mut self) -> Raw {
+        Raw
+    }
+    fn decoder(&mut self) -> Raw {
+        Raw
+    }
+}
+
+impl Encoder for Raw {
+    type Item = Vec<u8>;
+    type Error = tonic::Status;
+    fn encode(&mut self, item: Vec<u8>, buf: &mut EncodeBuf<'_>) -> Result<(), tonic::Status> {
+        buf.put_slice(&item);
+        Ok(())
+    }
+}
+
+impl Decoder for Raw {
+    type Item = Vec<u8>;
+    type Error = tonic::Status;
+    fn decode(&mut self, buf: &mut DecodeBuf<'_>) -> Result<Option<Vec<u8>>, tonic::Status> {
+        Ok(Some(buf.copy_to_bytes(buf.remaining()).to_vec()))
+    }
+}
+
+#[tokio::test]
+async fn a_malformed_protobuf_is_an_invalid_argument() {
+    let server = start(None, &[]);
+    let channel =
+        tonic::transport::Endpoint::from_shared(format!("http://127.0.0.1:{}", server.grpc))
+            .unwrap()
+            .connect()
+            .await
+            .unwrap();
+    let mut grpc = tonic::client::Grpc::new(channel);
+    grpc.ready().await.unwrap();
+    let path = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit"
+        .parse()
+        .unwrap();
+    // Field 1 (domain) announced as 255 bytes long, with 2 present.
+    let error = grpc
+        .unary(
+            tonic::Request::new(vec![0x0a, 0xff, 0x01, b'h', b'i']),
+            path,
+            Raw,
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(error.code(), Code::InvalidArgument, "{error:?}");
+    assert!(
+        error
+            .message()
+            .starts_with("the body is not a RateLimitRequest"),
+        "{error:?}"
+    );
+
+    let unknown = "/envoy.service.ratelimit.v3.RateLimitService/Nope"
+        .parse()
+        .unwrap();
+    grpc.ready().await.unwrap();
+    let error = grpc
+        .unary(tonic::Request::new(Vec::new()), unknown, Raw)
+        .await
+        .unwrap_err();
+    assert_eq!(error.code(), Code::Unimplemented);
+}
+
+#[tokio::test]
+async fn the_memory_backend_is_bounded_in_bytes_and_stats_stream() {
+    let server = start(None, &[("MEMORY_MAX_BYTES", "262144")]);
+    let mut client = server.client().await;
+    let big = "x".repeat(4000);
+    for i in 0..300 {
+        let value = format!("{big}{i}");
+        client
+            .should_rate_limit(request("h", &[&[("user", &value)]]))
+            .await
+            .unwrap();
+    }
+    let bytes = server.stat("ratelimit.memory.bytes").await.unwrap();
+    assert!(bytes <= 262_144, "{bytes} bytes held");
+    assert!(server.stat("ratelimit.memory.evictions").await.unwrap() > 0);
+
+    // 300 detailed_metric keys and 300 unknown domains: every line, sorted, streamed.
+    for i in 0..300 {
+        client
+            .should_rate_limit(request("h", &[&[("value", &format!("v{i:03}"))]]))
+            .await
+            .unwrap();
+        client
+            .should_rate_limit(request(&format!("nope{i:03}"), &[&[("user", "a")]]))
+            .await
+            .unwrap();
+    }
+    let response = reqwest::get(server.debug_url("/stats")).await.unwrap();
+    assert!(
+        response.headers().get("content-length").is_none(),
+        "streamed, not one string"
+    );
+    let text = response.text().await.unwrap();
+    let detailed = text
+        .lines()
+        .filter(|l| l.contains(".value_v") && l.contains(".total_hits: 1"))
+        .count();
+    let not_found = text
+        .lines()
+        .filter(|l| l.ends_with(".domain_not_found: 1"))
+        .count();
+    assert_eq!((detailed, not_found), (300, 300));
+    let names: Vec<&str> = text
+        .lines()
+        .take_while(|l| !l.starts_with("ratelimit_server."))
+        .collect();
+    assert!(names.windows(2).all(|w| w[0] <= w[1]), "sorted");
+    assert!(text.contains("ratelimit.memory.counters: "));
+}
+
+#[tokio::test]
+async fn idle_and_slow_connections_cannot_starve_the_http_listeners() {
+    let mut options = Options {
+        files: vec![("rules.yaml", RULES.to_owned())],
+        nofile: Some(128),
+        ..Options::default()
+    };
+    options.env.extend([
+        ("HTTP_MAX_CONNECTIONS", "16".to_owned()),
+        ("HTTP_HEADER_READ_TIMEOUT", "1s".to_owned()),
+        ("HTTP_IDLE_TIMEOUT", "2s".to_owned()),
+    ]);
+    let server = Server::start_with(options);
+    // More idle and half-sent connections than the process has file descriptors.
+    let mut held = Vec::new();
+    for i in 0..150 {
+        for port in [server.http, server.debug] {
+            let mut stream = TcpStream::connect(("127.0.0.1", port)).unwrap();
+            if i % 2 == 0 {
+                let _ = stream.write_all(b"GET /healthcheck HTTP/1.1\r\nHost: x\r\n");
+            }
+            held.push(stream);
+        }
+    }
+    let answered = eventually(Duration::from_secs(60), || async {
+        let health = reqwest::get(server.http_url("/healthcheck")).await;
+        let debug = reqwest::get(server.debug_url("/")).await;
+        matches!((health, debug), (Ok(h), Ok(d)) if h.status() == 200 && d.status() == 200)
+    })
+    .await;
+    assert!(answered, "health and debug answer; log:\n{}", server.log());
+    // The first connections were closed by the server, not left open.
+    let mut first = held.swap_remove(0);
+    first
+        .set_read_timeout(Some(Duration::from_secs(30)))
+        .unwrap();
+    let mut rest = Vec::new();
+    let closed = match first.read_to_end(&mut rest) {
+        Ok(_) => true,
+        Err(error) => error.kind() == std::io::ErrorKind::ConnectionReset,
+    };
+    assert!(closed, "closed by the server");
+}
+
+#[tokio::test]
+async fn symbolic_link_loops_are_refused_not_followed_forever() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("rules.yaml"), RULES).unwrap();
+    std::os::unix::fs::symlink(".", dir.path().join("a")).unwrap();
+    std::os::unix::fs::symlink(".", dir.path().join("b")).unwrap();
+    let (ok, stdout) = config_check(dir.path());
+    assert!(!ok, "{stdout}");
+    assert!(stdout.contains("symbolic link loop"), "{stdout}");
+
+    // The same directory swapped in under a running server: the reload is refused and
+    // the previous rules keep answering.
+    let server = start(None, &[]);
+    let v2 = server.dir.path().join("v2");
+    std::fs::create_dir_all(v2.join("config")).unwrap();
+    std::fs::write(v2.join("config/rules.yaml"), RULES).unwrap();
+    std::os::unix::fs::symlink(".", v2.join("config/a")).unwrap();
+    std::os::unix::fs::symlink(".", v2.join("config/b")).unwrap();
+    let tmp = server.dir.path().join("current.tmp");
+    std::os::unix::fs::symlink(&v2, &tmp).unwrap();
+    std::fs::rename(&tmp, server.dir.path().join("current")).unwrap();
+    let refused = eventually(Duration::from_secs(30), || async {
+        server.log().contains("symbolic link loop")
+    })
+    .await;
+    assert!(refused, "{}", server.log());
+    let response = server
+        .client()
+        .await
+        .should_rate_limit(request("h", &[&[("user", "a")]]))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(codes(&response), [(OK, 99)]);
+}
+
+#[test]
+fn deeply_nested_yaml_is_refused_early() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("deep.yaml"), "[".repeat(200_000)).unwrap();
+    let (ok, stdout) = config_check(dir.path());
+    assert!(!ok, "{stdout}");
+    assert!(
+        stdout.contains("flow collections are nested more than 64 levels deep"),
+        "{stdout}"
+    );
+    let server = Server::start(&[("deep.yaml", &"[".repeat(200_000))]);
+    assert!(
+        server.log().contains("nested more than 64 levels"),
+        "{}",
+        server.log()
+    );
+}
