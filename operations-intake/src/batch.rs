@@ -200,16 +200,42 @@ fn check_operation(
     if problems.len() == before { kind } else { None }
 }
 
-/// A unit cost is any JSON number that is not below zero; its text is kept as sent.
+/// Most digits a unit cost may be written with, integer and fraction digits together.
+const MAX_COST_DIGITS: usize = 38;
+/// Largest magnitude of a unit cost's exponent.
+const MAX_COST_EXPONENT: u32 = 38;
+
+/// A unit cost is a JSON number that is not below zero, written with at most
+/// [`MAX_COST_DIGITS`] digits and an exponent, if any, within ±[`MAX_COST_EXPONENT`], so
+/// that no consumer's decimal parser is handed `1e400` or a 200 000-digit number; its
+/// text is kept as sent.
 fn check_unit_cost(raw: &str) -> Result<(), &'static str> {
     if !is_number(raw) {
         return Err("must be a JSON number");
     }
-    let mantissa = raw.split(['e', 'E']).next().unwrap_or(raw);
+    let (mantissa, exponent) = match raw.split_once(['e', 'E']) {
+        Some((mantissa, exponent)) => (mantissa, Some(exponent)),
+        None => (raw, None),
+    };
     if raw.starts_with('-') && mantissa.bytes().any(|b| matches!(b, b'1'..=b'9')) {
         return Err("must not be negative");
     }
+    if mantissa.bytes().filter(u8::is_ascii_digit).count() > MAX_COST_DIGITS {
+        return Err(
+            "must be written with at most 38 digits (integer and fraction digits together)",
+        );
+    }
+    if exponent.is_some_and(|e| !exponent_within_bounds(e)) {
+        return Err("must have an exponent between -38 and 38");
+    }
     Ok(())
+}
+
+/// Whether an exponent as written (`+38`, `-07`, `0000038`) is within ±[`MAX_COST_EXPONENT`].
+fn exponent_within_bounds(text: &str) -> bool {
+    let digits = text.trim_start_matches(['+', '-']).trim_start_matches('0');
+    digits.is_empty()
+        || (digits.len() <= 2 && digits.parse::<u32>().is_ok_and(|e| e <= MAX_COST_EXPONENT))
 }
 
 /// A quantity is a whole number written without fraction or exponent, from 1 to 2^64-1.
@@ -350,6 +376,72 @@ mod tests {
             let body = format!(r#"[{{"operation":"buy","unit-cost":{cost},"quantity":1}}]"#);
             assert!(parse(body.as_bytes(), 10).is_ok(), "{cost}");
         }
+    }
+
+    fn cost_problem(cost: &str) -> Option<String> {
+        let body = format!(r#"[{{"operation":"buy","unit-cost":{cost},"quantity":1}}]"#);
+        match parse(body.as_bytes(), 10) {
+            Ok(_) => None,
+            Err(Rejection::Invalid(found)) => {
+                assert_eq!(found.len(), 1, "{cost}: {found:?}");
+                assert_eq!(found[0].index, Some(0));
+                assert_eq!(found[0].field.as_deref(), Some("unit-cost"));
+                Some(found[0].message.clone())
+            }
+            Err(other) => panic!("{cost}: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn unit_costs_up_to_38_digits_and_exponents_within_38_are_accepted() {
+        let digits38 = "12345678901234567890123456789012345678";
+        let costs = [
+            digits38.to_owned(),
+            format!("0.{}", &digits38[1..]),
+            format!("{}.{}", &digits38[..20], &digits38[20..]),
+            format!("{digits38}e38"),
+            format!("{digits38}E-38"),
+            "1e+38".to_owned(),
+            "9.5e-038".to_owned(),
+            "1e00000000000000000000038".to_owned(),
+            "0e0".to_owned(),
+        ];
+        for cost in &costs {
+            assert_eq!(cost_problem(cost), None, "{cost}");
+        }
+    }
+
+    #[test]
+    fn unit_costs_past_the_bounds_are_rejected_naming_the_bound() {
+        let digits39 = "123456789012345678901234567890123456789";
+        let too_many = [
+            digits39.to_owned(),
+            format!("0.{}", &digits39[1..]),
+            format!("{}.{}", &digits39[..1], &digits39[1..]),
+            format!("{digits39}e1"),
+            "1".repeat(200_000),
+            format!("1.{}", "0".repeat(38)),
+        ];
+        for cost in &too_many {
+            let message = cost_problem(cost).unwrap_or_else(|| panic!("{cost} accepted"));
+            assert!(message.contains("at most 38 digits"), "{message}");
+        }
+        for cost in [
+            "1e400",
+            "1e39",
+            "1E+39",
+            "1e-39",
+            "5e-324",
+            "1e123456789012345678901",
+        ] {
+            let message = cost_problem(cost).unwrap_or_else(|| panic!("{cost} accepted"));
+            assert!(message.contains("between -38 and 38"), "{cost}: {message}");
+        }
+        // A negative cost is reported as negative, whatever its size.
+        assert_eq!(
+            cost_problem("-1e400").as_deref(),
+            Some("must not be negative")
+        );
     }
 
     #[test]

@@ -1,16 +1,19 @@
-//! The Kafka side: an idempotent `acks=all` producer, and the broker's health as last
-//! seen by a background probe, so neither `/health` nor a POST waits on a dead broker.
+//! The Kafka side: an idempotent `acks=all` producer, replaced by a new one when it
+//! cannot go on, and the broker's health as last seen by a background probe, so neither
+//! `/health` nor a POST waits on a dead broker.
+
+mod producer;
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use arc_swap::ArcSwap;
-use rdkafka::ClientContext;
 use rdkafka::config::ClientConfig;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{Header, OwnedHeaders};
-use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
+use rdkafka::producer::{FutureRecord, Producer};
 use serde::Serialize;
+
+use producer::{Producers, Shared};
 
 /// How often the background probe asks the broker for metadata.
 pub const PROBE_INTERVAL: Duration = Duration::from_secs(1);
@@ -81,25 +84,10 @@ pub const CONTENT_TYPE: &str = "application/json";
 
 /// The producer and the broker's last known health.
 pub struct Kafka {
-    producer: FutureProducer<Context>,
+    producers: Producers,
+    shared: Arc<Shared>,
     topic: String,
-    health: Arc<ArcSwap<BrokerHealth>>,
     health_timeout: Duration,
-}
-
-/// Records global errors the client reports between probes.
-struct Context {
-    health: Arc<ArcSwap<BrokerHealth>>,
-}
-
-impl ClientContext for Context {
-    fn error(&self, error: KafkaError, reason: &str) {
-        tracing::warn!(%error, reason, "Kafka client error");
-        if error.rdkafka_error_code() == Some(RDKafkaErrorCode::AllBrokersDown) {
-            self.health
-                .rcu(|h| down(h, format!("all brokers are down: {reason}")));
-        }
-    }
 }
 
 fn down(health: &BrokerHealth, reason: String) -> BrokerHealth {
@@ -175,6 +163,8 @@ impl Kafka {
             "message.max.bytes",
             (settings.max_value_bytes + MESSAGE_OVERHEAD).to_string(),
         );
+        // The producer's statistics show an epoch bumped again and again (see `producer`).
+        config.set("statistics.interval.ms", producer::STATISTICS_INTERVAL_MS);
         for (name, value) in settings.properties {
             config.set(name, value);
         }
@@ -187,42 +177,47 @@ impl Kafka {
                 "message.timeout.ms",
                 settings.delivery_timeout.as_millis().max(1).to_string(),
             );
-        let (bootstrap_servers, topic) = (settings.bootstrap_servers, settings.topic);
-        let health_timeout = settings.health_timeout;
-        let health = Arc::new(ArcSwap::from_pointee(BrokerHealth {
+        let shared = Arc::new(Shared::new(BrokerHealth {
             status: "DOWN",
-            bootstrap_servers: bootstrap_servers.to_owned(),
-            topic: topic.to_owned(),
+            bootstrap_servers: settings.bootstrap_servers.to_owned(),
+            topic: settings.topic.to_owned(),
             partitions: None,
             reason: Some("not probed yet".to_owned()),
         }));
-        let producer = config.create_with_context(Context {
-            health: health.clone(),
-        })?;
+        // A replaced producer has as long as a delivery may take to finish its own.
+        let retire_timeout = settings.delivery_timeout + Duration::from_secs(1);
         Ok(Kafka {
-            producer,
-            topic: topic.to_owned(),
-            health,
-            health_timeout,
+            producers: Producers::new(config, shared.clone(), retire_timeout)?,
+            shared,
+            topic: settings.topic.to_owned(),
+            health_timeout: settings.health_timeout,
         })
     }
 
     /// The broker as last seen.
     pub fn health(&self) -> Arc<BrokerHealth> {
-        self.health.load_full()
+        self.shared.health.load_full()
     }
 
-    /// Asks the broker for the topic's metadata (bounded by the health timeout) and
-    /// records the answer.
+    /// Replaces the producer if it cannot go on; otherwise asks the broker for the
+    /// topic's metadata (bounded by the health timeout) and records the answer. After a
+    /// replacement the service stays down until the next probe, made with the new
+    /// producer, sees the broker.
     pub async fn probe(self: &Arc<Self>) -> Arc<BrokerHealth> {
-        let this = self.clone();
-        let timeout = self.health_timeout;
+        let generation = self.producers.current();
+        self.producers.check(&generation, None);
+        if self.producers.replace_if_unusable() {
+            return self.health();
+        }
+        let number = generation.number;
+        let (topic, timeout) = (self.topic.clone(), self.health_timeout);
         let asked = tokio::task::spawn_blocking(move || {
-            this.producer
+            generation
+                .producer
                 .client()
-                .fetch_metadata(Some(&this.topic), timeout)
+                .fetch_metadata(Some(&topic), timeout)
         });
-        let current = self.health.load_full();
+        let current = self.shared.health.load_full();
         let next = match tokio::time::timeout(timeout + Duration::from_millis(100), asked).await {
             Ok(Ok(Ok(metadata))) => match metadata.topics().first() {
                 Some(t) if t.error().is_none() && !t.partitions().is_empty() => BrokerHealth {
@@ -243,26 +238,17 @@ impl Kafka {
             Ok(Ok(Err(error))) => down(&current, format!("metadata request failed: {error}")),
             Ok(Err(_)) | Err(_) => down(&current, format!("no metadata answer within {timeout:?}")),
         };
-        if let Some(fatal) = self.producer.client().fatal_error() {
-            let reason = format!(
-                "fatal producer error {:?}: {}; restart the service",
-                fatal.0, fatal.1
-            );
-            self.health.store(Arc::new(down(&current, reason)));
-        } else {
-            let (status, reason, changed) = (
-                next.status,
-                next.reason.clone(),
-                next.is_up() != current.is_up(),
-            );
-            // If the client reported the brokers down while this probe was out, that
-            // newer news wins over the probe's answer until the next probe.
-            let previous = self.health.compare_and_swap(&current, Arc::new(next));
-            if changed && Arc::ptr_eq(&previous, &current) {
-                tracing::info!(status, reason, "Kafka health changed");
-            }
+        let (status, reason, changed) = (
+            next.status,
+            next.reason.clone(),
+            next.is_up() != current.is_up(),
+        );
+        // If the client reported the brokers down, or a delivery showed the producer
+        // unusable, while this probe was out, that newer news wins over its answer.
+        if self.shared.store_probe(number, &current, next) && changed {
+            tracing::info!(status, reason, "Kafka health changed");
         }
-        self.health.load_full()
+        self.health()
     }
 
     /// Probes the broker every [`PROBE_INTERVAL`] until the task is dropped.
@@ -275,7 +261,7 @@ impl Kafka {
 
     /// `Ok` when the last probe saw the broker and the topic.
     pub fn available(&self) -> Result<(), ProduceError> {
-        let health = self.health.load();
+        let health = self.shared.health.load();
         if health.is_up() {
             Ok(())
         } else {
@@ -285,7 +271,9 @@ impl Kafka {
         }
     }
 
-    /// Produces one batch and waits for the broker's acknowledgement.
+    /// Produces one batch and waits for the broker's acknowledgement. A failure that
+    /// leaves the producer unusable marks the service down at once, before the answer,
+    /// and the next probe replaces the producer.
     pub async fn produce(&self, value: &[u8], meta: MessageMeta<'_>) -> Result<Ack, ProduceError> {
         self.available()?;
         let headers = OwnedHeaders::new_with_capacity(4)
@@ -309,30 +297,41 @@ impl Kafka {
             .key(meta.request_id)
             .payload(value)
             .headers(headers);
-        let delivery = match self.producer.send_result(record) {
+        // Held until the answer, so a replaced producer stays open for this delivery.
+        let generation = self.producers.current();
+        let delivery = match generation.producer.send_result(record) {
             Ok(delivery) => delivery,
-            Err((error, _)) => return Err(refused(&error)),
+            Err((error, _)) => {
+                self.producers.check(&generation, Some(&error));
+                return Err(refused(&error));
+            }
         };
         match delivery.await {
-            Ok(Ok(done)) => Ok(Ack {
-                partition: done.partition,
-                offset: done.offset,
-            }),
-            Ok(Err((error, _))) => Err(match error.rdkafka_error_code() {
-                Some(RDKafkaErrorCode::MessageSizeTooLarge) => {
-                    ProduceError::TooLarge(error.to_string())
-                }
-                _ => ProduceError::Unacknowledged(error.to_string()),
-            }),
+            Ok(Ok(done)) => {
+                generation.acknowledged();
+                Ok(Ack {
+                    partition: done.partition,
+                    offset: done.offset,
+                })
+            }
+            Ok(Err((error, _))) => {
+                self.producers.check(&generation, Some(&error));
+                Err(match error.rdkafka_error_code() {
+                    Some(RDKafkaErrorCode::MessageSizeTooLarge) => {
+                        ProduceError::TooLarge(error.to_string())
+                    }
+                    _ => ProduceError::Unacknowledged(error.to_string()),
+                })
+            }
             Err(_) => Err(ProduceError::Unacknowledged(
-                "the producer was shut down".to_owned(),
+                "the producer was closed before the broker answered".to_owned(),
             )),
         }
     }
 
     /// Waits up to `timeout` for every queued message to be acknowledged.
     pub fn flush(&self, timeout: Duration) -> Result<(), KafkaError> {
-        self.producer.flush(timeout)
+        self.producers.current().producer.flush(timeout)
     }
 }
 

@@ -43,6 +43,12 @@ async fn accepted_batches_reach_the_topic_byte_for_byte() {
         // Spacing, field order and escapes are kept: the value is the body as received.
         "[ {\"quantity\": 5,\n \"unit-cost\": 1.50000, \"operation\": \"s\\u0065ll\"} ]".to_owned(),
         batch("sell", 1),
+        // The largest unit costs allowed: 38 digits, exponents of magnitude 38.
+        format!(
+            "[{},{}]",
+            operation("buy", "12345678901234567890.123456789012345678", 1),
+            operation("sell", "99999999999999999999999999999999999999E+38", 2)
+        ),
     ];
     let mut accepted = HashMap::new();
     for (i, body) in bodies.iter().enumerate() {
@@ -58,7 +64,7 @@ async fn accepted_batches_reach_the_topic_byte_for_byte() {
             .values()
             .map(|(_, _, a)| a["count"].as_u64().unwrap())
             .sum::<u64>(),
-        5
+        7
     );
 
     let records = read_topic(&tansu.bootstrap(), "ops");
@@ -195,6 +201,23 @@ async fn rejected_requests_produce_nothing() {
         .map(|e| e["field"].as_str().unwrap())
         .collect();
     assert_eq!(fields, ["X-Client-Id", "Idempotency-Key", "quantity"]);
+    // unit-cost is bounded: at most 38 digits, an exponent within -38..=38.
+    let nines = "9".repeat(39);
+    let bounds = format!(
+        "[{},{},{}]",
+        operation("buy", "1e400", 1),
+        operation("buy", &nines, 1),
+        operation("sell", "1e-39", 1)
+    );
+    let unbounded = post(&service, &bounds, &[]).await;
+    assert_eq!(unbounded.status, 400, "{}", unbounded.body);
+    let errors = unbounded.body["errors"].as_array().unwrap();
+    assert_eq!(errors.len(), 3, "{}", unbounded.body);
+    for (i, error) in errors.iter().enumerate() {
+        assert_eq!(error["index"], i);
+        assert_eq!(error["field"], "unit-cost");
+        assert!(error["message"].as_str().unwrap().contains("38"), "{error}");
+    }
 
     // One good batch, so the reader has something to find: only it is on the topic.
     let good = post(&service, &batch("buy", 1), &[]).await;
@@ -363,9 +386,12 @@ async fn schemathesis_finds_no_failures() {
     let tansu = broker_with_topic("fuzz", 1).await;
     let service = intake(&tansu, "fuzz", &[]);
     let spec = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("openapi.yaml");
+    // Schemathesis and Hypothesis keep caches in the working directory: not in the tree.
+    let scratch = tempfile::tempdir().unwrap();
     let output = tokio::process::Command::new(
         std::env::var("SCHEMATHESIS_BIN").expect("SCHEMATHESIS_BIN is set by scripts/test.sh"),
     )
+    .current_dir(scratch.path())
     .arg("run")
     .arg(&spec)
     .args([

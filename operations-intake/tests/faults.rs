@@ -110,6 +110,137 @@ async fn an_unacknowledged_batch_is_503_with_an_id_to_retry_with() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
+async fn a_fatal_producer_error_is_reported_and_the_producer_replaced() {
+    let mock = mock_with_topic("ops");
+    let bootstrap = mock.bootstrap_servers();
+    let service = Intake::start(&[
+        ("KAFKA_BOOTSTRAP_SERVERS", &bootstrap),
+        ("KAFKA_TOPIC", "ops"),
+        ("KAFKA_DELIVERY_TIMEOUT", "5s"),
+    ]);
+    assert_eq!(post(&service, &batch("buy", 1), &[]).await.status, 200);
+
+    // The next produce request is answered out of sequence at the head of the line,
+    // which librdkafka treats as fatal for an idempotent producer; and every producer id
+    // asked for is refused as fenced, so each replacement fails fatally too, for now.
+    mock.request_errors(
+        RDKafkaApiKey::InitProducerId,
+        &[RDKafkaRespErr::RD_KAFKA_RESP_ERR_PRODUCER_FENCED; 200],
+    );
+    mock.request_errors(
+        RDKafkaApiKey::Produce,
+        &[RDKafkaRespErr::RD_KAFKA_RESP_ERR_OUT_OF_ORDER_SEQUENCE_NUMBER],
+    );
+    let lost = post(&service, &batch("sell", 2), &[]).await;
+    assert_eq!(lost.status, 503, "{}", lost.body);
+    let id = lost.body["id"].as_str().unwrap().to_owned();
+    assert!(
+        lost.body["message"]
+            .as_str()
+            .unwrap()
+            .contains("may or may not have been recorded"),
+        "{}",
+        lost.body
+    );
+    let state = health(&service).await;
+    assert_eq!(state.status, 503, "{}", state.body);
+    assert_eq!(state.body["status"], "DOWN");
+    let reason = state.body["kafka"]["reason"].as_str().unwrap();
+    assert!(reason.contains("OutOfOrderSequenceNumber"), "{reason}");
+
+    eventually("/health names the replacement's fatal error", || async {
+        let state = health(&service).await;
+        assert_eq!(state.status, 503, "never UP while fenced: {}", state.body);
+        state.body["kafka"]["reason"]
+            .as_str()
+            .is_some_and(|r| r.contains("Fenced"))
+    })
+    .await;
+    let refused = post(&service, &batch("sell", 2), &[("idempotency-key", &id)]).await;
+    assert_eq!(refused.status, 503, "{}", refused.body);
+    assert!(
+        refused.body["message"]
+            .as_str()
+            .unwrap()
+            .contains("nothing was recorded"),
+        "{}",
+        refused.body
+    );
+
+    mock.clear_request_errors(RDKafkaApiKey::InitProducerId);
+    eventually("/health is UP with a new producer", || async {
+        health(&service).await.status == 200
+    })
+    .await;
+    let retry = post(&service, &batch("sell", 2), &[("idempotency-key", &id)]).await;
+    assert_eq!(retry.status, 200, "{}", retry.body);
+    assert_eq!(retry.body["id"], id.as_str());
+    let warnings: Vec<String> = service
+        .log()
+        .lines()
+        .filter(|l| l.contains("replaced the Kafka producer"))
+        .map(str::to_owned)
+        .collect();
+    assert!(warnings.len() >= 2, "{warnings:?}");
+    assert!(warnings.iter().all(|l| l.contains("WARN")), "{warnings:?}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_producer_whose_id_the_broker_lost_is_replaced() {
+    let mock = mock_with_topic("ops");
+    let bootstrap = mock.bootstrap_servers();
+    let service = Intake::start(&[
+        ("KAFKA_BOOTSTRAP_SERVERS", &bootstrap),
+        ("KAFKA_TOPIC", "ops"),
+        ("KAFKA_DELIVERY_TIMEOUT", "60s"),
+    ]);
+    assert_eq!(post(&service, &batch("buy", 1), &[]).await.status, 200);
+
+    // As after a broker restart: the producer id is unknown, which librdkafka answers by
+    // bumping its epoch and retrying, ten times a second, never with a fatal error.
+    mock.request_errors(
+        RDKafkaApiKey::Produce,
+        &[RDKafkaRespErr::RD_KAFKA_RESP_ERR_UNKNOWN_PRODUCER_ID; 400],
+    );
+    let url = service.url("/operations");
+    let stuck = tokio::spawn(async move {
+        let response = reqwest::Client::new()
+            .post(url)
+            .header("content-type", "application/json")
+            .body(batch("sell", 1))
+            .timeout(Duration::from_secs(45))
+            .send()
+            .await
+            .expect("answered before the 60 s delivery timeout");
+        support::answer(response).await
+    });
+    eventually("/health names the stuck producer", || async {
+        let state = health(&service).await;
+        state.status == 503
+            && state.body["kafka"]["reason"]
+                .as_str()
+                .is_some_and(|r| r.contains("epoch") && r.contains("unknown producer id"))
+    })
+    .await;
+    let stuck = stuck.await.unwrap();
+    assert_eq!(stuck.status, 503, "{}", stuck.body);
+    let message = stuck.body["message"].as_str().unwrap();
+    assert!(
+        message.contains("may or may not have been recorded"),
+        "{message}"
+    );
+    let id = stuck.body["id"].as_str().unwrap().to_owned();
+
+    mock.clear_request_errors(RDKafkaApiKey::Produce);
+    eventually("/health is UP with a new producer", || async {
+        health(&service).await.status == 200
+    })
+    .await;
+    let retry = post(&service, &batch("sell", 1), &[("idempotency-key", &id)]).await;
+    assert_eq!(retry.status, 200, "{}", retry.body);
+}
+
+#[tokio::test(flavor = "multi_thread")]
 async fn a_missing_topic_makes_the_service_unhealthy() {
     let mock = mock_with_topic("ops");
     let bootstrap = mock.bootstrap_servers();

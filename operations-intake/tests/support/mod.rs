@@ -132,28 +132,20 @@ impl Tansu {
     pub fn start() -> Tansu {
         let dir = tempfile::tempdir().unwrap();
         let port = free_port();
-        let log = dir.path().join("tansu.log");
-        let url = format!("tcp://127.0.0.1:{port}");
-        let child = Command::new(required_env("TANSU_BIN"))
-            .args([
-                "broker",
-                "--listener-url",
-                &url,
-                "--advertised-listener-url",
-                &url,
-            ])
-            .args(["--storage-engine", "memory://tansu/"])
-            .env_clear()
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(&log).unwrap())
-            .spawn()
-            .expect("tansu starts");
-        wait_for_port(port, "tansu", &log);
+        let child = spawn_tansu(port, dir.path());
         Tansu {
             child,
             port,
             _dir: dir,
         }
+    }
+
+    /// Kills the broker and starts a new one on the same port: with in-memory storage,
+    /// every topic and producer id is gone.
+    pub fn restart(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        self.child = spawn_tansu(self.port, self._dir.path());
     }
 
     pub fn bootstrap(&self) -> String {
@@ -164,6 +156,43 @@ impl Tansu {
     pub async fn create_topic(&self, topic: &str, partitions: i32) {
         create_topic(&self.bootstrap(), topic, partitions).await;
     }
+
+    /// Freezes the broker (SIGSTOP): connections stay open and nothing is answered.
+    pub fn pause(&self) {
+        self.signal("-STOP");
+    }
+
+    /// Thaws a paused broker (SIGCONT).
+    pub fn resume(&self) {
+        self.signal("-CONT");
+    }
+
+    fn signal(&self, signal: &str) {
+        let pid = self.child.id().to_string();
+        let status = Command::new("kill").args([signal, &pid]).status().unwrap();
+        assert!(status.success(), "kill {signal} {pid} failed");
+    }
+}
+
+fn spawn_tansu(port: u16, dir: &Path) -> Child {
+    let log = dir.join("tansu.log");
+    let url = format!("tcp://127.0.0.1:{port}");
+    let child = Command::new(required_env("TANSU_BIN"))
+        .args([
+            "broker",
+            "--listener-url",
+            &url,
+            "--advertised-listener-url",
+            &url,
+        ])
+        .args(["--storage-engine", "memory://tansu/"])
+        .env_clear()
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .expect("tansu starts");
+    wait_for_port(port, "tansu", &log);
+    child
 }
 
 impl Drop for Tansu {

@@ -1,0 +1,145 @@
+//! The service recovers by itself when its idempotent producer can no longer produce to a
+//! real broker (tansu): after a pause that leaves it fenced, and after a restart that
+//! loses its producer id. Until then `/health` is DOWN with the reason.
+
+mod support;
+
+use std::time::{Duration, Instant};
+
+use support::{Answer, Intake, Tansu, batch, health, post, read_topic};
+
+async fn broker_with_topic(topic: &str) -> Tansu {
+    let tansu = Tansu::start();
+    tansu.create_topic(topic, 1).await;
+    tansu
+}
+
+fn intake(tansu: &Tansu, topic: &str) -> Intake {
+    let bootstrap = tansu.bootstrap();
+    Intake::start(&[
+        ("KAFKA_BOOTSTRAP_SERVERS", bootstrap.as_str()),
+        ("KAFKA_TOPIC", topic),
+        ("KAFKA_DELIVERY_TIMEOUT", "3s"),
+    ])
+}
+
+/// Posts a batch every 100 ms until one is accepted (its id), for up to 30 s; `failed` sees
+/// each other answer.
+async fn post_until_accepted(service: &Intake, mut failed: impl AsyncFnMut(&Answer)) -> String {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while Instant::now() < deadline {
+        let answer = post(service, &batch("sell", 1), &[]).await;
+        if answer.status == 200 {
+            return answer.body["id"].as_str().unwrap().to_owned();
+        }
+        failed(&answer).await;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("no POST was accepted within 30 s after the broker came back");
+}
+
+/// The replacement warnings in the service's log.
+fn replacements(service: &Intake) -> Vec<String> {
+    service
+        .log()
+        .lines()
+        .filter(|l| l.contains("replaced the Kafka producer"))
+        .map(str::to_owned)
+        .collect()
+}
+
+/// Asserts that each of `ids` is on `topic` exactly once.
+fn on_topic_once(tansu: &Tansu, topic: &str, ids: &[&str]) {
+    let keys: Vec<String> = read_topic(&tansu.bootstrap(), topic)
+        .iter()
+        .map(|r| String::from_utf8(r.key.clone()).unwrap())
+        .collect();
+    for id in ids {
+        assert_eq!(
+            keys.iter().filter(|k| k == id).count(),
+            1,
+            "{id} in {keys:?}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_producer_fenced_after_a_broker_pause_is_replaced() {
+    let tansu = broker_with_topic("paused").await;
+    let service = intake(&tansu, "paused");
+    let before = post(&service, &batch("buy", 1), &[]).await;
+    assert_eq!(before.status, 200, "{}", before.body);
+
+    // A batch in flight while the broker is frozen times out; librdkafka then bumps the
+    // idempotent producer's epoch by itself, which tansu answers with ProducerFenced.
+    tansu.pause();
+    let lost = post(&service, &batch("buy", 1), &[]).await;
+    tansu.resume();
+    assert_eq!(lost.status, 503, "{}", lost.body);
+    let message = lost.body["message"].as_str().unwrap();
+    assert!(
+        message.contains("may or may not have been recorded"),
+        "the batch was sent before the probe saw the pause: {message}"
+    );
+
+    let mut fenced = 0;
+    let accepted = post_until_accepted(&service, async |answer: &Answer| {
+        let message = answer.body["message"].as_str().unwrap_or_default();
+        if !(message.contains("ProducerFenced") && message.contains("may or may not")) {
+            return;
+        }
+        fenced += 1;
+        let state = health(&service).await;
+        assert_eq!(
+            (state.status, &state.body["status"]),
+            (503, &serde_json::json!("DOWN")),
+            "/health must not say UP while the producer is fenced: {}",
+            state.body
+        );
+        let reason = state.body["kafka"]["reason"].as_str().unwrap_or_default();
+        assert!(reason.contains("ProducerFenced"), "{}", state.body);
+    })
+    .await;
+    assert!(fenced > 0, "the fenced state was reproduced");
+    assert_eq!(health(&service).await.status, 200);
+    let replaced = replacements(&service);
+    assert_eq!(
+        replaced.len(),
+        1,
+        "one warning per replacement: {replaced:?}"
+    );
+    assert!(replaced[0].contains("WARN"), "{replaced:?}");
+    on_topic_once(
+        &tansu,
+        "paused",
+        &[before.body["id"].as_str().unwrap(), &accepted],
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_producer_id_lost_in_a_broker_restart_is_replaced() {
+    let mut tansu = broker_with_topic("restarted").await;
+    let service = intake(&tansu, "restarted");
+    assert_eq!(post(&service, &batch("buy", 1), &[]).await.status, 200);
+
+    // The new broker has never heard of the producer id: librdkafka bumps the epoch and
+    // retries until the delivery timeout, batch after batch, without a fatal error.
+    tansu.restart();
+    tansu.create_topic("restarted", 1).await;
+    let mut stuck = 0;
+    let accepted = post_until_accepted(&service, async |answer: &Answer| {
+        let message = answer.body["message"].as_str().unwrap_or_default();
+        if message.contains("may or may not") {
+            stuck += 1;
+        }
+    })
+    .await;
+    assert!(stuck > 0, "a batch met the lost producer id");
+    let replaced = replacements(&service);
+    assert_eq!(replaced.len(), 1, "{replaced:?}");
+    assert!(
+        replaced[0].contains("WARN") && replaced[0].contains("unknown producer id"),
+        "{replaced:?}"
+    );
+    on_topic_once(&tansu, "restarted", &[&accepted]);
+}
