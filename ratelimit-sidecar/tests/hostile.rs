@@ -316,7 +316,8 @@ async fn idle_and_slow_connections_cannot_starve_the_http_listeners() {
     let mut held = Vec::new();
     for i in 0..150 {
         for port in [server.http, server.debug] {
-            let mut stream = TcpStream::connect(("127.0.0.1", port)).unwrap();
+            let mut stream = TcpStream::connect(("127.0.0.1", port))
+                .expect("the server accepts or queues every connection");
             if i % 2 == 0 {
                 let _ = stream.write_all(b"GET /healthcheck HTTP/1.1\r\nHost: x\r\n");
             }
