@@ -16,6 +16,21 @@ fn mock_with_topic(topic: &str) -> MockCluster<'static, rdkafka::producer::Defau
     mock
 }
 
+/// The service on `mock`'s topic `ops` with `KAFKA_DELIVERY_TIMEOUT=timeout`, once it
+/// has produced a first batch.
+async fn start_on(
+    mock: &MockCluster<'static, rdkafka::producer::DefaultProducerContext>,
+    timeout: &str,
+) -> Intake {
+    let service = Intake::start(&[
+        ("KAFKA_BOOTSTRAP_SERVERS", &mock.bootstrap_servers()),
+        ("KAFKA_TOPIC", "ops"),
+        ("KAFKA_DELIVERY_TIMEOUT", timeout),
+    ]);
+    assert_eq!(post(&service, &batch("buy", 1), &[]).await.status, 200);
+    service
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn a_broker_outage_answers_503_promptly_and_the_service_recovers() {
     let mock = mock_with_topic("ops");
@@ -81,12 +96,7 @@ async fn a_broker_outage_answers_503_promptly_and_the_service_recovers() {
 #[tokio::test(flavor = "multi_thread")]
 async fn an_unacknowledged_batch_is_503_with_an_id_to_retry_with() {
     let mock = mock_with_topic("ops");
-    let bootstrap = mock.bootstrap_servers();
-    let service = Intake::start(&[
-        ("KAFKA_BOOTSTRAP_SERVERS", &bootstrap),
-        ("KAFKA_TOPIC", "ops"),
-        ("KAFKA_DELIVERY_TIMEOUT", "1s"),
-    ]);
+    let service = start_on(&mock, "1s").await;
     assert_eq!(health(&service).await.status, 200);
     // Every produce request fails with a retriable error until the delivery times out.
     mock.request_errors(
@@ -112,13 +122,7 @@ async fn an_unacknowledged_batch_is_503_with_an_id_to_retry_with() {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_fatal_producer_error_is_reported_and_the_producer_replaced() {
     let mock = mock_with_topic("ops");
-    let bootstrap = mock.bootstrap_servers();
-    let service = Intake::start(&[
-        ("KAFKA_BOOTSTRAP_SERVERS", &bootstrap),
-        ("KAFKA_TOPIC", "ops"),
-        ("KAFKA_DELIVERY_TIMEOUT", "5s"),
-    ]);
-    assert_eq!(post(&service, &batch("buy", 1), &[]).await.status, 200);
+    let service = start_on(&mock, "5s").await;
 
     // The next produce request is answered out of sequence at the head of the line,
     // which librdkafka treats as fatal for an idempotent producer; and every producer id
@@ -188,13 +192,7 @@ async fn a_fatal_producer_error_is_reported_and_the_producer_replaced() {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_producer_whose_id_the_broker_lost_is_replaced() {
     let mock = mock_with_topic("ops");
-    let bootstrap = mock.bootstrap_servers();
-    let service = Intake::start(&[
-        ("KAFKA_BOOTSTRAP_SERVERS", &bootstrap),
-        ("KAFKA_TOPIC", "ops"),
-        ("KAFKA_DELIVERY_TIMEOUT", "60s"),
-    ]);
-    assert_eq!(post(&service, &batch("buy", 1), &[]).await.status, 200);
+    let service = start_on(&mock, "60s").await;
 
     // As after a broker restart: the producer id is unknown, which librdkafka answers by
     // bumping its epoch and retrying, ten times a second, never with a fatal error.

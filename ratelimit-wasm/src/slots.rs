@@ -6,6 +6,9 @@
 //! whose window has ended is taken over by the next key that needs one. Shared memory
 //! stays bounded by `slots` entries whatever the traffic.
 
+use std::cell::RefCell;
+use std::collections::HashMap;
+
 use ratelimit_core::CounterStore;
 
 /// The shared-data operations the counters need (Envoy's, or a test's).
@@ -121,34 +124,37 @@ fn fnv1a(bytes: &[u8]) -> u64 {
     })
 }
 
+/// Shared data kept in this process as Envoy keeps it: a value and a token that changes
+/// on every write, refused when the token given is not the current one. For running the
+/// counters outside Envoy (tests, fuzzing); it is not shared between threads.
+#[derive(Debug, Default)]
+pub struct MemoryShared(RefCell<HashMap<String, (Vec<u8>, u32)>>);
+
+impl SharedData for &MemoryShared {
+    fn get(&self, key: &str) -> (Option<Vec<u8>>, Option<u32>) {
+        match self.0.borrow().get(key) {
+            Some((value, cas)) => (Some(value.clone()), Some(*cas)),
+            None => (None, None),
+        }
+    }
+
+    fn set(&self, key: &str, value: &[u8], cas: Option<u32>) -> bool {
+        let mut map = self.0.borrow_mut();
+        let current = map.get(key).map(|(_, token)| *token);
+        if cas.is_some() && cas != current {
+            return false;
+        }
+        let next = current.unwrap_or(0).wrapping_add(1);
+        map.insert(key.to_owned(), (value.to_vec(), next));
+        true
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::cell::RefCell;
-    use std::collections::HashMap;
 
-    /// Shared data as Envoy keeps it: a value and a token that changes on every write.
-    #[derive(Default)]
-    struct Fake(RefCell<HashMap<String, (Vec<u8>, u32)>>);
-
-    impl SharedData for &Fake {
-        fn get(&self, key: &str) -> (Option<Vec<u8>>, Option<u32>) {
-            match self.0.borrow().get(key) {
-                Some((v, cas)) => (Some(v.clone()), Some(*cas)),
-                None => (None, None),
-            }
-        }
-
-        fn set(&self, key: &str, value: &[u8], cas: Option<u32>) -> bool {
-            let mut map = self.0.borrow_mut();
-            let current = map.get(key).map(|(_, c)| *c);
-            if cas.is_some() && cas != current {
-                return false;
-            }
-            map.insert(key.to_owned(), (value.to_vec(), current.unwrap_or(0) + 1));
-            true
-        }
-    }
+    type Fake = MemoryShared;
 
     #[test]
     fn counts_per_key_and_window() {

@@ -1,0 +1,11 @@
+
+edge
+
+regioneu
+
+
+zonez1
+
+regionus
+	
+zonea

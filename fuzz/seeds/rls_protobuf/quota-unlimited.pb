@@ -1,0 +1,6 @@
+
+edge
+
+tenantfree
+
+tenantpaid

@@ -1,0 +1,6 @@
+
+edge
+
+useralice
+
+planpremium

@@ -1,0 +1,4 @@
+
+nope
+
+useralice

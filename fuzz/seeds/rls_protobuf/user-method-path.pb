@@ -1,0 +1,8 @@
+
+edge,
+
+useralice
+
+methodGET
+
+path/a/b

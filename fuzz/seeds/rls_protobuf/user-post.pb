@@ -1,0 +1,8 @@
+
+edge
+
+useralice
+
+methodPOST
+
+userbob

@@ -1,0 +1,8 @@
+
+edge
+
+path/api/v1/reports/x
+
+path/downloads/f
+
+path	/x/shadow
