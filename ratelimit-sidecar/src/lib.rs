@@ -19,3 +19,4 @@ pub mod serve;
 pub mod service;
 pub mod settings;
 pub mod timing;
+pub mod uds;

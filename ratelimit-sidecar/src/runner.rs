@@ -8,6 +8,7 @@ use tokio::net::{TcpListener, UnixListener};
 use tokio::signal::unix::{SignalKind, signal};
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
+use tokio_stream::StreamExt;
 use tokio_stream::wrappers::{TcpListenerStream, UnixListenerStream};
 use tonic_health::ServingStatus;
 
@@ -175,7 +176,9 @@ pub async fn run(settings: Settings) -> Result<(), StartError> {
             error,
         })?;
         tracing::warn!(socket = %path, "listening for gRPC");
-        spawn_grpc(grpc.serve_with_incoming_shutdown(UnixListenerStream::new(listener), stopped()))
+        let incoming = UnixListenerStream::new(listener)
+            .map(|accepted| accepted.map(crate::uds::AuthorityFix::new));
+        spawn_grpc(grpc.serve_with_incoming_shutdown(incoming, stopped()))
     };
     tasks.push(grpc_task);
 
