@@ -204,11 +204,18 @@ fn check_operation(
 const MAX_COST_DIGITS: usize = 38;
 /// Largest magnitude of a unit cost's exponent.
 const MAX_COST_EXPONENT: u32 = 38;
+/// The powers of ten the first non-zero digit of a non-zero unit cost may stand for: the
+/// value then lies from 1e-38 (10^`MIN_COST_MAGNITUDE`) to 38 nines (below
+/// 10^(`MAX_COST_MAGNITUDE` + 1)).
+const MIN_COST_MAGNITUDE: i64 = -38;
+const MAX_COST_MAGNITUDE: i64 = 37;
 
 /// A unit cost is a JSON number that is not below zero, written with at most
-/// [`MAX_COST_DIGITS`] digits and an exponent, if any, within ±[`MAX_COST_EXPONENT`], so
-/// that no consumer's decimal parser is handed `1e400` or a 200 000-digit number; its
-/// text is kept as sent.
+/// [`MAX_COST_DIGITS`] digits and an exponent, if any, within ±[`MAX_COST_EXPONENT`] (even
+/// for zero: `0e-500` is refused), whose value is zero or from 1e-38 to
+/// 99999999999999999999999999999999999999: the range openapi.yaml states, so that no
+/// consumer's decimal parser is handed `1e400` or a 200 000-digit number. The value is
+/// judged from the text alone (never through a float); the text is kept as sent.
 fn check_unit_cost(raw: &str) -> Result<(), &'static str> {
     if !is_number(raw) {
         return Err("must be a JSON number");
@@ -225,17 +232,46 @@ fn check_unit_cost(raw: &str) -> Result<(), &'static str> {
             "must be written with at most 38 digits (integer and fraction digits together)",
         );
     }
-    if exponent.is_some_and(|e| !exponent_within_bounds(e)) {
-        return Err("must have an exponent between -38 and 38");
+    let exponent = match exponent {
+        None => 0,
+        Some(text) => bounded_exponent(text).ok_or("must have an exponent between -38 and 38")?,
+    };
+    match magnitude(mantissa.trim_start_matches('-'), exponent) {
+        Some(m) if m < MIN_COST_MAGNITUDE => Err("must be 0 or at least 1e-38"),
+        // With at most 38 significant digits, a value below 10^38 is at most 38 nines.
+        Some(m) if m > MAX_COST_MAGNITUDE => {
+            Err("must be at most 99999999999999999999999999999999999999 (38 nines)")
+        }
+        _ => Ok(()),
     }
-    Ok(())
 }
 
-/// Whether an exponent as written (`+38`, `-07`, `0000038`) is within ±[`MAX_COST_EXPONENT`].
-fn exponent_within_bounds(text: &str) -> bool {
+/// The exponent as written (`+38`, `-07`, `0000038`) when it is within
+/// ±[`MAX_COST_EXPONENT`].
+fn bounded_exponent(text: &str) -> Option<i64> {
+    let negative = text.starts_with('-');
     let digits = text.trim_start_matches(['+', '-']).trim_start_matches('0');
-    digits.is_empty()
-        || (digits.len() <= 2 && digits.parse::<u32>().is_ok_and(|e| e <= MAX_COST_EXPONENT))
+    let magnitude = match digits {
+        "" => 0,
+        _ if digits.len() > 2 => return None,
+        _ => digits
+            .parse::<u32>()
+            .ok()
+            .filter(|&e| e <= MAX_COST_EXPONENT)?,
+    };
+    let magnitude = i64::from(magnitude);
+    Some(if negative { -magnitude } else { magnitude })
+}
+
+/// The power of ten of the first non-zero digit of `mantissa` (digits with at most one
+/// `.`, no sign) times 10^`exponent`: the value lies in [10^m, 10^(m+1)). `None` for zero.
+fn magnitude(mantissa: &str, exponent: i64) -> Option<i64> {
+    let (integer, fraction) = mantissa.split_once('.').unwrap_or((mantissa, ""));
+    let power = match integer.bytes().position(|b| b != b'0') {
+        Some(i) => (integer.len() - 1 - i) as i64,
+        None => -1 - fraction.bytes().position(|b| b != b'0')? as i64,
+    };
+    Some(power + exponent)
 }
 
 /// A quantity is a whole number written without fraction or exponent, from 1 to 2^64-1.
@@ -393,18 +429,28 @@ mod tests {
     }
 
     #[test]
-    fn unit_costs_up_to_38_digits_and_exponents_within_38_are_accepted() {
+    fn unit_costs_of_38_digits_from_1e_minus_38_to_38_nines_are_accepted() {
         let digits38 = "12345678901234567890123456789012345678";
         let costs = [
             digits38.to_owned(),
             format!("0.{}", &digits38[1..]),
             format!("{}.{}", &digits38[..20], &digits38[20..]),
-            format!("{digits38}e38"),
+            format!("0.{}e-37", &digits38[1..]),
             format!("{digits38}E-38"),
-            "1e+38".to_owned(),
+            "9".repeat(38),
+            format!("9.{}e+37", "9".repeat(37)),
+            format!("0.{}e38", "9".repeat(37)),
+            "1e-38".to_owned(),
+            "0.1e-37".to_owned(),
+            "0.10e-37".to_owned(),
+            "1e+37".to_owned(),
             "9.5e-038".to_owned(),
-            "1e00000000000000000000038".to_owned(),
+            "1e00000000000000000000037".to_owned(),
             "0e0".to_owned(),
+            "0.0".to_owned(),
+            "0e38".to_owned(),
+            "0.000e-38".to_owned(),
+            format!("0.{}", "0".repeat(37)),
         ];
         for cost in &costs {
             assert_eq!(cost_problem(cost), None, "{cost}");
@@ -434,6 +480,39 @@ mod tests {
             "5e-324",
             "1e123456789012345678901",
         ] {
+            let message = cost_problem(cost).unwrap_or_else(|| panic!("{cost} accepted"));
+            assert!(message.contains("between -38 and 38"), "{cost}: {message}");
+        }
+        // The value itself: zero, or from 1e-38 to 38 nines, as the schema states.
+        for cost in [
+            "1e38",
+            "1E+38",
+            "5E+38",
+            "10e37",
+            "1000000000000000000000000000000000000e2",
+            "1.0e38",
+            "12345678901234567890123456789012345678e38",
+            "10.0e37",
+        ] {
+            let message = cost_problem(cost).unwrap_or_else(|| panic!("{cost} accepted"));
+            assert_eq!(
+                message, "must be at most 99999999999999999999999999999999999999 (38 nines)",
+                "{cost}"
+            );
+        }
+        for cost in [
+            "0.5e-38",
+            "0.1e-38",
+            "0.09e-37",
+            "0.99999e-38",
+            "0.1234567890123456789012345678901234567E-38",
+            "0.0000000000000000000000000000000000001e-2",
+        ] {
+            let message = cost_problem(cost).unwrap_or_else(|| panic!("{cost} accepted"));
+            assert_eq!(message, "must be 0 or at least 1e-38", "{cost}");
+        }
+        // The exponent is bounded even for zero.
+        for cost in ["0e-500", "0.0E+39", "-0e-39"] {
             let message = cost_problem(cost).unwrap_or_else(|| panic!("{cost} accepted"));
             assert!(message.contains("between -38 and 38"), "{cost}: {message}");
         }

@@ -43,11 +43,13 @@ async fn accepted_batches_reach_the_topic_byte_for_byte() {
         // Spacing, field order and escapes are kept: the value is the body as received.
         "[ {\"quantity\": 5,\n \"unit-cost\": 1.50000, \"operation\": \"s\\u0065ll\"} ]".to_owned(),
         batch("sell", 1),
-        // The largest unit costs allowed: 38 digits, exponents of magnitude 38.
+        // The bounds of unit-cost: 38 digits, 38 nines, 1e-38, exponents of magnitude 38.
         format!(
-            "[{},{}]",
+            "[{},{},{},{}]",
             operation("buy", "12345678901234567890.123456789012345678", 1),
-            operation("sell", "99999999999999999999999999999999999999E+38", 2)
+            operation("sell", "99999999999999999999999999999999999999", 2),
+            operation("buy", "9.9999999999999999999999999999999999999E+37", 3),
+            operation("sell", "1e-38", 4)
         ),
     ];
     let mut accepted = HashMap::new();
@@ -64,7 +66,7 @@ async fn accepted_batches_reach_the_topic_byte_for_byte() {
             .values()
             .map(|(_, _, a)| a["count"].as_u64().unwrap())
             .sum::<u64>(),
-        7
+        9
     );
 
     let records = read_topic(&tansu.bootstrap(), "ops");
@@ -201,22 +203,25 @@ async fn rejected_requests_produce_nothing() {
         .map(|e| e["field"].as_str().unwrap())
         .collect();
     assert_eq!(fields, ["X-Client-Id", "Idempotency-Key", "quantity"]);
-    // unit-cost is bounded: at most 38 digits, an exponent within -38..=38.
+    // unit-cost is bounded: at most 38 digits, an exponent within -38..=38, and a value
+    // of 0 or from 1e-38 to 38 nines (MAX_OPERATIONS is 3 here: two batches).
     let nines = "9".repeat(39);
-    let bounds = format!(
-        "[{},{},{}]",
-        operation("buy", "1e400", 1),
-        operation("buy", &nines, 1),
-        operation("sell", "1e-39", 1)
-    );
-    let unbounded = post(&service, &bounds, &[]).await;
-    assert_eq!(unbounded.status, 400, "{}", unbounded.body);
-    let errors = unbounded.body["errors"].as_array().unwrap();
-    assert_eq!(errors.len(), 3, "{}", unbounded.body);
-    for (i, error) in errors.iter().enumerate() {
-        assert_eq!(error["index"], i);
-        assert_eq!(error["field"], "unit-cost");
-        assert!(error["message"].as_str().unwrap().contains("38"), "{error}");
+    for costs in [["1e400", &nines, "1e-39"], ["1e38", "5E+38", "0.5e-38"]] {
+        let bounds = format!(
+            "[{},{},{}]",
+            operation("buy", costs[0], 1),
+            operation("sell", costs[1], 1),
+            operation("buy", costs[2], 1)
+        );
+        let unbounded = post(&service, &bounds, &[]).await;
+        assert_eq!(unbounded.status, 400, "{}", unbounded.body);
+        let errors = unbounded.body["errors"].as_array().unwrap();
+        assert_eq!(errors.len(), 3, "{}", unbounded.body);
+        for (i, error) in errors.iter().enumerate() {
+            assert_eq!(error["index"], i);
+            assert_eq!(error["field"], "unit-cost");
+            assert!(error["message"].as_str().unwrap().contains("38"), "{error}");
+        }
     }
 
     // One good batch, so the reader has something to find: only it is on the topic.

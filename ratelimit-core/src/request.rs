@@ -102,13 +102,15 @@ pub struct RequestBounds {
 }
 
 impl Default for RequestBounds {
-    /// 256-byte domains and keys, 4 KiB values, addends up to 2³² − 1 (the range of the
+    /// 256-byte domains and keys (they come from Envoy's configuration), 64 KiB values
+    /// (more than Envoy's default 60 KiB for all request headers, so no value taken from
+    /// a header Envoy accepts is refused), addends up to 2³² − 1 (the range of the
     /// request-wide `hits_addend`).
     fn default() -> RequestBounds {
         RequestBounds {
             max_domain_bytes: 256,
             max_key_bytes: 256,
-            max_value_bytes: 4096,
+            max_value_bytes: 65_536,
             max_hits_addend: u64::from(u32::MAX),
         }
     }

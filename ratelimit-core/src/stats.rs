@@ -44,13 +44,6 @@ pub struct RuleStats {
 }
 
 impl RuleStats {
-    /// [`RuleStats::named`] in the order of the names.
-    pub fn named_sorted(&self) -> [(&'static str, &Counter); 6] {
-        let mut named = self.named();
-        named.sort_unstable_by_key(|(name, _)| *name);
-        named
-    }
-
     /// The counters with their statistic suffixes, in a stable order.
     pub fn named(&self) -> [(&'static str, &Counter); 6] {
         [
@@ -75,39 +68,37 @@ pub struct StatsRegistry {
     counters: RwLock<HashMap<Arc<str>, Arc<Counter>>>,
 }
 
-/// One entry of [`StatsRegistry::entries`]: a rule's counters or a single counter.
+/// One statistic of [`StatsRegistry::lines`]: a name that is not copied, and its counter,
+/// read when the line is written.
 #[derive(Clone, Debug)]
-pub enum StatsEntry {
-    /// The counters of a rule key (without [`RULE_STATS_PREFIX`]).
-    Rule(Arc<str>, Arc<RuleStats>),
+pub enum StatLine {
+    /// Statistic `stat` (an index into [`RuleStats::named`]) of a rule key.
+    Rule(Arc<str>, Arc<RuleStats>, usize),
     /// A counter with its full name.
     Counter(Arc<str>, Arc<Counter>),
 }
 
-impl StatsEntry {
-    /// Appends the entry's `name: value` lines to `out`.
-    pub fn write_lines(&self, out: &mut String) {
-        let mut line = |name: &[&str], value: u64| {
-            name.iter().for_each(|part| out.push_str(part));
-            out.push_str(": ");
-            out.push_str(itoa::Buffer::new().format(value));
-            out.push('\n');
-        };
+impl StatLine {
+    /// The full name, in pieces: `ratelimit.service.rate_limit.` + key + `.` + statistic.
+    fn name(&self) -> [&str; 4] {
         match self {
-            StatsEntry::Rule(key, stats) => {
-                for (stat, counter) in stats.named_sorted() {
-                    line(&[RULE_STATS_PREFIX, key, ".", stat], counter.value());
-                }
+            StatLine::Rule(key, stats, stat) => {
+                [RULE_STATS_PREFIX, key, ".", stats.named()[*stat].0]
             }
-            StatsEntry::Counter(name, counter) => line(&[name], counter.value()),
+            StatLine::Counter(name, _) => [name, "", "", ""],
         }
     }
 
-    fn sort_key(&self) -> (&str, &str) {
-        match self {
-            StatsEntry::Rule(key, _) => (RULE_STATS_PREFIX, key),
-            StatsEntry::Counter(name, _) => (name, ""),
-        }
+    /// Appends `name: value` and a newline to `out`.
+    pub fn write(&self, out: &mut String) {
+        self.name().iter().for_each(|part| out.push_str(part));
+        let value = match self {
+            StatLine::Rule(_, stats, stat) => stats.named()[*stat].1.value(),
+            StatLine::Counter(_, counter) => counter.value(),
+        };
+        out.push_str(": ");
+        out.push_str(itoa::Buffer::new().format(value));
+        out.push('\n');
     }
 }
 
@@ -126,23 +117,25 @@ impl StatsRegistry {
         get_or_insert(&self.counters, &sanitize(name))
     }
 
-    /// Every rule and counter, sorted by name, without copying a name: the values are read
-    /// when the entries are.
-    pub fn entries(&self) -> Vec<StatsEntry> {
-        let mut out: Vec<StatsEntry> = read(&self.rules)
-            .iter()
-            .map(|(key, stats)| StatsEntry::Rule(Arc::clone(key), Arc::clone(stats)))
-            .collect();
+    /// Every statistic, sorted by full name, without copying a name.
+    pub fn lines(&self) -> Vec<StatLine> {
+        let mut out: Vec<StatLine> = Vec::new();
+        for (key, stats) in read(&self.rules).iter() {
+            out.extend(
+                (0..stats.named().len())
+                    .map(|stat| StatLine::Rule(Arc::clone(key), Arc::clone(stats), stat)),
+            );
+        }
         out.extend(
             read(&self.counters)
                 .iter()
-                .map(|(name, counter)| StatsEntry::Counter(Arc::clone(name), Arc::clone(counter))),
+                .map(|(name, counter)| StatLine::Counter(Arc::clone(name), Arc::clone(counter))),
         );
         out.sort_unstable_by(|a, b| {
-            let ((a0, a1), (b0, b1)) = (a.sort_key(), b.sort_key());
-            a0.bytes()
-                .chain(a1.bytes())
-                .cmp(b0.bytes().chain(b1.bytes()))
+            let (a, b) = (a.name(), b.name());
+            a.iter()
+                .flat_map(|p| p.bytes())
+                .cmp(b.iter().flat_map(|p| p.bytes()))
         });
         out
     }

@@ -94,9 +94,9 @@ fn names_past_their_bound_are_refused_with_the_field() {
         (
             Request::new(
                 "b",
-                vec![Descriptor::new([("user".to_owned(), long(4097))])],
+                vec![Descriptor::new([("user".to_owned(), long(65_537))])],
             ),
-            "descriptors[0].entries[0].value is 4097 bytes long; at most 4096 are allowed",
+            "descriptors[0].entries[0].value is 65537 bytes long; at most 65536 are allowed",
         ),
     ];
     for (request, message) in cases {
@@ -114,7 +114,7 @@ fn names_past_their_bound_are_refused_with_the_field() {
     // At the bound exactly, the request is decided.
     let at_bound = Request::new(
         "b",
-        vec![Descriptor::new([("user".to_owned(), long(4096))])],
+        vec![Descriptor::new([("user".to_owned(), long(65_536))])],
     );
     assert!(limiter.should_rate_limit(&at_bound, &store, NOW).is_ok());
 }

@@ -19,11 +19,13 @@ pub struct BoundsSettings {
     /// Longest descriptor entry key accepted, in bytes.
     #[arg(long, env, default_value_t = 256)]
     pub max_descriptor_key_bytes: usize,
-    /// Longest descriptor entry value accepted, in bytes.
-    #[arg(long, env, default_value_t = 4096)]
+    /// Longest descriptor entry value accepted, in bytes (above Envoy's 60 KiB default
+    /// for all request headers, so no header Envoy accepts is refused).
+    #[arg(long, env, default_value_t = 65_536)]
     pub max_descriptor_value_bytes: usize,
-    /// Largest hits_addend accepted, for the request and for each descriptor.
-    #[arg(long, env, default_value_t = u64::from(u32::MAX))]
+    /// Largest hits_addend accepted, for the request and for each descriptor (at most
+    /// 2^63 - 1, where Redis stops counting).
+    #[arg(long, env, default_value_t = u64::from(u32::MAX), value_parser = clap::value_parser!(u64).range(1..=i64::MAX.unsigned_abs()))]
     pub max_hits_addend: u64,
     /// Bytes the memory backend's counters and keys take at most.
     #[arg(long, env, default_value_t = ratelimit_core::DEFAULT_MAX_BYTES)]

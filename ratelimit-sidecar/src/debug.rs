@@ -25,8 +25,8 @@ const PATHS: [(&str, &str); 4] = [
     ("/", "this list"),
 ];
 
-/// Statistics entries rendered into one chunk of the `/stats` body.
-const ENTRIES_PER_CHUNK: usize = 256;
+/// Statistics rendered into one chunk of the `/stats` body.
+const LINES_PER_CHUNK: usize = 1024;
 
 /// A debug response body: whole, or streamed.
 pub type Body = BoxBody<Bytes, Infallible>;
@@ -46,6 +46,11 @@ impl hyper::service::Service<Request<Incoming>> for Debug {
 }
 
 fn route(service: &Service, path: &str) -> Response<Body> {
+    // `/stats/` is `/stats`, as the routes always answered.
+    let path = match path.strip_suffix('/') {
+        Some(trimmed) if !trimmed.is_empty() && trimmed != "/debug/pprof" => trimmed,
+        _ => path,
+    };
     match path {
         "/" => {
             let mut out = String::new();
@@ -56,7 +61,7 @@ fn route(service: &Service, path: &str) -> Response<Body> {
         }
         "/rlconfig" => text(StatusCode::OK, service.limiter.describe()),
         "/stats" => stats(service),
-        _ if path.starts_with("/debug/pprof") => text(
+        _ if path == "/debug/pprof" || path.starts_with("/debug/pprof/") => text(
             StatusCode::OK,
             "No profiles are built into this server. For a CPU profile in pprof-compatible form, run\n\
              `perf record -g -p <pid>` on the host and convert it with `pprof -raw` or open it with\n\
@@ -80,14 +85,14 @@ fn text(status: StatusCode, body: String) -> Response<Body> {
 /// Every statistic, one `name: value` line each: the registry's, sorted, then the
 /// service's own gauges and timers.
 fn stats(service: &Service) -> Response<Body> {
-    let mut entries = service.limiter.stats().entries().into_iter();
+    let mut lines = service.limiter.stats().lines().into_iter();
     let mut gauges = Some(gauges(service));
     let chunks = std::iter::from_fn(move || {
         let mut out = String::new();
-        entries
+        lines
             .by_ref()
-            .take(ENTRIES_PER_CHUNK)
-            .for_each(|entry| entry.write_lines(&mut out));
+            .take(LINES_PER_CHUNK)
+            .for_each(|line| line.write(&mut out));
         if out.is_empty() {
             out = gauges.take()?;
         }

@@ -104,8 +104,12 @@ impl FileSource {
     pub fn watch(&self, changes: mpsc::Sender<()>) -> notify::Result<RecommendedWatcher> {
         let root = self.root.clone();
         let watch_root = self.watch_root;
-        let mut watcher =
-            notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
+        // Symbolic links are not followed into: a chain of links to directories would
+        // make a recursive watch visit exponentially many paths (the load reads each
+        // directory once). A link swapped in the directory is still an event here.
+        let config = notify::Config::default().with_follow_symlinks(false);
+        let mut watcher = RecommendedWatcher::new(
+            move |event: notify::Result<notify::Event>| {
                 let Ok(event) = event else { return };
                 let relevant = matches!(
                     event.kind,
@@ -114,7 +118,9 @@ impl FileSource {
                 if relevant {
                     let _ = changes.try_send(());
                 }
-            })?;
+            },
+            config,
+        )?;
         if self.watch_root {
             let parent = self
                 .root

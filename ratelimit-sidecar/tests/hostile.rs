@@ -381,18 +381,92 @@ async fn symbolic_link_loops_are_refused_not_followed_forever() {
 }
 
 #[test]
+fn the_watcher_does_not_follow_chains_of_directory_links() {
+    // d0/{a,b} -> ../d1, d1/{a,b} -> ../d2, …: 2^24 paths through 24 directories.
+    let mut links = Vec::new();
+    for i in 0..24 {
+        for name in ["a", "b"] {
+            links.push((format!("d{i}/{name}"), format!("../d{}", i + 1)));
+        }
+    }
+    let mut options = Options {
+        files: vec![("rules.yaml", RULES.to_owned())],
+        watch_root: false,
+        links,
+        ..Options::default()
+    };
+    options.env.push(("LOG_LEVEL", "info".to_owned()));
+    let server = Server::start_with(options);
+    assert!(
+        server.log().contains("loaded rate limit configuration"),
+        "{}",
+        server.log()
+    );
+}
+
+#[test]
+fn an_addend_bound_redis_cannot_count_to_stops_start_up() {
+    let mut options = Options::default();
+    options
+        .env
+        .push(("MAX_HITS_ADDEND", "9223372036854775808".to_owned()));
+    let mut server = Server::spawn(options);
+    let status = server.wait_exit(Duration::from_secs(15)).expect("exits");
+    assert!(!status.success());
+    assert!(server.log().contains("MAX_HITS_ADDEND"), "{}", server.log());
+}
+
+#[tokio::test]
+async fn connections_past_the_cap_wait_until_one_closes() {
+    let server = start(
+        None,
+        &[
+            ("HTTP_MAX_CONNECTIONS", "2"),
+            ("HTTP_HEADER_READ_TIMEOUT", "30s"),
+        ],
+    );
+    let idle: Vec<TcpStream> = (0..2)
+        .map(|_| TcpStream::connect(("127.0.0.1", server.http)).unwrap())
+        .collect();
+    // The accept loop takes the two idle connections before the third.
+    std::thread::sleep(Duration::from_millis(300));
+    let mut third = TcpStream::connect(("127.0.0.1", server.http)).unwrap();
+    third
+        .write_all(b"GET /healthcheck HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        .unwrap();
+    third
+        .set_read_timeout(Some(Duration::from_secs(1)))
+        .unwrap();
+    let mut answer = Vec::new();
+    let waiting = third.read_to_end(&mut answer);
+    assert!(
+        waiting.is_err() && answer.is_empty(),
+        "served past the cap: {answer:?}"
+    );
+    drop(idle);
+    third
+        .set_read_timeout(Some(Duration::from_secs(20)))
+        .unwrap();
+    third.read_to_end(&mut answer).unwrap();
+    assert!(
+        String::from_utf8_lossy(&answer).starts_with("HTTP/1.1 200"),
+        "{answer:?}"
+    );
+}
+
+#[test]
 fn deeply_nested_yaml_is_refused_early() {
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("deep.yaml"), "[".repeat(200_000)).unwrap();
     let (ok, stdout) = config_check(dir.path());
     assert!(!ok, "{stdout}");
     assert!(
-        stdout.contains("flow collections are nested more than 64 levels deep"),
+        stdout.contains("collections are nested more than 100 levels deep"),
         "{stdout}"
     );
     let server = Server::start(&[("deep.yaml", &"[".repeat(200_000))]);
     assert!(
-        server.log().contains("nested more than 64 levels"),
+        server.log().contains("nested more than 100 levels"),
         "{}",
         server.log()
     );

@@ -75,20 +75,30 @@ impl Generation {
 struct Baseline {
     since: Option<(i64, i64)>,
     acknowledged: bool,
+    /// Whether the broker was last seen down: the next count while up starts over.
+    down: bool,
 }
 
 type Bumps = Mutex<Baseline>;
 
-/// The epoch bumps of `producer_id` since the baseline, which starts over after an
-/// acknowledgement or with a new producer id.
-fn count_bumps(bumps: &Bumps, producer_id: i64, epoch: i64) -> i64 {
+/// The epoch bumps of `producer_id` seen while the broker is `up`, since the baseline,
+/// which starts over after an acknowledgement, with a new producer id, and while the
+/// broker is down and when it is seen up again: the batches that timed out during an
+/// outage bump the epoch for a reason of their own, and must not condemn the producer
+/// once the broker is back.
+fn count_bumps(bumps: &Bumps, producer_id: i64, epoch: i64, up: bool) -> i64 {
     let mut baseline = bumps.lock().unwrap_or_else(PoisonError::into_inner);
     match baseline.since {
-        Some((id, first)) if id == producer_id && !baseline.acknowledged => epoch - first,
+        Some((id, first))
+            if up && !baseline.down && id == producer_id && !baseline.acknowledged =>
+        {
+            epoch - first
+        }
         _ => {
             *baseline = Baseline {
                 since: Some((producer_id, epoch)),
                 acknowledged: false,
+                down: !up,
             };
             0
         }
@@ -197,9 +207,11 @@ impl ClientContext for Context {
         if eos.producer_id < 0 {
             return;
         }
-        let bumps = count_bumps(&self.bumps, eos.producer_id, eos.producer_epoch);
-        // While the broker is down, timed-out batches bump the epoch for a reason of its own.
-        if bumps >= MAX_BUMPS_WITHOUT_ACK && self.shared.health.load().is_up() {
+        // While the broker is down, timed-out batches bump the epoch for a reason of its own:
+        // only the bumps seen since the broker was last seen up again count.
+        let up = self.shared.health.load().is_up();
+        let bumps = count_bumps(&self.bumps, eos.producer_id, eos.producer_epoch, up);
+        if bumps >= MAX_BUMPS_WITHOUT_ACK && up {
             self.shared.condemn(
                 self.generation,
                 &format!(
@@ -357,17 +369,71 @@ mod tests {
     #[test]
     fn epoch_bumps_count_from_the_last_acknowledgement_and_producer_id() {
         let bumps = Bumps::default();
-        assert_eq!(count_bumps(&bumps, 7, 0), 0);
-        assert_eq!(count_bumps(&bumps, 7, 3), 3);
+        assert_eq!(count_bumps(&bumps, 7, 0, true), 0);
+        assert_eq!(count_bumps(&bumps, 7, 3, true), 3);
         bumps.lock().unwrap().acknowledged = true;
-        assert_eq!(count_bumps(&bumps, 7, 4), 0);
-        assert_eq!(count_bumps(&bumps, 7, 9), 5);
+        assert_eq!(count_bumps(&bumps, 7, 4, true), 0);
+        assert_eq!(count_bumps(&bumps, 7, 9, true), 5);
         assert_eq!(
-            count_bumps(&bumps, 8, 0),
+            count_bumps(&bumps, 8, 0, true),
             0,
             "a new producer id starts over"
         );
-        assert_eq!(count_bumps(&bumps, 8, 2), 2);
+        assert_eq!(count_bumps(&bumps, 8, 2, true), 2);
+    }
+
+    #[test]
+    fn epoch_bumps_while_the_broker_is_down_do_not_count_once_it_is_up() {
+        let bumps = Bumps::default();
+        assert_eq!(count_bumps(&bumps, 7, 0, true), 0);
+        assert_eq!(count_bumps(&bumps, 7, 2, true), 2);
+        // An outage: timed-out batches bump the epoch, which is not counted.
+        assert_eq!(count_bumps(&bumps, 7, 4, false), 0);
+        assert_eq!(count_bumps(&bumps, 7, 9, false), 0);
+        // Bumps between the last report while down and the first while up are not either.
+        assert_eq!(count_bumps(&bumps, 7, 12, true), 0, "up again: starts over");
+        assert_eq!(count_bumps(&bumps, 7, 13, true), 1);
+        assert_eq!(
+            count_bumps(&bumps, 7, 12 + MAX_BUMPS_WITHOUT_ACK, true),
+            MAX_BUMPS_WITHOUT_ACK,
+            "bumps while up still count"
+        );
+    }
+
+    #[test]
+    fn a_producer_that_bumped_during_an_outage_is_not_condemned_once_the_broker_is_up() {
+        let shared = Arc::new(shared());
+        let context = Context {
+            shared: shared.clone(),
+            generation: 0,
+            bumps: Arc::new(Bumps::default()),
+        };
+        let report = |epoch: i64| {
+            context.stats_raw(
+                format!(r#"{{"eos":{{"producer_id":7,"producer_epoch":{epoch}}}}}"#).as_bytes(),
+            );
+        };
+        report(0);
+        let seen = shared.health.load_full();
+        shared
+            .health
+            .rcu(|h| down(h, "all brokers are down".to_owned()));
+        for epoch in 1..=20 {
+            report(epoch);
+        }
+        let down_health = shared.health.load_full();
+        assert_ne!(down_health.status, seen.status);
+        assert!(shared.store_probe(0, &down_health, (*seen).clone()));
+        report(25);
+        report(25 + MAX_BUMPS_WITHOUT_ACK - 1);
+        assert!(shared.health.load().is_up(), "not condemned for the outage");
+        assert!(shared.lock().unusable.is_none());
+        report(25 + MAX_BUMPS_WITHOUT_ACK);
+        assert!(
+            shared.lock().unusable.is_some(),
+            "bumps while up condemn it"
+        );
+        assert_eq!(shared.health.load().status, "DOWN");
     }
 
     #[test]

@@ -70,8 +70,8 @@ pub(super) fn composite_key(domain: &str, parents: &str, rule: &DescriptorRule) 
 
 /// Only the first YAML document of a file is read, as envoyproxy/ratelimit does.
 fn parse_first_document(file: &str, text: &str) -> Result<Value, ConfigError> {
-    if let Some(location) = super::nesting::too_deep(text, super::nesting::MAX_FLOW_DEPTH) {
-        let kind = ConfigErrorKind::TooDeep(super::nesting::MAX_FLOW_DEPTH);
+    if let Some(location) = super::nesting::too_deep(text, super::nesting::MAX_DEPTH) {
+        let kind = ConfigErrorKind::TooDeep(super::nesting::MAX_DEPTH);
         let mut error = ConfigError::new(file, "", kind);
         error.location = Some(location);
         return Err(error);

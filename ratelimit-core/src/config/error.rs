@@ -29,8 +29,8 @@ pub enum ConfigErrorKind {
     /// The text is not valid YAML.
     #[error("error loading config file: {0}")]
     Yaml(String),
-    /// Flow collections (`[`, `{`) nested deeper than any rule file needs.
-    #[error("error loading config file: flow collections are nested more than {0} levels deep")]
+    /// Collections nested deeper than any rule file needs.
+    #[error("error loading config file: collections are nested more than {0} levels deep")]
     TooDeep(usize),
     /// A value has the wrong type for its field (a list where a map belongs, `-1` as a count).
     #[error("error loading config file: cannot unmarshal {found} into {expected}")]

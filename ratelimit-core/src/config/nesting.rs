@@ -1,169 +1,99 @@
-//! A linear pre-scan of YAML text for deep flow nesting (`[[[[…` or `{{{{…`).
+//! Refuses YAML nested deeper than any rule file is, before the full parse.
 //!
-//! The YAML parser's time grows with the square of the flow depth, so a 200 KB file of
-//! brackets would hold a core for many seconds before the depth is refused. Rules never
-//! nest flow collections more than a few levels, so anything past [`MAX_FLOW_DEPTH`] is
-//! refused here, before parsing.
-//!
-//! The scan tells flow indicators from text: brackets inside quoted scalars, comments,
-//! block scalars (`|`, `>`) and plain scalars (`a[b`) do not count.
+//! The YAML parser's work per token grows with the nesting depth, and the full parse
+//! reads a whole document before anything can look at its depth, so a file of deeply
+//! nested collections (`[[[[…`, or block collections) would hold a core for seconds.
+//! This pass reads the same parser's events and stops as soon as the depth passes the
+//! bound, so its cost is bounded by the depth allowed, not by the depth sent. It sees
+//! exactly what the parser sees (quotes, comments, block scalars, document markers, a
+//! byte-order mark), so no spelling of a deep file slips past it.
 
-/// The deepest flow nesting a rule file may have.
-pub const MAX_FLOW_DEPTH: usize = 64;
+use std::mem::MaybeUninit;
 
-/// The 1-based line and column where flow nesting first goes deeper than `max`.
+use libyaml_rs as sys;
+
+/// The deepest nesting of collections (block or flow) a rule file may have. Each level
+/// of `descriptors` takes two (a list and a map); the YAML deserializer stops at 128.
+pub const MAX_DEPTH: usize = 100;
+
+/// The 1-based line and column where the first document's nesting first goes deeper
+/// than `max`; `None` when it does not, or when the text is not YAML (the full parse
+/// reports that).
 pub fn too_deep(text: &str, max: usize) -> Option<(usize, usize)> {
-    Scan {
-        bytes: text.as_bytes(),
-        i: 0,
-        line: 1,
-        line_start: 0,
+    let mut parser = Parser::new(text)?;
+    let mut depth = 0usize;
+    loop {
+        let event = parser.next()?;
+        match event.kind {
+            sys::YAML_SEQUENCE_START_EVENT | sys::YAML_MAPPING_START_EVENT => {
+                depth += 1;
+                if depth > max {
+                    return Some((event.line + 1, event.column + 1));
+                }
+            }
+            sys::YAML_SEQUENCE_END_EVENT | sys::YAML_MAPPING_END_EVENT => {
+                depth = depth.saturating_sub(1);
+            }
+            sys::YAML_DOCUMENT_END_EVENT | sys::YAML_STREAM_END_EVENT => return None,
+            _ => {}
+        }
     }
-    .run(max)
 }
 
-struct Scan<'a> {
-    bytes: &'a [u8],
-    i: usize,
+/// One event's kind and where it starts (0-based).
+struct Event {
+    kind: sys::yaml_event_type_t,
     line: usize,
-    line_start: usize,
+    column: usize,
 }
 
-impl Scan<'_> {
-    fn run(&mut self, max: usize) -> Option<(usize, usize)> {
-        let mut depth = 0usize;
-        // Whether the next significant byte may start a node (where `[`, `{`, quotes,
-        // `|` and `>` are indicators rather than text).
-        let mut node_start = true;
-        // Inside a block scalar: lines more indented than this are its text.
-        let mut block_scalar: Option<usize> = None;
-        let mut indent = 0;
-        while self.i < self.bytes.len() {
-            if self.i == self.line_start {
-                indent = self.skip_while(|b| b == b' ');
-                if let Some(parent) = block_scalar {
-                    if self.at_line_end() || indent > parent {
-                        self.skip_line();
-                        continue;
-                    }
-                    block_scalar = None;
-                }
-                node_start |= depth == 0;
-                if self.i >= self.bytes.len() {
-                    break;
-                }
+/// libyaml's event parser over `text`, freed on drop.
+struct Parser<'a> {
+    // Boxed: libyaml keeps pointers into the parser, so it must not move.
+    sys: Box<MaybeUninit<sys::yaml_parser_t>>,
+    _text: &'a str,
+}
+
+impl<'a> Parser<'a> {
+    fn new(text: &'a str) -> Option<Parser<'a>> {
+        let mut sys = Box::new(MaybeUninit::<sys::yaml_parser_t>::uninit());
+        // SAFETY: the parser is initialized in place before any other use, and the
+        // input outlives it (`_text` borrows it for the parser's life).
+        unsafe {
+            if sys::yaml_parser_initialize(sys.as_mut_ptr()).fail {
+                return None;
             }
-            let b = self.bytes[self.i];
-            let spaced =
-                self.i == self.line_start || matches!(self.bytes[self.i - 1], b' ' | b'\t');
-            match b {
-                b'\n' => self.newline(),
-                b' ' | b'\t' | b'\r' => self.i += 1,
-                b'#' if spaced => self.skip_line(),
-                b'\'' | b'"' if node_start => {
-                    self.skip_quoted(b);
-                    node_start = false;
-                }
-                b'[' | b'{' if node_start || depth > 0 => {
-                    depth += 1;
-                    if depth > max {
-                        return Some((self.line, self.i - self.line_start + 1));
-                    }
-                    self.i += 1;
-                    node_start = true;
-                }
-                b']' | b'}' if depth > 0 => {
-                    depth -= 1;
-                    self.i += 1;
-                    node_start = false;
-                }
-                b',' if depth > 0 => {
-                    self.i += 1;
-                    node_start = true;
-                }
-                b'-' | b'?' | b':' if depth > 0 && b == b':' || self.separated(self.i + 1) => {
-                    self.i += 1;
-                    node_start = true;
-                }
-                b'|' | b'>' if node_start && depth == 0 => {
-                    block_scalar = Some(indent);
-                    self.skip_line();
-                }
-                b'&' | b'!' if node_start => {
-                    self.skip_while(|b| !matches!(b, b' ' | b'\t' | b'\r' | b'\n'));
-                }
-                _ => {
-                    self.i += 1;
-                    self.skip_plain(depth > 0);
-                    node_start = false;
-                }
+            sys::yaml_parser_set_encoding(sys.as_mut_ptr(), sys::YAML_UTF8_ENCODING);
+            sys::yaml_parser_set_input_string(sys.as_mut_ptr(), text.as_ptr(), text.len() as u64);
+        }
+        Some(Parser { sys, _text: text })
+    }
+
+    /// The next event, or `None` on a syntax error.
+    fn next(&mut self) -> Option<Event> {
+        let mut event = MaybeUninit::<sys::yaml_event_t>::uninit();
+        // SAFETY: the parser was initialized; a successful parse initializes `event`,
+        // which is read and then freed with `yaml_event_delete`.
+        unsafe {
+            if sys::yaml_parser_parse(self.sys.as_mut_ptr(), event.as_mut_ptr()).fail {
+                return None;
             }
-        }
-        None
-    }
-
-    fn newline(&mut self) {
-        self.i += 1;
-        self.line += 1;
-        self.line_start = self.i;
-    }
-
-    fn at_line_end(&self) -> bool {
-        matches!(self.bytes.get(self.i), None | Some(b'\n' | b'\r'))
-    }
-
-    /// Whether position `i` ends a token: a space, a line end or the end of the text.
-    fn separated(&self, i: usize) -> bool {
-        matches!(self.bytes.get(i), None | Some(b' ' | b'\t' | b'\r' | b'\n'))
-    }
-
-    fn skip_while(&mut self, keep: impl Fn(u8) -> bool) -> usize {
-        let start = self.i;
-        while self.i < self.bytes.len() && keep(self.bytes[self.i]) {
-            self.i += 1;
-        }
-        self.i - start
-    }
-
-    /// Skips the rest of a plain scalar's word: up to a space, a `: ` and, in a flow
-    /// collection, a flow indicator.
-    fn skip_plain(&mut self, flow: bool) {
-        while let Some(&b) = self.bytes.get(self.i) {
-            let ends = matches!(b, b' ' | b'\t' | b'\r' | b'\n')
-                || (b == b':' && (flow || self.separated(self.i + 1)))
-                || (flow && matches!(b, b',' | b'[' | b']' | b'{' | b'}'));
-            if ends {
-                return;
-            }
-            self.i += 1;
+            let event = event.assume_init_mut();
+            let read = Event {
+                kind: event.type_,
+                line: usize::try_from(event.start_mark.line).unwrap_or(usize::MAX),
+                column: usize::try_from(event.start_mark.column).unwrap_or(usize::MAX),
+            };
+            sys::yaml_event_delete(event);
+            Some(read)
         }
     }
+}
 
-    fn skip_line(&mut self) {
-        self.skip_while(|b| b != b'\n');
-        if self.i < self.bytes.len() {
-            self.newline();
-        }
-    }
-
-    /// Skips a quoted scalar, which may span lines: `''` escapes a single quote, `\` any
-    /// byte in double quotes.
-    fn skip_quoted(&mut self, quote: u8) {
-        self.i += 1;
-        while self.i < self.bytes.len() {
-            match self.bytes[self.i] {
-                b'\n' => self.newline(),
-                b'\\' if quote == b'"' => self.i += 2,
-                b'\'' if quote == b'\'' && self.bytes.get(self.i + 1) == Some(&b'\'') => {
-                    self.i += 2;
-                }
-                b if b == quote => {
-                    self.i += 1;
-                    return;
-                }
-                _ => self.i += 1,
-            }
-        }
+impl Drop for Parser<'_> {
+    fn drop(&mut self) {
+        // SAFETY: the parser was initialized in `new` and is deleted once.
+        unsafe { sys::yaml_parser_delete(self.sys.as_mut_ptr()) }
     }
 }
 
@@ -172,30 +102,32 @@ mod tests {
     use super::*;
 
     #[test]
-    fn counts_flow_nesting() {
-        assert_eq!(too_deep("a: [[[1]]]\n", 3), None);
-        assert_eq!(too_deep("a: [[[[1]]]]\n", 3), Some((1, 7)));
-        assert_eq!(too_deep("a:\n  - {b: [{c: [1]}]}\n", 3), Some((2, 14)));
+    fn counts_block_and_flow_nesting() {
+        assert_eq!(too_deep("a: [[[1]]]\n", 4), None);
+        assert_eq!(too_deep("a: [[[[1]]]]\n", 4), Some((1, 7)));
+        assert_eq!(too_deep("a:\n  - {b: [{c: [1]}]}\n", 4), Some((2, 10)));
         assert_eq!(too_deep(&"[".repeat(200_000), 64), Some((1, 65)));
+        assert_eq!(
+            too_deep("a: [\n", 4),
+            None,
+            "syntax errors are the parse's to report"
+        );
     }
 
     #[test]
-    fn brackets_in_text_do_not_count() {
-        let text = "\
-a: '[[[[' # [[[[
-b: \"[[\\\"[[\"
-c: x[[[[
-d: it's [[[[
-e: |
-  [[[[
-  [[[[
-f: >-
-    {{{{
-g: 'multi
-  [[[[ line'
-h: &anchor [[1]]
-";
-        assert_eq!(too_deep(text, 2), None);
-        assert_eq!(too_deep(&format!("{text}i: [[[1]]]\n"), 2), Some((13, 6)));
+    fn no_spelling_of_a_deep_document_slips_past() {
+        let deep = format!("{}{}", "[".repeat(70), "]".repeat(70));
+        let spellings = [
+            format!("--- {deep}"),
+            format!("\u{feff}{deep}"),
+            format!("descriptors:\n  - key: |\n    value: {deep}\n"),
+            format!("a: x - '\nb: {deep}\nc: it's\n"),
+            format!("a: '[[' # ]]]]\nb: \"]]\"\nc: {deep}\n"),
+        ];
+        for text in spellings {
+            assert!(too_deep(&text, 64).is_some(), "{text:?}");
+        }
+        let quoted = format!("a: '{deep}'\nb: |\n  {deep}\n# {deep}\n");
+        assert_eq!(too_deep(&quoted, 3), None);
     }
 }

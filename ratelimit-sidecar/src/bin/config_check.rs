@@ -1,7 +1,8 @@
 //! `ratelimit-config-check`: validates a directory of rate-limit YAML files.
 //!
 //! `ratelimit-config-check -config_dir examples/config [-merge_domain_configs]`
-//! reads the directory as the server does (recursively, following each directory once).
+//! reads the directory as the server does (recursively, following each directory once,
+//! skipping dotted entries when `RUNTIME_IGNOREDOTFILES` is true).
 //! Exits 0 when every file is valid, 1 (after printing the error with file and YAML
 //! path) otherwise.
 
@@ -11,6 +12,7 @@ use std::process::ExitCode;
 use ratelimit_core::Config;
 use ratelimit_sidecar::cli::Flags;
 use ratelimit_sidecar::provider::yaml_files;
+use ratelimit_sidecar::settings::go_bool;
 
 const USAGE: &str = "usage: ratelimit-config-check -config_dir DIR [-merge_domain_configs]";
 
@@ -41,7 +43,13 @@ fn run() -> Result<(), String> {
         .is_some_and(|v| v == "true");
     println!("checking rate limit configs...");
     println!("loading config directory: {dir}");
-    let paths = yaml_files(Path::new(dir), false).map_err(|e| e.to_string())?;
+    // As the server reads it: RUNTIME_IGNOREDOTFILES skips dotted entries (a mounted
+    // Kubernetes ConfigMap's `..data`).
+    let ignore_dotfiles = match std::env::var("RUNTIME_IGNOREDOTFILES") {
+        Ok(value) => go_bool(&value).map_err(|e| format!("RUNTIME_IGNOREDOTFILES: {e}"))?,
+        Err(_) => false,
+    };
+    let paths = yaml_files(Path::new(dir), ignore_dotfiles).map_err(|e| e.to_string())?;
     let mut files = Vec::with_capacity(paths.len());
     for path in paths {
         println!("opening config file: {}", path.display());

@@ -70,6 +70,8 @@ pub struct Options {
     pub env: Vec<(&'static str, String)>,
     pub watch_root: bool,
     pub uds: bool,
+    /// Symbolic links made in the config directory before the start: (name, target).
+    pub links: Vec<(String, String)>,
     /// A limit on the server's open files (RLIMIT_NOFILE), set with `prlimit`.
     pub nofile: Option<u32>,
 }
@@ -81,6 +83,7 @@ impl Default for Options {
             env: Vec::new(),
             watch_root: true,
             uds: false,
+            links: Vec::new(),
             nofile: None,
         }
     }
@@ -108,6 +111,11 @@ impl Server {
         std::fs::create_dir_all(&config).unwrap();
         for (name, text) in &options.files {
             std::fs::write(config.join(name), text).unwrap();
+        }
+        for (name, target) in &options.links {
+            let link = config.join(name);
+            std::fs::create_dir_all(link.parent().unwrap()).unwrap();
+            std::os::unix::fs::symlink(target, link).unwrap();
         }
         std::os::unix::fs::symlink(dir.path().join("v1"), dir.path().join("current")).unwrap();
         let (http, grpc, debug) = (free_port(), free_port(), free_port());
