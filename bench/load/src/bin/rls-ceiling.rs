@@ -1,4 +1,6 @@
-//! The transport ceiling: a RateLimitService that answers OK without deciding anything.
+//! The transport ceiling: a RateLimitService that answers OK without deciding anything,
+//! on a single-threaded runtime (the fastest tonic can serve on one core; a multi-thread
+//! runtime would add its scheduler's cost to the ceiling and flatter the server compared).
 //! `rls-ceiling 127.0.0.1:PORT`
 
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
@@ -23,7 +25,7 @@ impl RateLimitService for AlwaysOk {
     }
 }
 
-#[tokio::main]
+#[tokio::main(flavor = "current_thread")]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let address = std::env::args()
         .nth(1)
