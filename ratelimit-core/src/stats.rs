@@ -89,15 +89,19 @@ impl StatLine {
         }
     }
 
+    /// The counter's value now.
+    pub fn value(&self) -> u64 {
+        match self {
+            StatLine::Rule(_, stats, stat) => stats.named()[*stat].1.value(),
+            StatLine::Counter(_, counter) => counter.value(),
+        }
+    }
+
     /// Appends `name: value` and a newline to `out`.
     pub fn write(&self, out: &mut String) {
         self.name().iter().for_each(|part| out.push_str(part));
-        let value = match self {
-            StatLine::Rule(_, stats, stat) => stats.named()[*stat].1.value(),
-            StatLine::Counter(_, counter) => counter.value(),
-        };
         out.push_str(": ");
-        out.push_str(itoa::Buffer::new().format(value));
+        out.push_str(itoa::Buffer::new().format(self.value()));
         out.push('\n');
     }
 }
@@ -142,17 +146,10 @@ impl StatsRegistry {
 
     /// Every statistic as `(full name, value)`, sorted by name.
     pub fn snapshot(&self) -> Vec<(String, u64)> {
-        let mut out: Vec<(String, u64)> = Vec::new();
-        for (key, stats) in read(&self.rules).iter() {
-            for (stat, counter) in stats.named() {
-                out.push((format!("{RULE_STATS_PREFIX}{key}.{stat}"), counter.value()));
-            }
-        }
-        for (name, counter) in read(&self.counters).iter() {
-            out.push((name.to_string(), counter.value()));
-        }
-        out.sort();
-        out
+        self.lines()
+            .iter()
+            .map(|line| (line.name().concat(), line.value()))
+            .collect()
     }
 }
 
