@@ -124,6 +124,7 @@ pub async fn run(settings: Settings) -> Result<(), StartError> {
         listener,
         serve::warp_filter(routes(app)),
         settings.http.connection_limits(),
+        settings.http.connection_slots(),
         async {
             let _ = stop_rx.await;
         },

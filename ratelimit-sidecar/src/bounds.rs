@@ -7,7 +7,7 @@ use std::time::Duration;
 use clap::Args;
 use ratelimit_core::RequestBounds;
 
-use crate::serve::ConnectionLimits;
+use crate::serve::{ConnectionLimits, ConnectionSlots};
 use crate::settings::go_duration;
 
 /// Bounds on requests, memory and connections.
@@ -45,7 +45,8 @@ pub struct HttpLimitsSettings {
     /// A connection that moves no byte for this long is closed (a stalled body).
     #[arg(long, env, default_value = "60s", value_parser = go_duration)]
     pub http_idle_timeout: Duration,
-    /// Open connections per listener at most; more wait in the listen backlog.
+    /// Open connections per listener at most (every worker's HTTP listener counts as one
+    /// listener); more wait in the listen backlog.
     #[arg(long, env, default_value_t = 1024)]
     pub http_max_connections: usize,
 }
@@ -56,8 +57,12 @@ impl HttpLimitsSettings {
         ConnectionLimits {
             header_read_timeout: self.http_header_read_timeout,
             idle_timeout: self.http_idle_timeout,
-            max_connections: self.http_max_connections,
         }
+    }
+
+    /// A new connection cap of HTTP_MAX_CONNECTIONS, for one listener.
+    pub fn connection_slots(&self) -> ConnectionSlots {
+        ConnectionSlots::new(self.http_max_connections)
     }
 }
 

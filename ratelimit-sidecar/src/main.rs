@@ -9,7 +9,7 @@ use ratelimit_sidecar::{logging, runner};
 fn main() -> ExitCode {
     let settings = Settings::parse();
     logging::init(&settings.server.log_level, settings.server.log_format);
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
+    let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
     {

@@ -1,25 +1,25 @@
-//! Start-up, the three listeners, and shutdown.
+//! Start-up, the workers and their listeners, and shutdown.
 
-use std::future::Future;
 use std::sync::Arc;
 
+use ratelimit_core::stats::Counter;
 use ratelimit_core::{Limiter, MemoryStore};
 use tokio::net::{TcpListener, UnixListener};
 use tokio::signal::unix::{SignalKind, signal};
 use tokio::sync::{mpsc, watch};
-use tokio::task::JoinHandle;
-use tokio_stream::StreamExt;
-use tokio_stream::wrappers::{TcpListenerStream, UnixListenerStream};
 use tonic_health::ServingStatus;
+use tonic_health::pb::health_server::HealthServer;
+use tonic_health::server::{HealthReporter, HealthService};
 
 use crate::convert::HeaderNames;
-use crate::grpc::Grpc;
 use crate::health::Health;
+use crate::listeners::{self, GrpcSource, Shared, WorkerListeners};
 use crate::provider::{self, FileSource};
 use crate::redis_store::RedisBackend;
 use crate::service::{Backend, Service};
 use crate::settings::{BackendType, ConfigType, Settings};
-use crate::{debug, http, serve};
+use crate::workers::{self, PerWorker, Pool};
+use crate::{debug, serve};
 
 /// Why the server could not start.
 #[derive(Debug, thiserror::Error)]
@@ -30,6 +30,9 @@ pub enum StartError {
     /// The counter store could not be reached or is misconfigured.
     #[error("backend: {0}")]
     Backend(#[from] crate::redis_store::RedisError),
+    /// The worker threads could not be started.
+    #[error("cannot start the worker threads: {0}")]
+    Workers(std::io::Error),
     /// A listener could not be opened.
     #[error("cannot listen on {what} {address}: {error}")]
     Listen {
@@ -42,13 +45,20 @@ pub enum StartError {
     },
 }
 
-/// Runs until SIGTERM, SIGINT or SIGHUP, then drains and returns.
+/// Runs until SIGTERM, SIGINT or SIGHUP, then drains and returns. Must run on a
+/// single-threaded runtime: it is worker 0.
 pub async fn run(settings: Settings) -> Result<(), StartError> {
     if settings.config.config_type == ConfigType::GrpcXdsSotw {
         return Err(StartError::NotAvailable(
             "CONFIG_TYPE=GRPC_XDS_SOTW: the xDS configuration source is not available in this version; use CONFIG_TYPE=FILE".into(),
         ));
     }
+    let pool =
+        Pool::start(workers::count(settings.server.grpc_workers)).map_err(StartError::Workers)?;
+    tracing::warn!(
+        workers = pool.len(),
+        "serving on one single-threaded runtime per worker"
+    );
     let limiter = Limiter::without_config(settings.core());
     let backend = match settings.backend() {
         BackendType::Memory => {
@@ -66,12 +76,7 @@ pub async fn run(settings: Settings) -> Result<(), StartError> {
             let errors = limiter
                 .stats()
                 .counter("ratelimit.service.call.should_rate_limit.redis_error");
-            let redis = RedisBackend::connect(
-                &settings.redis,
-                settings.limiter.expiration_jitter_max_seconds,
-                errors,
-            )
-            .await?;
+            let redis = connect_redis(&pool, &settings, errors).await?;
             tracing::warn!(redis_type = %settings.redis.redis_type, per_second = settings.redis.redis_persecond, "using the redis backend");
             Backend::Redis(redis)
         }
@@ -89,10 +94,11 @@ pub async fn run(settings: Settings) -> Result<(), StartError> {
             remaining: settings.limiter.limit_remaining_header.clone(),
             reset: settings.limiter.limit_reset_header.clone(),
         });
-    let (reporter, health_service) = tonic_health::server::health_reporter();
+    let reporter = HealthReporter::new();
     reporter
         .set_service_status("", ServingStatus::Serving)
         .await;
+    let health_server = HealthServer::new(HealthService::from_health_reporter(reporter.clone()));
     let health = Health::new(
         settings.config.healthy_with_at_least_one_config_loaded,
         reporter,
@@ -127,47 +133,25 @@ pub async fn run(settings: Settings) -> Result<(), StartError> {
         &service.backend,
         settings.redis.redis_health_check_active_connection,
     ) {
-        tokio::spawn(watch_redis(redis.clone(), Arc::clone(&service)));
+        tokio::spawn(watch_redis(redis.first().clone(), Arc::clone(&service)));
     }
 
     let server = &settings.server;
     let (stop_tx, stop_rx) = watch::channel(false);
-    let stopped = move || {
-        let mut rx = stop_rx.clone();
-        async move {
-            let _ = rx.wait_for(|stop| *stop).await;
-        }
+    let shared = Shared {
+        service: Arc::clone(&service),
+        health: health_server,
+        server: Arc::new(server.clone()),
+        limits: settings.bounds.http.connection_limits(),
+        slots: settings.bounds.http.connection_slots(),
+        stop: stop_rx,
     };
-
-    let http_listener = bind("HTTP", &server.host, server.port).await?;
-    let debug_listener = bind("debug", &server.debug_host, server.debug_port).await?;
-    let limits = settings.bounds.http.connection_limits();
-    let mut tasks: Vec<JoinHandle<()>> = Vec::new();
-    tasks.push(tokio::spawn(serve::serve(
-        http_listener,
-        serve::warp_filter(http::routes(
-            Arc::clone(&service),
-            server.max_json_body_bytes,
-        )),
-        limits,
-        stopped(),
-    )));
-    tasks.push(tokio::spawn(serve::serve(
-        debug_listener,
-        debug::Debug(Arc::clone(&service)),
-        limits,
-        stopped(),
-    )));
-
-    let grpc = tonic::transport::Server::builder()
-        .max_connection_age(server.grpc_max_connection_age)
-        .max_connection_age_grace(server.grpc_max_connection_age_grace)
-        .tcp_nodelay(true)
-        .add_service(Grpc(Arc::clone(&service)))
-        .add_service(health_service);
-    let grpc_task = if server.grpc_uds.is_empty() {
-        let listener = bind("gRPC", &server.grpc_host, server.grpc_port).await?;
-        spawn_grpc(grpc.serve_with_incoming_shutdown(TcpListenerStream::new(listener), stopped()))
+    let http = bind("HTTP", &server.host, server.port, pool.len())?;
+    let grpc = if server.grpc_uds.is_empty() {
+        bind("gRPC", &server.grpc_host, server.grpc_port, pool.len())?
+            .into_iter()
+            .map(GrpcSource::Tcp)
+            .collect()
     } else {
         let path = &server.grpc_uds;
         let listener = UnixListener::bind(path).map_err(|error| StartError::Listen {
@@ -176,11 +160,44 @@ pub async fn run(settings: Settings) -> Result<(), StartError> {
             error,
         })?;
         tracing::warn!(socket = %path, "listening for gRPC");
-        let incoming = UnixListenerStream::new(listener)
-            .map(|accepted| accepted.map(crate::uds::AuthorityFix::new));
-        spawn_grpc(grpc.serve_with_incoming_shutdown(incoming, stopped()))
+        let (senders, receivers): (Vec<_>, Vec<_>) =
+            (0..pool.len()).map(|_| mpsc::unbounded_channel()).unzip();
+        tokio::spawn(listeners::hand_out(listener, senders, shared.stopped()));
+        receivers
+            .into_iter()
+            .map(GrpcSource::Unix)
+            .collect::<Vec<_>>()
     };
-    tasks.push(grpc_task);
+    let debug_listener = bind("debug", &server.debug_host, server.debug_port, 1)?
+        .pop()
+        .expect("one listener");
+    let debug_listener =
+        TcpListener::from_std(debug_listener).map_err(|error| StartError::Listen {
+            what: "debug",
+            address: format!("{}:{}", server.debug_host, server.debug_port),
+            error,
+        })?;
+    let debug = tokio::spawn(serve::serve(
+        debug_listener,
+        debug::Debug(Arc::clone(&service)),
+        shared.limits,
+        settings.bounds.http.connection_slots(),
+        shared.stopped(),
+    ));
+    let inputs = grpc
+        .into_iter()
+        .zip(http)
+        .map(|(grpc, http)| WorkerListeners { grpc, http })
+        .collect();
+    let worker_shared = shared.clone();
+    let serving = tokio::spawn(async move {
+        pool.on_each(inputs, move |listeners| {
+            listeners::serve_worker(worker_shared.clone(), listeners)
+        })
+        .await;
+        // The worker threads end with the pool, once every one of them has drained.
+        drop(pool);
+    });
 
     let signal = wait_for_signal().await;
     tracing::warn!(
@@ -192,9 +209,8 @@ pub async fn run(settings: Settings) -> Result<(), StartError> {
     }
     let _ = stop_tx.send(true);
     let drained = tokio::time::timeout(server.shutdown_drain_timeout, async {
-        for task in tasks {
-            let _ = task.await;
-        }
+        let _ = serving.await;
+        let _ = debug.await;
     })
     .await;
     if drained.is_err() {
@@ -206,14 +222,34 @@ pub async fn run(settings: Settings) -> Result<(), StartError> {
     Ok(())
 }
 
-fn spawn_grpc<E: std::fmt::Display>(
-    future: impl Future<Output = Result<(), E>> + Send + 'static,
-) -> JoinHandle<()> {
-    tokio::spawn(async move {
-        if let Err(error) = future.await {
-            tracing::error!(%error, "gRPC server failed");
-        }
-    })
+/// One set of Redis connections per worker, each opened on its worker's runtime so that
+/// its replies wake no other thread. Worker 0's connects first, retrying per
+/// `REDIS_STARTUP_*`; the others follow once Redis answers.
+async fn connect_redis(
+    pool: &Pool,
+    settings: &Settings,
+    errors: Arc<Counter>,
+) -> Result<PerWorker<RedisBackend>, StartError> {
+    let jitter = settings.limiter.expiration_jitter_max_seconds;
+    let first = RedisBackend::connect(&settings.redis, jitter, Arc::clone(&errors)).await?;
+    let mut inputs = vec![None; pool.len()];
+    inputs[0] = Some(first);
+    let redis = Arc::new(settings.redis.clone());
+    let connected = pool
+        .on_each(inputs, move |ready| {
+            let redis = Arc::clone(&redis);
+            let errors = Arc::clone(&errors);
+            async move {
+                match ready {
+                    Some(backend) => Ok(backend),
+                    None => RedisBackend::connect(&redis, jitter, errors).await,
+                }
+            }
+        })
+        .await;
+    Ok(PerWorker::new(
+        connected.into_iter().collect::<Result<_, _>>()?,
+    ))
 }
 
 /// Backend health follows whether Redis answers a PING, checked every second.
@@ -225,18 +261,22 @@ async fn watch_redis(redis: RedisBackend, service: Arc<Service>) {
     }
 }
 
-async fn bind(what: &'static str, host: &str, port: u16) -> Result<TcpListener, StartError> {
+/// `count` listeners on `host:port` sharing the port (see [`workers::listeners`]).
+fn bind(
+    what: &'static str,
+    host: &str,
+    port: u16,
+    count: usize,
+) -> Result<Vec<std::net::TcpListener>, StartError> {
     let address = format!("{host}:{port}");
-    let listener = TcpListener::bind(&address)
-        .await
-        .map_err(|error| StartError::Listen {
-            what,
-            address: address.clone(),
-            error,
-        })?;
-    let local = listener.local_addr().map_or(address, |a| a.to_string());
-    tracing::warn!(address = %local, "listening for {what}");
-    Ok(listener)
+    let listeners = workers::listeners(host, port, count).map_err(|error| StartError::Listen {
+        what,
+        address: address.clone(),
+        error,
+    })?;
+    let local = listeners[0].local_addr().map_or(address, |a| a.to_string());
+    tracing::warn!(address = %local, listeners = listeners.len(), "listening for {what}");
+    Ok(listeners)
 }
 
 async fn wait_for_signal() -> &'static str {

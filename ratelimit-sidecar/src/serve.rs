@@ -39,8 +39,24 @@ pub struct ConnectionLimits {
     pub header_read_timeout: Duration,
     /// A connection that neither sends nor receives a byte for this long is closed.
     pub idle_timeout: Duration,
-    /// Open connections at most; further clients wait in the listen backlog.
-    pub max_connections: usize,
+}
+
+/// The connection cap (`max_connections`), shared by every listener of one server.
+#[derive(Clone, Debug)]
+pub struct ConnectionSlots {
+    permits: Arc<Semaphore>,
+    max: usize,
+}
+
+impl ConnectionSlots {
+    /// At most `max` open connections (at least one).
+    pub fn new(max: usize) -> ConnectionSlots {
+        let max = max.max(1);
+        ConnectionSlots {
+            permits: Arc::new(Semaphore::new(max)),
+            max,
+        }
+    }
 }
 
 /// How long to wait before accepting again after `accept` failed (out of descriptors).
@@ -70,13 +86,14 @@ where
     TowerToHyperService::new(warp::service(filter))
 }
 
-/// Serves `service` (a clone per connection) on `listener` within `limits` until `stop`
-/// completes, then waits for the open connections to finish their requests. Each request
+/// Serves `service` (a clone per connection) on `listener` within `limits` and `slots`
+/// (further clients wait in the listen backlog) until `stop` completes, then waits for the open connections to finish their requests. Each request
 /// carries the client's address as a [`Peer`] extension.
 pub async fn serve<S, B>(
     listener: TcpListener,
     service: S,
     limits: ConnectionLimits,
+    slots: ConnectionSlots,
     stop: impl Future<Output = ()>,
 ) where
     S: HyperService<Request<Incoming>, Response = hyper::Response<B>>
@@ -91,13 +108,13 @@ pub async fn serve<S, B>(
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
     let graceful = GracefulShutdown::new();
-    let permits = Arc::new(Semaphore::new(limits.max_connections.max(1)));
+    let permits = slots.permits;
     let mut at_cap = false;
     tokio::pin!(stop);
     loop {
         if permits.available_permits() == 0 && !at_cap {
             tracing::warn!(
-                max_connections = limits.max_connections,
+                max_connections = slots.max,
                 "HTTP connection limit reached; new connections wait until one closes"
             );
         }

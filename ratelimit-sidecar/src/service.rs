@@ -12,14 +12,15 @@ use crate::health::Health;
 use crate::metadata::dynamic_metadata;
 use crate::redis_store::{RedisBackend, RedisError};
 use crate::timing::Timer;
+use crate::workers::PerWorker;
 
 /// Where counters live.
 #[derive(Debug)]
 pub enum Backend {
     /// This process's memory: counters are not shared with other instances.
     Memory(MemoryStore),
-    /// Redis, shared by every instance pointed at it.
-    Redis(RedisBackend),
+    /// Redis, shared by every instance pointed at it; each worker has its connections.
+    Redis(PerWorker<RedisBackend>),
 }
 
 /// Why a request got no decision.
@@ -102,7 +103,7 @@ impl Service {
             Backend::Memory(store) => self.limiter.should_rate_limit(&request, store, now)?,
             Backend::Redis(redis) => {
                 let mut plan = self.limiter.plan(&request, now)?;
-                let counts = redis.run(&mut plan).await?;
+                let counts = redis.get().run(&mut plan).await?;
                 plan.decide(&counts)
             }
         };

@@ -81,6 +81,10 @@ pub struct ServerSettings {
     /// Unix socket for gRPC instead of GRPC_HOST:GRPC_PORT.
     #[arg(long, env = "GRPC_UDS", value_name = "GRPC_UDS", default_value = "")]
     pub grpc_uds: String,
+    /// Single-threaded runtimes serving gRPC and HTTP, each with its own listeners
+    /// (SO_REUSEPORT) and backend connections. Default: the CPUs this process may use.
+    #[arg(long, env = "GRPC_WORKERS", value_name = "GRPC_WORKERS", value_parser = clap::value_parser!(u16).range(1..=1024))]
+    pub grpc_workers: Option<u16>,
     /// Connections older than this are sent a GOAWAY (plus or minus 10%).
     #[arg(long, env = "GRPC_MAX_CONNECTION_AGE", value_name = "GRPC_MAX_CONNECTION_AGE", default_value = "24h", value_parser = go_duration)]
     pub grpc_max_connection_age: Duration,
