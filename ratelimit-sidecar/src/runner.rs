@@ -56,7 +56,7 @@ pub async fn run(settings: Settings) -> Result<(), StartError> {
     let pool =
         Pool::start(workers::count(settings.server.grpc_workers)).map_err(StartError::Workers)?;
     tracing::warn!(
-        workers = pool.len(),
+        workers = pool.workers(),
         "serving on one single-threaded runtime per worker"
     );
     let limiter = Limiter::without_config(settings.core());
@@ -146,9 +146,9 @@ pub async fn run(settings: Settings) -> Result<(), StartError> {
         slots: settings.bounds.http.connection_slots(),
         stop: stop_rx,
     };
-    let http = bind("HTTP", &server.host, server.port, pool.len())?;
+    let http = bind("HTTP", &server.host, server.port, pool.workers())?;
     let grpc = if server.grpc_uds.is_empty() {
-        bind("gRPC", &server.grpc_host, server.grpc_port, pool.len())?
+        bind("gRPC", &server.grpc_host, server.grpc_port, pool.workers())?
             .into_iter()
             .map(GrpcSource::Tcp)
             .collect()
@@ -161,7 +161,7 @@ pub async fn run(settings: Settings) -> Result<(), StartError> {
         })?;
         tracing::warn!(socket = %path, "listening for gRPC");
         let (senders, receivers): (Vec<_>, Vec<_>) =
-            (0..pool.len()).map(|_| mpsc::unbounded_channel()).unzip();
+            (0..pool.workers()).map(|_| mpsc::unbounded_channel()).unzip();
         tokio::spawn(listeners::hand_out(listener, senders, shared.stopped()));
         receivers
             .into_iter()
@@ -232,7 +232,7 @@ async fn connect_redis(
 ) -> Result<PerWorker<RedisBackend>, StartError> {
     let jitter = settings.limiter.expiration_jitter_max_seconds;
     let first = RedisBackend::connect(&settings.redis, jitter, Arc::clone(&errors)).await?;
-    let mut inputs = vec![None; pool.len()];
+    let mut inputs = vec![None; pool.workers()];
     inputs[0] = Some(first);
     let redis = Arc::new(settings.redis.clone());
     let connected = pool

@@ -90,7 +90,7 @@ impl Pool {
     }
 
     /// How many workers, the caller's runtime included.
-    pub fn len(&self) -> usize {
+    pub fn workers(&self) -> usize {
         self.senders.len() + 1
     }
 
@@ -104,9 +104,9 @@ impl Pool {
         Fut: Future + Send + 'static,
         Fut::Output: Send + 'static,
     {
-        assert_eq!(inputs.len(), self.len(), "one input per worker");
+        assert_eq!(inputs.len(), self.workers(), "one input per worker");
         let job = Arc::new(job);
-        let mut results = Vec::with_capacity(self.len());
+        let mut results = Vec::with_capacity(self.workers());
         for (index, input) in inputs.into_iter().enumerate() {
             let (tx, rx) = oneshot::channel();
             let job = Arc::clone(&job);
