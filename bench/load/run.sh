@@ -1,21 +1,28 @@
 #!/usr/bin/env bash
-# Load benchmark of the sidecar on the memory and Redis backends, next to the transport ceiling
-# (a tonic server that answers OK without deciding), measured in the same run.
+# Load benchmark of the sidecar next to the transport ceiling, in one run.
 #
-# The server under test is pinned to CPU 0 and the load generators to CPU 1: h2load
-# (Debian's nghttp2-client, when installed) for one hot key, then rls-load (this folder)
-# for one and 10 000 keys with p50/p99.
-#   bench/load/run.sh [SECONDS]
+# The ceiling is rls-ceiling: a tonic RateLimitService that answers OK without deciding,
+# on a single-threaded runtime (the fastest tonic can serve on one core). The servers
+# under test are the sidecar on the memory backend and on Redis, each pinned to CPU 0 (so
+# one worker), and the sidecar on memory with GRPC_WORKERS=2 unpinned (scaling across
+# cores). The load generators run on CPU 1: h2load (Debian's nghttp2-client, when
+# installed) for one hot key, then rls-load (this folder) for 1 and 10 000 keys with p50
+# and p99. Every server is started once; the measurements alternate between them, round
+# after round, so that drift of the machine hits all of them alike. Each measurement also
+# records the server's CPU time (utime + stime from /proc), reported per request.
+#   bench/load/run.sh [SECONDS] [ROUNDS]
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 SECONDS_PER_RUN="${1:-10}"
+ROUNDS="${2:-3}"
 cargo build --quiet --release -p ratelimit-sidecar -p ratelimit-load-bench
 BIN=target/release
 WORK="$(mktemp -d)"
 trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$WORK"' EXIT
+TICK="$(getconf CLK_TCK)"
 
 mkdir -p "$WORK/current/config"
-cat > "$WORK/current/config/bench.yaml" <<'YAML'
+cat >"$WORK/current/config/bench.yaml" <<'YAML'
 domain: bench
 descriptors:
   - key: client
@@ -26,49 +33,94 @@ free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",
 
 wait_port() { for _ in $(seq 100); do (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null && return 0; sleep 0.05; done; return 1; }
 
+cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
+
 "$BIN/rls-load" --frame "$WORK/frame.bin"
 
-measure() { # name port
+declare -A PORT PID
+start() { # name cpus command... (@PORT@ in the command is the gRPC port, @FREE@ another free port)
+	local name="$1" cpus="$2" arg
+	shift 2
+	PORT[$name]=$(free_port)
+	local command=()
+	for arg in "$@"; do
+		arg="${arg//@PORT@/${PORT[$name]}}"
+		command+=("${arg//@FREE@/$(free_port)}")
+	done
+	[ -z "$cpus" ] || command=(taskset -c "$cpus" "${command[@]}")
+	"${command[@]}" &
+	PID[$name]=$!
+	wait_port "${PORT[$name]}"
+}
+
+SIDECAR=(env RUNTIME_ROOT="$WORK/current" RUNTIME_SUBDIRECTORY= USE_STATSD=false LOG_LEVEL=error
+	HOST=127.0.0.1 PORT=@FREE@ DEBUG_HOST=127.0.0.1 DEBUG_PORT=@FREE@ GRPC_HOST=127.0.0.1 GRPC_PORT=@PORT@)
+start ceiling 0 "$BIN/rls-ceiling" 127.0.0.1:@PORT@
+start memory 0 "${SIDECAR[@]}" BACKEND_TYPE=memory "$BIN/ratelimit"
+start memory-2w "" "${SIDECAR[@]}" BACKEND_TYPE=memory GRPC_WORKERS=2 "$BIN/ratelimit"
+SERVERS=(ceiling memory memory-2w)
+if command -v redis-server >/dev/null; then
+	redis_port=$(free_port)
+	# redis-server shares CPU 1 with the generators.
+	taskset -c 1 redis-server --port "$redis_port" --bind 127.0.0.1 --save '' --appendonly no \
+		--dir "$WORK" >/dev/null &
+	wait_port "$redis_port"
+	start redis 0 "${SIDECAR[@]}" BACKEND_TYPE=redis REDIS_SOCKET_TYPE=tcp \
+		REDIS_URL="127.0.0.1:$redis_port" "$BIN/ratelimit"
+	SERVERS+=(redis)
+fi
+
+# One line per measurement: round server tool keys requests errors seconds p50 p99 cpu_ticks
+RESULTS="$WORK/results.tsv"
+measure() { # round server
+	local round="$1" name="$2" port="${PORT[$2]}" pid="${PID[$2]}" before out
 	if command -v h2load >/dev/null; then
-		printf '%-10s h2load keys=1 ' "$1"
-		taskset -c 1 h2load -D "$SECONDS_PER_RUN" -c 4 -m 16 -t 1 -d "$WORK/frame.bin" \
+		before=$(cpu_ticks "$pid")
+		out=$(taskset -c 1 h2load -D "$SECONDS_PER_RUN" -c 4 -m 16 -t 1 -d "$WORK/frame.bin" \
 			-H 'content-type: application/grpc' -H 'te: trailers' \
-			"http://127.0.0.1:$2/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit" |
-			grep -E '^finished in|^requests:' | tr '\n' ' '
-		echo
+			"http://127.0.0.1:$port/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit")
+		awk -v r="$round" -v n="$name" -v s="$SECONDS_PER_RUN" -v t=$(($(cpu_ticks "$pid") - before)) '
+			/^requests:/ { done = $8; failed = $10 + $12 }
+			END { print r, n, "h2load", 1, done, failed, s, "-", "-", t }' <<<"$out" >>"$RESULTS"
 	fi
 	for keys in 1 10000; do
-		printf '%-10s rls-load ' "$1"
-		taskset -c 1 "$BIN/rls-load" "127.0.0.1:$2" "$keys" "$SECONDS_PER_RUN" 4 16
+		before=$(cpu_ticks "$pid")
+		out=$(taskset -c 1 "$BIN/rls-load" "127.0.0.1:$port" "$keys" "$SECONDS_PER_RUN" 4 16)
+		awk -v r="$round" -v n="$name" -v s="$SECONDS_PER_RUN" -v t=$(($(cpu_ticks "$pid") - before)) '
+			{ for (i = 1; i <= NF; i++) { split($i, kv, "="); f[kv[1]] = kv[2] }
+			  print r, n, "rls-load", f["keys"], f["requests"], f["errors"], s, f["p50_us"], f["p99_us"], t }' \
+			<<<"$out" >>"$RESULTS"
 	done
 }
 
-port=$(free_port)
-taskset -c 0 "$BIN/rls-ceiling" "127.0.0.1:$port" &
-pid=$!
-wait_port "$port"
-measure ceiling "$port"
-kill "$pid"; wait "$pid" 2>/dev/null || true
+for round in $(seq "$ROUNDS"); do
+	for name in "${SERVERS[@]}"; do
+		echo "round $round/$ROUNDS: $name" >&2
+		measure "$round" "$name"
+	done
+done
 
-port=$(free_port)
-RUNTIME_ROOT="$WORK/current" RUNTIME_SUBDIRECTORY= BACKEND_TYPE=memory USE_STATSD=false \
-	HOST=127.0.0.1 PORT="$(free_port)" DEBUG_HOST=127.0.0.1 DEBUG_PORT="$(free_port)" \
-	GRPC_HOST=127.0.0.1 GRPC_PORT="$port" LOG_LEVEL=error taskset -c 0 "$BIN/ratelimit" &
-pid=$!
-wait_port "$port"
-measure sidecar "$port"
-kill "$pid"; wait "$pid" 2>/dev/null || true
-
-# The same with the Redis backend; redis-server shares CPU 1 with the generators.
-if command -v redis-server >/dev/null; then
-	redis_port=$(free_port)
-	taskset -c 1 redis-server --port "$redis_port" --bind 127.0.0.1 --save '' --appendonly no --dir "$WORK" >/dev/null &
-	wait_port "$redis_port"
-	port=$(free_port)
-	RUNTIME_ROOT="$WORK/current" RUNTIME_SUBDIRECTORY= BACKEND_TYPE=redis REDIS_SOCKET_TYPE=tcp \
-		REDIS_URL="127.0.0.1:$redis_port" USE_STATSD=false \
-		HOST=127.0.0.1 PORT="$(free_port)" DEBUG_HOST=127.0.0.1 DEBUG_PORT="$(free_port)" \
-		GRPC_HOST=127.0.0.1 GRPC_PORT="$port" LOG_LEVEL=error taskset -c 0 "$BIN/ratelimit" &
-	wait_port "$port"
-	measure redis "$port"
-fi
+python3 - "$RESULTS" "$TICK" <<'PY'
+import collections, statistics, sys
+rows = [l.split() for l in open(sys.argv[1])]
+tick = int(sys.argv[2])
+by = collections.defaultdict(list)
+for r, server, tool, keys, requests, errors, secs, p50, p99, ticks in rows:
+    by[(tool, keys, server)].append((int(r), int(requests), int(errors), float(secs), p50, p99, int(ticks)))
+print(f"{'load':<16} {'server':<10} {'req/s':>8} {'vs ceiling':>10} {'CPU us/req':>10} {'x ceiling':>9} {'p50 us':>7} {'p99 us':>7} {'errors':>6}")
+for tool, keys in sorted({(t, k) for t, k, _ in by}, key=lambda x: (x[0], int(x[1]))):
+    ceiling = {r: (n / s, t / tick * 1e6 / max(n, 1)) for r, n, _, s, _, _, t in by[(tool, keys, "ceiling")]}
+    for server in ["ceiling", "memory", "redis", "memory-2w"]:
+        runs = by.get((tool, keys, server))
+        if not runs:
+            continue
+        rps = statistics.median(n / s for _, n, _, s, _, _, _ in runs)
+        ratio = statistics.median(n / s / ceiling[r][0] for r, n, _, s, _, _, _ in runs)
+        cpu = statistics.median(t / tick * 1e6 / max(n, 1) for _, n, _, _, _, _, t in runs)
+        cpu_ratio = statistics.median(t / tick * 1e6 / max(n, 1) / ceiling[r][1] for r, n, _, _, _, _, t in runs)
+        p50 = "-" if runs[0][4] == "-" else int(statistics.median(int(x[4]) for x in runs))
+        p99 = "-" if runs[0][5] == "-" else int(statistics.median(int(x[5]) for x in runs))
+        errors = sum(x[2] for x in runs)
+        print(f"{tool + ' keys=' + keys:<16} {server:<10} {rps:>8.0f} {ratio:>10.2f} {cpu:>10.1f} {cpu_ratio:>9.2f} {p50:>7} {p99:>7} {errors:>6}")
+print(f"median of {len(set(r[0] for r in rows))} alternating rounds; ratios are taken within a round")
+PY

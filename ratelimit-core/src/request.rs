@@ -119,40 +119,43 @@ impl Default for RequestBounds {
 impl RequestBounds {
     /// Checks `request` against the bounds; the error names the first field past one.
     pub fn check(&self, request: &Request) -> Result<(), RequestError> {
-        let too_long = |field: String, len: usize, max: usize| {
-            (len > max).then_some(RequestError::TooLong { field, len, max })
+        // Field names are spelled out only for the error: this runs on every request.
+        let too_long = |field: &dyn Fn() -> String, len: usize, max: usize| {
+            if len > max {
+                Err(RequestError::TooLong {
+                    field: field(),
+                    len,
+                    max,
+                })
+            } else {
+                Ok(())
+            }
         };
-        if let Some(error) = too_long(
-            "domain".to_owned(),
+        let addend = |field: &dyn Fn() -> String, value: u64| {
+            if value > self.max_hits_addend {
+                Err(RequestError::HitsAddendTooLarge {
+                    field: field(),
+                    value,
+                    max: self.max_hits_addend,
+                })
+            } else {
+                Ok(())
+            }
+        };
+        too_long(
+            &|| "domain".to_owned(),
             request.domain.len(),
             self.max_domain_bytes,
-        ) {
-            return Err(error);
-        }
-        let addend_error = |field: String, value: u64| {
-            (value > self.max_hits_addend).then_some(RequestError::HitsAddendTooLarge {
-                field,
-                value,
-                max: self.max_hits_addend,
-            })
-        };
-        if let Some(error) = addend_error("hits_addend".to_owned(), request.hits_addend.into()) {
-            return Err(error);
-        }
+        )?;
+        addend(&|| "hits_addend".to_owned(), request.hits_addend.into())?;
         for (d, descriptor) in request.descriptors.iter().enumerate() {
             for (e, entry) in descriptor.entries.iter().enumerate() {
                 let at = |part: &str| format!("descriptors[{d}].entries[{e}].{part}");
-                if let Some(error) = too_long(at("key"), entry.key.len(), self.max_key_bytes)
-                    .or_else(|| too_long(at("value"), entry.value.len(), self.max_value_bytes))
-                {
-                    return Err(error);
-                }
+                too_long(&|| at("key"), entry.key.len(), self.max_key_bytes)?;
+                too_long(&|| at("value"), entry.value.len(), self.max_value_bytes)?;
             }
-            if let Some(error) = descriptor
-                .hits_addend
-                .and_then(|value| addend_error(format!("descriptors[{d}].hits_addend"), value))
-            {
-                return Err(error);
+            if let Some(value) = descriptor.hits_addend {
+                addend(&|| format!("descriptors[{d}].hits_addend"), value)?;
             }
         }
         Ok(())
