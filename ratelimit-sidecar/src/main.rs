@@ -6,6 +6,9 @@ use clap::Parser;
 use ratelimit_sidecar::settings::Settings;
 use ratelimit_sidecar::{logging, runner};
 
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn main() -> ExitCode {
     let settings = Settings::parse();
     logging::init(&settings.server.log_level, settings.server.log_format);

@@ -192,6 +192,14 @@ impl RedisBackend {
     }
 
     async fn run_unbounded(&self, plan: &mut Plan) -> Result<Vec<u64>, RedisError> {
+        if self.per_second.is_none() {
+            let all: Vec<usize> = (0..plan.increments().len()).collect();
+            if plan.needs_current_counts() {
+                let current = self.get(&self.main, plan, &all).await?;
+                plan.apply_current(&current);
+            }
+            return self.incr(&self.main, plan, &all).await;
+        }
         let (main, per_second) = self.split(plan);
         if plan.needs_current_counts() {
             let mut current = vec![0u64; plan.increments().len()];
@@ -283,8 +291,8 @@ impl RedisBackend {
     pub async fn ping(&self) -> bool {
         let mut pipe = redis::pipe();
         pipe.cmd("PING");
-        let answer: Result<Vec<String>, _> = query(&self.main, &pipe).await;
-        answer.is_ok()
+        let answer = tokio::time::timeout(self.timeout, query::<Vec<String>>(&self.main, &pipe));
+        matches!(answer.await, Ok(Ok(_)))
     }
 }
 
@@ -441,9 +449,11 @@ async fn open(target: &Target<'_>) -> Result<Store, RedisError> {
                 Some(files) => tls_client(target.url, info, files)?,
             }
             .map_err(redis_error)?;
+            // Answers are awaited within REDIS_TIMEOUT by the caller: one timer per
+            // request, not two.
             let config = ConnectionManagerConfig::new()
                 .set_connection_timeout(Some(target.timeout))
-                .set_response_timeout(Some(target.timeout))
+                .set_response_timeout(None)
                 .set_number_of_retries(1);
             let mut connections = Vec::with_capacity(target.pool_size.max(1));
             for _ in 0..target.pool_size.max(1) {
