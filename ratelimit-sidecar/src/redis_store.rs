@@ -338,6 +338,9 @@ async fn run_batched<T: redis::FromRedisValue>(
     pipes.iter_mut().for_each(|pipe| {
         pipe.ignore_errors();
     });
+    if let [pipe] = pipes.as_slice() {
+        return query::<Vec<T>>(store, pipe).await;
+    }
     let results =
         futures_util::future::join_all(pipes.iter().map(|pipe| query::<Vec<T>>(store, pipe))).await;
     let mut out = Vec::with_capacity(indexes.len());

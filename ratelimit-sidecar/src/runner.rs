@@ -160,8 +160,9 @@ pub async fn run(settings: Settings) -> Result<(), StartError> {
             error,
         })?;
         tracing::warn!(socket = %path, "listening for gRPC");
-        let (senders, receivers): (Vec<_>, Vec<_>) =
-            (0..pool.workers()).map(|_| mpsc::unbounded_channel()).unzip();
+        let (senders, receivers): (Vec<_>, Vec<_>) = (0..pool.workers())
+            .map(|_| mpsc::unbounded_channel())
+            .unzip();
         tokio::spawn(listeners::hand_out(listener, senders, shared.stopped()));
         receivers
             .into_iter()

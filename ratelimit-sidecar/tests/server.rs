@@ -443,19 +443,7 @@ async fn grpc_over_a_unix_socket() {
         uds: true,
         ..Options::default()
     });
-    let path = server.uds.clone().unwrap();
-    let channel = tonic::transport::Endpoint::from_static("http://uds")
-        .connect_with_connector(tower::service_fn(move |_| {
-            let path = path.clone();
-            async move {
-                Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(
-                    tokio::net::UnixStream::connect(path).await?,
-                ))
-            }
-        }))
-        .await
-        .unwrap();
-    let mut client = envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient::new(channel);
+    let mut client = server.uds_client().await;
     let r = client
         .should_rate_limit(request("e2e", &[&[("user", "u")]]))
         .await
@@ -470,6 +458,7 @@ fn bad_settings_stop_start_up_naming_the_variable() {
         ("BACKEND_TYPE", "etcd"),
         ("STATS_FLUSH_INTERVAL", "10"),
         ("RUNTIME_WATCH_ROOT", "maybe"),
+        ("GRPC_WORKERS", "0"),
     ] {
         let mut server = Server::spawn(Options {
             env: vec![(key, value.to_owned())],

@@ -233,6 +233,28 @@ impl Server {
             .unwrap()
     }
 
+    /// A client on a new connection to the unix socket (`Options::uds`).
+    pub async fn uds_client(&self) -> RateLimitServiceClient<Channel> {
+        let path = self.uds.clone().expect("started with a unix socket");
+        let channel = tonic::transport::Endpoint::from_static("http://uds")
+            .connect_with_connector(tower::service_fn(move |_| {
+                let path = path.clone();
+                async move {
+                    Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(
+                        tokio::net::UnixStream::connect(path).await?,
+                    ))
+                }
+            }))
+            .await
+            .unwrap();
+        RateLimitServiceClient::new(channel)
+    }
+
+    /// The process id, while it runs.
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().expect("running").id()
+    }
+
     pub fn http_url(&self, path: &str) -> String {
         format!("http://127.0.0.1:{}{path}", self.http)
     }
