@@ -2,16 +2,25 @@
 
 use std::process::ExitCode;
 
-use clap::Parser;
-use ratelimit_sidecar::settings::Settings;
+use ratelimit_sidecar::settings::{LoadError, Settings};
 use ratelimit_sidecar::{logging, runner};
 
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn main() -> ExitCode {
-    let settings = Settings::parse();
+    let (settings, warnings) = match Settings::load() {
+        Ok(loaded) => loaded,
+        Err(LoadError::Parse(error)) => error.exit(),
+        Err(LoadError::Unavailable(error)) => {
+            eprintln!("ratelimit: cannot start:\n{error}");
+            return ExitCode::FAILURE;
+        }
+    };
     logging::init(&settings.server.log_level, settings.server.log_format);
+    for warning in warnings {
+        tracing::warn!("{warning}");
+    }
     let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()

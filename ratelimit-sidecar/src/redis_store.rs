@@ -18,7 +18,7 @@ use redis::{
     IntoConnectionInfo, Pipeline, RedisConnectionInfo, TlsCertificates,
 };
 
-use crate::settings::RedisSettings;
+use crate::settings::{RedisSettings, RedisType};
 
 /// Why Redis gave no answer.
 #[derive(Debug, thiserror::Error)]
@@ -103,7 +103,7 @@ impl std::fmt::Debug for RedisBackend {
 /// What describes one Redis deployment (the main one or the per-second one).
 struct Target<'a> {
     socket_type: &'a str,
-    kind: &'a str,
+    kind: RedisType,
     url: &'a str,
     pool_size: usize,
     auth: &'a str,
@@ -142,7 +142,7 @@ impl RedisBackend {
         };
         let main = Target {
             socket_type: &settings.redis_socket_type,
-            kind: &settings.redis_type,
+            kind: settings.redis_type,
             url,
             pool_size: settings.redis_pool_size,
             auth: &settings.redis_auth,
@@ -154,7 +154,7 @@ impl RedisBackend {
         let per_second = if settings.redis_persecond {
             let target = Target {
                 socket_type: &settings.redis_persecond_socket_type,
-                kind: &settings.redis_persecond_type,
+                kind: settings.redis_persecond_type,
                 url: &settings.redis_persecond_url,
                 pool_size: settings.redis_persecond_pool_size,
                 auth: &settings.redis_persecond_auth,
@@ -417,14 +417,14 @@ async fn open(target: &Target<'_>) -> Result<Store, RedisError> {
     if let Some(password) = &credentials.1 {
         info = info.set_password(password);
     }
-    if target.tls.is_some() && target.kind != "single" {
+    if target.tls.is_some() && target.kind != RedisType::Single {
         return Err(RedisError::Settings(format!(
             "REDIS_TLS with REDIS_TYPE={}: TLS is only available with REDIS_TYPE=single in this version",
             target.kind
         )));
     }
     match target.kind {
-        "cluster" => {
+        RedisType::Cluster => {
             let nodes = target
                 .url
                 .split(',')
@@ -444,7 +444,7 @@ async fn open(target: &Target<'_>) -> Result<Store, RedisError> {
                 client.get_async_connection().await.map_err(redis_error)?,
             ))
         }
-        "single" => {
+        RedisType::Single => {
             let client = match target.tls {
                 None => {
                     Client::open(address(target.socket_type, target.url)?.set_redis_settings(info))
@@ -470,7 +470,7 @@ async fn open(target: &Target<'_>) -> Result<Store, RedisError> {
                 Arc::new(AtomicUsize::new(0)),
             ))
         }
-        "sentinel" => {
+        RedisType::Sentinel => {
             let mut items = target.url.split(',');
             let master = items.next().unwrap_or_default().to_owned();
             let sentinels = items
@@ -494,9 +494,6 @@ async fn open(target: &Target<'_>) -> Result<Store, RedisError> {
             store.connection().await.map_err(redis_error)?;
             Ok(Store::Sentinel(Arc::new(store)))
         }
-        other => Err(RedisError::Settings(format!(
-            "REDIS_TYPE={other}: expected single, sentinel or cluster"
-        ))),
     }
 }
 

@@ -17,7 +17,7 @@ use crate::listeners::{self, GrpcSource, Shared, WorkerListeners};
 use crate::provider::{self, FileSource};
 use crate::redis_store::RedisBackend;
 use crate::service::{Backend, Service};
-use crate::settings::{BackendType, ConfigType, Settings};
+use crate::settings::{BackendType, MEMCACHE_BACKEND, Settings};
 use crate::workers::{self, PerWorker, Pool};
 use crate::{debug, serve};
 
@@ -45,14 +45,10 @@ pub enum StartError {
     },
 }
 
-/// Runs until SIGTERM, SIGINT or SIGHUP, then drains and returns. Must run on a
+/// Runs until SIGTERM, SIGINT or SIGHUP, then drains and returns. `settings` come from
+/// [`Settings::load`], which refuses those of features this version does not have. Must run on a
 /// single-threaded runtime: it is worker 0.
 pub async fn run(settings: Settings) -> Result<(), StartError> {
-    if settings.config.config_type == ConfigType::GrpcXdsSotw {
-        return Err(StartError::NotAvailable(
-            "CONFIG_TYPE=GRPC_XDS_SOTW: the xDS configuration source is not available in this version; use CONFIG_TYPE=FILE".into(),
-        ));
-    }
     let pool =
         Pool::start(workers::count(settings.server.grpc_workers)).map_err(StartError::Workers)?;
     tracing::warn!(
@@ -81,9 +77,7 @@ pub async fn run(settings: Settings) -> Result<(), StartError> {
             Backend::Redis(redis)
         }
         BackendType::Memcache => {
-            return Err(StartError::NotAvailable(
-                "BACKEND_TYPE=memcache: this backend is not available in this version; use redis or memory".into(),
-            ));
+            return Err(StartError::NotAvailable(MEMCACHE_BACKEND.into()));
         }
     };
     let headers = settings

@@ -471,6 +471,46 @@ fn bad_settings_stop_start_up_naming_the_variable() {
 }
 
 #[test]
+fn settings_of_features_not_built_stop_start_up_naming_them() {
+    for (key, value) in [
+        // Must never become a server that speaks plaintext without saying so.
+        ("GRPC_SERVER_USE_TLS", "true"),
+        ("GRPC_SERVER_TLS_CERT", "/nonexistent/cert.pem"),
+        ("USE_PROMETHEUS", "true"),
+        ("STATSD_HOST", "statsd.local"),
+        ("TRACING_ENABLED", "true"),
+        ("MEMCACHE_HOST_PORT", "127.0.0.1:11211"),
+        ("CONFIG_GRPC_XDS_SERVER_URL", "127.0.0.1:18000"),
+        ("CONFIG_TYPE", "GRPC_XDS_SOTW"),
+        ("BACKEND_TYPE", "memcache"),
+    ] {
+        let mut server = Server::spawn(Options {
+            env: vec![(key, value.to_owned())],
+            ..Options::default()
+        });
+        let status = server.wait_exit(Duration::from_secs(10)).expect("exits");
+        assert!(!status.success(), "{key}={value} started");
+        let log = server.log();
+        assert!(
+            log.contains(key) && log.contains("not available in this version"),
+            "{key}: {log}"
+        );
+    }
+    // Switches set to off ask for nothing.
+    let server = Server::start_with(Options {
+        files: vec![("rules.yaml", RULES.to_owned())],
+        env: vec![
+            ("GRPC_SERVER_USE_TLS", "false".into()),
+            ("USE_PROMETHEUS", "false".into()),
+            ("TRACING_ENABLED", "false".into()),
+            ("DISABLE_STATS", "true".into()),
+        ],
+        ..Options::default()
+    });
+    assert!(!server.log().contains("not available"), "{}", server.log());
+}
+
+#[test]
 fn client_and_config_check_tools() {
     let server = Server::start(&[("rules.yaml", RULES)]);
     let output = std::process::Command::new(env!("CARGO_BIN_EXE_ratelimit-client"))

@@ -1,0 +1,237 @@
+//! Every setting of envoyproxy/ratelimit, read from the same environment variables, each
+//! also a command-line flag (`--near-limit-ratio` for `NEAR_LIMIT_RATIO`), split by
+//! concern. Values are parsed the way that project parses them ([`values`]); a bad value
+//! stops start-up with a message naming the variable. Settings of features not built
+//! yet are in [`unbuilt`]: setting one stops start-up.
+
+mod config;
+mod limiter;
+mod redis;
+mod server;
+mod unbuilt;
+pub mod values;
+
+use clap::parser::ValueSource;
+use clap::{ArgMatches, CommandFactory, FromArgMatches, Parser};
+
+pub use self::config::{ConfigSettings, ConfigType};
+pub use self::limiter::{BackendType, LimiterSettings};
+pub use self::redis::{RedisSettings, RedisType};
+pub use self::server::{LogFormat, ServerSettings};
+pub use self::unbuilt::{MEMCACHE_BACKEND, UnbuiltSettings};
+pub use self::values::{StringMap, go_bool, go_duration, go_map};
+pub use crate::bounds::BoundsSettings;
+
+/// The sidecar's settings.
+#[derive(Clone, Debug, Parser)]
+#[command(
+    name = "ratelimit",
+    version,
+    about = "A drop-in replacement for envoyproxy/ratelimit"
+)]
+pub struct Settings {
+    #[command(flatten, next_help_heading = "Listeners")]
+    pub server: ServerSettings,
+    #[command(flatten, next_help_heading = "Configuration source")]
+    pub config: ConfigSettings,
+    #[command(flatten, next_help_heading = "Limiter")]
+    pub limiter: LimiterSettings,
+    #[command(flatten, next_help_heading = "Redis backend")]
+    pub redis: RedisSettings,
+    #[command(flatten, next_help_heading = "Bounds")]
+    pub bounds: BoundsSettings,
+    #[command(
+        flatten,
+        next_help_heading = "Not available in this version (setting one stops start-up)"
+    )]
+    pub unbuilt: UnbuiltSettings,
+}
+
+/// Settings the server cannot honour, found after parsing.
+#[derive(Debug, thiserror::Error)]
+#[error("{}", .0.join("\n"))]
+pub struct Unavailable(pub Vec<String>);
+
+impl Settings {
+    /// Parses the command line and the environment, then refuses settings of features
+    /// this version does not have. Returns the settings and the warnings to log.
+    pub fn load() -> Result<(Settings, Vec<String>), LoadError> {
+        Settings::load_from(std::env::args_os())
+    }
+
+    /// [`Settings::load`] from the given arguments (and the environment).
+    pub fn load_from<I, T>(args: I) -> Result<(Settings, Vec<String>), LoadError>
+    where
+        I: IntoIterator<Item = T>,
+        T: Into<std::ffi::OsString> + Clone,
+    {
+        let matches = Settings::command().try_get_matches_from(args)?;
+        let settings = Settings::from_arg_matches(&matches)?;
+        let warnings = settings.unavailable(&matches)?;
+        Ok((settings, warnings))
+    }
+
+    fn unavailable(&self, matches: &ArgMatches) -> Result<Vec<String>, Unavailable> {
+        let explicit = |id: &str| {
+            matches!(
+                matches.value_source(id),
+                Some(ValueSource::EnvVariable | ValueSource::CommandLine)
+            )
+        };
+        let mut refused = unbuilt::explicitly_set(&self.unbuilt, explicit);
+        if self.config.config_type == ConfigType::GrpcXdsSotw {
+            refused.push(unbuilt::XDS_CONFIG.into());
+        }
+        if self.backend() == BackendType::Memcache {
+            refused.push(unbuilt::MEMCACHE_BACKEND.into());
+        }
+        if !refused.is_empty() {
+            return Err(Unavailable(refused));
+        }
+        Ok(unbuilt::default_warnings(&self.unbuilt, explicit))
+    }
+}
+
+/// Why the settings were not loaded.
+#[derive(Debug, thiserror::Error)]
+pub enum LoadError {
+    /// A bad value, an unknown flag, or `--help`/`--version` (which clap prints).
+    #[error(transparent)]
+    Parse(#[from] clap::Error),
+    /// A setting of a feature this version does not have.
+    #[error(transparent)]
+    Unavailable(#[from] Unavailable),
+}
+
+impl Settings {
+    /// The backend to run: BACKEND_TYPE, else redis when REDIS_URL is set, else memory.
+    pub fn backend(&self) -> BackendType {
+        match (self.limiter.backend_type, &self.redis.redis_url) {
+            (Some(kind), _) => kind,
+            (None, Some(_)) => BackendType::Redis,
+            (None, None) => BackendType::Memory,
+        }
+    }
+
+    /// The engine settings.
+    pub fn core(&self) -> ratelimit_core::Settings {
+        ratelimit_core::Settings {
+            near_limit_ratio: self.limiter.near_limit_ratio,
+            cache_key_prefix: self.limiter.cache_key_prefix.clone(),
+            stop_cache_key_increment_when_overlimit: self
+                .limiter
+                .stop_cache_key_increment_when_overlimit,
+            shadow_mode: self.limiter.shadow_mode,
+            quota_mode: self.limiter.quota_mode,
+            local_cache_size_in_bytes: usize::try_from(self.limiter.local_cache_size_in_bytes)
+                .unwrap_or(usize::MAX),
+            bounds: self.bounds.request_bounds(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    #[test]
+    fn go_durations() {
+        assert_eq!(go_duration("10s"), Ok(Duration::from_secs(10)));
+        assert_eq!(go_duration("150us"), Ok(Duration::from_micros(150)));
+        assert_eq!(go_duration("1h30m"), Ok(Duration::from_secs(5400)));
+        assert_eq!(go_duration("1.5s"), Ok(Duration::from_millis(1500)));
+        assert_eq!(go_duration("0"), Ok(Duration::ZERO));
+        assert!(go_duration("10").is_err());
+        assert!(go_duration("").is_err());
+        assert!(go_duration("5 s").is_err());
+        assert!(go_duration("s").is_err());
+    }
+
+    #[test]
+    fn go_bools_and_maps() {
+        assert_eq!(go_bool("T"), Ok(true));
+        assert_eq!(go_bool("0"), Ok(false));
+        assert!(go_bool("yes").is_err());
+        let map = go_map("a:1,b:2").unwrap();
+        assert_eq!(map.get("b").map(String::as_str), Some("2"));
+        assert!(go_map("a").is_err());
+        assert!(go_map("").unwrap().is_empty());
+    }
+
+    #[test]
+    fn defaults_match_envoy_ratelimit() {
+        // clap also reads the environment: check only what this process's environment
+        // leaves at its default.
+        let unset = |name: &str| std::env::var_os(name).is_none();
+        let s = Settings::parse_from(["ratelimit"]);
+        if unset("PORT") && unset("GRPC_PORT") && unset("DEBUG_PORT") {
+            assert_eq!(
+                (s.server.port, s.server.grpc_port, s.server.debug_port),
+                (8080, 8081, 6070)
+            );
+        }
+        if unset("RUNTIME_ROOT") {
+            assert_eq!(s.config.runtime_root, "/srv/runtime_data/current");
+        }
+        if unset("NEAR_LIMIT_RATIO") {
+            assert_eq!(s.limiter.near_limit_ratio, 0.8);
+        }
+        if unset("REDIS_POOL_SIZE") {
+            assert_eq!(s.redis.redis_pool_size, 10);
+        }
+        if unset("STATS_FLUSH_INTERVAL") {
+            assert_eq!(s.unbuilt.stats_flush_interval, Duration::from_secs(10));
+        }
+        if unset("RUNTIME_WATCH_ROOT") && unset("USE_STATSD") {
+            assert!(s.config.runtime_watch_root && s.unbuilt.use_statsd);
+        }
+    }
+
+    #[test]
+    fn unbuilt_features_are_refused_and_off_switches_accepted() {
+        let refused = |args: &[&str]| match Settings::load_from(args) {
+            Err(LoadError::Unavailable(error)) => error.to_string(),
+            other => panic!("{args:?} was not refused: {other:?}"),
+        };
+        let message = refused(&[
+            "ratelimit",
+            "--use-prometheus",
+            "true",
+            "--statsd-port",
+            "1",
+        ]);
+        assert!(
+            message.contains("USE_PROMETHEUS: statistics sinks"),
+            "{message}"
+        );
+        assert!(message.contains("STATSD_PORT"), "{message}");
+        assert!(refused(&["ratelimit", "--grpc-server-use-tls", "true"]).contains("gRPC TLS"));
+        let (settings, _) = Settings::load_from([
+            "ratelimit",
+            "--use-prometheus",
+            "false",
+            "--grpc-server-use-tls",
+            "false",
+        ])
+        .unwrap();
+        assert!(!settings.unbuilt.use_prometheus);
+        if std::env::var_os("USE_STATSD").is_none() && std::env::var_os("DISABLE_STATS").is_none() {
+            let (_, warnings) = Settings::load_from(["ratelimit"]).unwrap();
+            assert!(
+                warnings[0].starts_with("USE_STATSD is true by default"),
+                "{warnings:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn bad_values_name_the_variable() {
+        let error =
+            Settings::try_parse_from(["ratelimit", "--near-limit-ratio", "1.5"]).unwrap_err();
+        assert!(error.to_string().contains("NEAR_LIMIT_RATIO"), "{error}");
+        let error = Settings::try_parse_from(["ratelimit", "--backend-type", "etcd"]).unwrap_err();
+        assert!(error.to_string().contains("BACKEND_TYPE"), "{error}");
+    }
+}

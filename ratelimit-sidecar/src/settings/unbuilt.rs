@@ -1,0 +1,384 @@
+//! Settings of features this version does not have yet, all in one place.
+//!
+//! They are parsed (a bad value still names the variable), but none of them may be set:
+//! an explicit value stops start-up and names the setting, so that, say,
+//! `GRPC_SERVER_USE_TLS=true` never becomes a server that quietly speaks plaintext. A
+//! switch set explicitly to off (`USE_PROMETHEUS=false`) is accepted: it asks for
+//! nothing. When a feature is built, its settings move to a module of their own.
+
+use std::time::Duration;
+
+use clap::{ArgAction, Args};
+
+use super::values::{StringMap, go_bool, go_duration, go_map, ratio};
+
+/// gRPC TLS, the xDS configuration source, memcached, statistics sinks and traces.
+#[derive(Clone, Debug, Args)]
+pub struct UnbuiltSettings {
+    /// Serve gRPC over TLS.
+    #[arg(long, env = "GRPC_SERVER_USE_TLS", value_name = "GRPC_SERVER_USE_TLS", default_value = "false", value_parser = go_bool, action = ArgAction::Set)]
+    pub grpc_server_use_tls: bool,
+    /// Certificate chain of the gRPC server (watched and reloaded).
+    #[arg(
+        long,
+        env = "GRPC_SERVER_TLS_CERT",
+        value_name = "GRPC_SERVER_TLS_CERT",
+        default_value = ""
+    )]
+    pub grpc_server_tls_cert: String,
+    /// Private key of the gRPC server.
+    #[arg(
+        long,
+        env = "GRPC_SERVER_TLS_KEY",
+        value_name = "GRPC_SERVER_TLS_KEY",
+        default_value = ""
+    )]
+    pub grpc_server_tls_key: String,
+    /// CA that client certificates must chain to (enables mTLS).
+    #[arg(
+        long,
+        env = "GRPC_CLIENT_TLS_CACERT",
+        value_name = "GRPC_CLIENT_TLS_CACERT",
+        default_value = ""
+    )]
+    pub grpc_client_tls_cacert: String,
+    /// DNS name the client certificate must carry.
+    #[arg(
+        long,
+        env = "GRPC_CLIENT_TLS_SAN",
+        value_name = "GRPC_CLIENT_TLS_SAN",
+        default_value = ""
+    )]
+    pub grpc_client_tls_san: String,
+    /// Open the listeners before the first configuration is loaded.
+    #[arg(long, env = "FORCE_START_WITHOUT_INITIAL_CONFIG", value_name = "FORCE_START_WITHOUT_INITIAL_CONFIG", default_value = "false", value_parser = go_bool, action = ArgAction::Set)]
+    pub force_start_without_initial_config: bool,
+    /// xDS node id.
+    #[arg(
+        long,
+        env = "CONFIG_GRPC_XDS_NODE_ID",
+        value_name = "CONFIG_GRPC_XDS_NODE_ID",
+        default_value = "default"
+    )]
+    pub xds_node_id: String,
+    /// xDS node metadata, `k=v,k2=v2`.
+    #[arg(
+        long,
+        env = "CONFIG_GRPC_XDS_NODE_METADATA",
+        value_name = "CONFIG_GRPC_XDS_NODE_METADATA",
+        default_value = ""
+    )]
+    pub xds_node_metadata: String,
+    /// xDS server address.
+    #[arg(
+        long,
+        env = "CONFIG_GRPC_XDS_SERVER_URL",
+        value_name = "CONFIG_GRPC_XDS_SERVER_URL",
+        default_value = "localhost:18000"
+    )]
+    pub xds_server_url: String,
+    /// Retry interval of the xDS stream.
+    #[arg(long, env = "CONFIG_GRPC_XDS_SERVER_CONNECT_RETRY_INTERVAL", value_name = "CONFIG_GRPC_XDS_SERVER_CONNECT_RETRY_INTERVAL", default_value = "3s", value_parser = go_duration)]
+    pub xds_server_connect_retry_interval: Duration,
+    /// Extra headers on the xDS stream, `k1:v1,k2:v2`.
+    #[arg(long, env = "CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS", value_name = "CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS", default_value = "", value_parser = go_map)]
+    pub xds_client_additional_headers: StringMap,
+    /// Use TLS to the xDS server.
+    #[arg(long, env = "CONFIG_GRPC_XDS_SERVER_USE_TLS", value_name = "CONFIG_GRPC_XDS_SERVER_USE_TLS", default_value = "false", value_parser = go_bool, action = ArgAction::Set)]
+    pub xds_server_use_tls: bool,
+    /// Client certificate for the xDS server.
+    #[arg(
+        long,
+        env = "CONFIG_GRPC_XDS_CLIENT_TLS_CERT",
+        value_name = "CONFIG_GRPC_XDS_CLIENT_TLS_CERT",
+        default_value = ""
+    )]
+    pub xds_client_tls_cert: String,
+    /// Client key for the xDS server.
+    #[arg(
+        long,
+        env = "CONFIG_GRPC_XDS_CLIENT_TLS_KEY",
+        value_name = "CONFIG_GRPC_XDS_CLIENT_TLS_KEY",
+        default_value = ""
+    )]
+    pub xds_client_tls_key: String,
+    /// CA of the xDS server.
+    #[arg(
+        long,
+        env = "CONFIG_GRPC_XDS_SERVER_TLS_CACERT",
+        value_name = "CONFIG_GRPC_XDS_SERVER_TLS_CACERT",
+        default_value = ""
+    )]
+    pub xds_server_tls_cacert: String,
+    /// Server name to verify on the xDS server's certificate.
+    #[arg(
+        long,
+        env = "CONFIG_GRPC_XDS_SERVER_TLS_SAN",
+        value_name = "CONFIG_GRPC_XDS_SERVER_TLS_SAN",
+        default_value = ""
+    )]
+    pub xds_server_tls_san: String,
+    /// First reconnect back-off.
+    #[arg(long, env = "XDS_CLIENT_BACKOFF_INITIAL_INTERVAL", value_name = "XDS_CLIENT_BACKOFF_INITIAL_INTERVAL", default_value = "10s", value_parser = go_duration)]
+    pub xds_backoff_initial_interval: Duration,
+    /// Longest reconnect back-off.
+    #[arg(long, env = "XDS_CLIENT_BACKOFF_MAX_INTERVAL", value_name = "XDS_CLIENT_BACKOFF_MAX_INTERVAL", default_value = "60s", value_parser = go_duration)]
+    pub xds_backoff_max_interval: Duration,
+    /// Growth factor of the back-off.
+    #[arg(
+        long,
+        env = "XDS_CLIENT_BACKOFF_RANDOM_FACTOR",
+        value_name = "XDS_CLIENT_BACKOFF_RANDOM_FACTOR",
+        default_value_t = 0.5
+    )]
+    pub xds_backoff_random_factor: f64,
+    /// Add jitter to the back-off.
+    #[arg(long, env = "XDS_CLIENT_BACKOFF_JITTER", value_name = "XDS_CLIENT_BACKOFF_JITTER", default_value = "true", value_parser = go_bool, action = ArgAction::Set)]
+    pub xds_backoff_jitter: bool,
+    /// Largest xDS message accepted (0: 4 MiB).
+    #[arg(
+        long,
+        env = "XDS_CLIENT_MAX_MSG_SIZE_IN_BYTES",
+        value_name = "XDS_CLIENT_MAX_MSG_SIZE_IN_BYTES",
+        default_value_t = 0
+    )]
+    pub xds_max_msg_size_in_bytes: usize,
+    /// `host:port,...` of every node (same list on every instance).
+    #[arg(
+        long,
+        env = "MEMCACHE_HOST_PORT",
+        value_name = "MEMCACHE_HOST_PORT",
+        default_value = ""
+    )]
+    pub memcache_host_port: String,
+    /// SRV record listing the nodes (exclusive with MEMCACHE_HOST_PORT).
+    #[arg(
+        long,
+        env = "MEMCACHE_SRV",
+        value_name = "MEMCACHE_SRV",
+        default_value = ""
+    )]
+    pub memcache_srv: String,
+    /// How often to look the SRV record up again (0: never).
+    #[arg(long, env = "MEMCACHE_SRV_REFRESH", value_name = "MEMCACHE_SRV_REFRESH", default_value = "0", value_parser = go_duration)]
+    pub memcache_srv_refresh: Duration,
+    /// Idle connections kept per node.
+    #[arg(
+        long,
+        env = "MEMCACHE_MAX_IDLE_CONNS",
+        value_name = "MEMCACHE_MAX_IDLE_CONNS",
+        default_value_t = 2
+    )]
+    pub memcache_max_idle_conns: usize,
+    /// Connect with TLS.
+    #[arg(long, env = "MEMCACHE_TLS", value_name = "MEMCACHE_TLS", default_value = "false", value_parser = go_bool, action = ArgAction::Set)]
+    pub memcache_tls: bool,
+    /// Client certificate for memcached TLS.
+    #[arg(
+        long,
+        env = "MEMCACHE_TLS_CLIENT_CERT",
+        value_name = "MEMCACHE_TLS_CLIENT_CERT",
+        default_value = ""
+    )]
+    pub memcache_tls_client_cert: String,
+    /// Client key for memcached TLS.
+    #[arg(
+        long,
+        env = "MEMCACHE_TLS_CLIENT_KEY",
+        value_name = "MEMCACHE_TLS_CLIENT_KEY",
+        default_value = ""
+    )]
+    pub memcache_tls_client_key: String,
+    /// CA for memcached TLS.
+    #[arg(
+        long,
+        env = "MEMCACHE_TLS_CACERT",
+        value_name = "MEMCACHE_TLS_CACERT",
+        default_value = ""
+    )]
+    pub memcache_tls_cacert: String,
+    /// Verify the chain but not the host name.
+    #[arg(long, env = "MEMCACHE_TLS_SKIP_HOSTNAME_VERIFICATION", value_name = "MEMCACHE_TLS_SKIP_HOSTNAME_VERIFICATION", default_value = "false", value_parser = go_bool, action = ArgAction::Set)]
+    pub memcache_tls_skip_hostname_verification: bool,
+    /// Push statistics to statsd.
+    #[arg(long, env = "USE_STATSD", value_name = "USE_STATSD", default_value = "true", value_parser = go_bool, action = ArgAction::Set)]
+    pub use_statsd: bool,
+    /// statsd host.
+    #[arg(
+        long,
+        env = "STATSD_HOST",
+        value_name = "STATSD_HOST",
+        default_value = "localhost"
+    )]
+    pub statsd_host: String,
+    /// statsd port.
+    #[arg(
+        long,
+        env = "STATSD_PORT",
+        value_name = "STATSD_PORT",
+        default_value_t = 8125
+    )]
+    pub statsd_port: u16,
+    /// statsd protocol: tcp or udp.
+    #[arg(
+        long,
+        env = "STATSD_PROTOCOL",
+        value_name = "STATSD_PROTOCOL",
+        default_value = "tcp"
+    )]
+    pub statsd_protocol: String,
+    /// Push tagged statistics to DogStatsD (exclusive with USE_STATSD and USE_PROMETHEUS).
+    #[arg(long, env = "USE_DOG_STATSD", value_name = "USE_DOG_STATSD", default_value = "false", value_parser = go_bool, action = ArgAction::Set)]
+    pub use_dog_statsd: bool,
+    /// Mogrifier names; each reads DOG_STATSD_MOGRIFIER_<NAME>_PATTERN, _NAME and _TAGS.
+    #[arg(
+        long,
+        env = "USE_DOG_STATSD_MOGRIFIERS",
+        value_name = "USE_DOG_STATSD_MOGRIFIERS",
+        default_value = ""
+    )]
+    pub use_dog_statsd_mogrifiers: String,
+    /// Serve Prometheus metrics.
+    #[arg(long, env = "USE_PROMETHEUS", value_name = "USE_PROMETHEUS", default_value = "false", value_parser = go_bool, action = ArgAction::Set)]
+    pub use_prometheus: bool,
+    /// Prometheus listen address.
+    #[arg(
+        long,
+        env = "PROMETHEUS_ADDR",
+        value_name = "PROMETHEUS_ADDR",
+        default_value = ":9090"
+    )]
+    pub prometheus_addr: String,
+    /// Prometheus path.
+    #[arg(
+        long,
+        env = "PROMETHEUS_PATH",
+        value_name = "PROMETHEUS_PATH",
+        default_value = "/metrics"
+    )]
+    pub prometheus_path: String,
+    /// Custom statsd-to-Prometheus mapping file.
+    #[arg(
+        long,
+        env = "PROMETHEUS_MAPPER_YAML",
+        value_name = "PROMETHEUS_MAPPER_YAML",
+        default_value = ""
+    )]
+    pub prometheus_mapper_yaml: String,
+    /// Keep response times in milliseconds.
+    #[arg(long, env = "PROMETHEUS_RESPONSE_TIME_AS_MILLISECONDS", value_name = "PROMETHEUS_RESPONSE_TIME_AS_MILLISECONDS", default_value = "false", value_parser = go_bool, action = ArgAction::Set)]
+    pub prometheus_response_time_as_milliseconds: bool,
+    /// Tags on every statistic, `k1:v1,k2:v2`.
+    #[arg(long, env = "EXTRA_TAGS", value_name = "EXTRA_TAGS", default_value = "", value_parser = go_map)]
+    pub extra_tags: StringMap,
+    /// Flush interval.
+    #[arg(long, env = "STATS_FLUSH_INTERVAL", value_name = "STATS_FLUSH_INTERVAL", default_value = "10s", value_parser = go_duration)]
+    pub stats_flush_interval: Duration,
+    /// Disable statistics entirely.
+    #[arg(long, env = "DISABLE_STATS", value_name = "DISABLE_STATS", default_value = "false", value_parser = go_bool, action = ArgAction::Set)]
+    pub disable_stats: bool,
+    /// Export OTLP spans.
+    #[arg(long, env = "TRACING_ENABLED", value_name = "TRACING_ENABLED", default_value = "false", value_parser = go_bool, action = ArgAction::Set)]
+    pub tracing_enabled: bool,
+    /// Service name in spans.
+    #[arg(
+        long,
+        env = "TRACING_SERVICE_NAME",
+        value_name = "TRACING_SERVICE_NAME",
+        default_value = "RateLimit"
+    )]
+    pub tracing_service_name: String,
+    /// Service namespace in spans.
+    #[arg(
+        long,
+        env = "TRACING_SERVICE_NAMESPACE",
+        value_name = "TRACING_SERVICE_NAMESPACE",
+        default_value = ""
+    )]
+    pub tracing_service_namespace: String,
+    /// Instance id in spans (default: a random UUID).
+    #[arg(
+        long,
+        env = "TRACING_SERVICE_INSTANCE_ID",
+        value_name = "TRACING_SERVICE_INSTANCE_ID",
+        default_value = ""
+    )]
+    pub tracing_service_instance_id: String,
+    /// http or grpc.
+    #[arg(long, env = "TRACING_EXPORTER_PROTOCOL", value_name = "TRACING_EXPORTER_PROTOCOL", default_value = "http", value_parser = ["http", "grpc"])]
+    pub tracing_exporter_protocol: String,
+    /// Share of requests traced, 0 to 1.
+    #[arg(long, env = "TRACING_SAMPLING_RATE", value_name = "TRACING_SAMPLING_RATE", default_value = "1", value_parser = ratio)]
+    pub tracing_sampling_rate: f32,
+}
+
+/// `BACKEND_TYPE=memcache`, refused.
+pub const MEMCACHE_BACKEND: &str =
+    "BACKEND_TYPE=memcache: this backend is not available in this version; use redis or memory";
+/// `CONFIG_TYPE=GRPC_XDS_SOTW`, refused.
+pub const XDS_CONFIG: &str = "CONFIG_TYPE=GRPC_XDS_SOTW: the xDS configuration source is not available in this version; use CONFIG_TYPE=FILE";
+
+/// One message for each setting given a value (by `explicit`, which says whether the
+/// setting with that id came from the environment or the command line), except switches
+/// set to off.
+pub fn explicitly_set(settings: &UnbuiltSettings, explicit: impl Fn(&str) -> bool) -> Vec<String> {
+    UnbuiltSettings::augment_args(clap::Command::new("ratelimit"))
+        .get_arguments()
+        .filter(|arg| {
+            explicit(arg.get_id().as_str()) && !asks_for_nothing(settings, arg.get_id().as_str())
+        })
+        .map(|arg| {
+            let id = arg.get_id().as_str();
+            let name = arg
+                .get_env()
+                .map_or_else(|| id.to_owned(), |env| env.to_string_lossy().into_owned());
+            format!(
+                "{name}: {} not available in this version; unset it",
+                feature(id)
+            )
+        })
+        .collect()
+}
+
+/// Warnings for defaults that name a feature not built: `USE_STATSD` is true unless set.
+pub fn default_warnings(
+    settings: &UnbuiltSettings,
+    explicit: impl Fn(&str) -> bool,
+) -> Vec<String> {
+    if settings.use_statsd && !explicit("use_statsd") && !settings.disable_stats {
+        vec!["USE_STATSD is true by default, but statistics sinks are not available in this version: statistics are only on the debug server's /stats (set USE_STATSD=false to silence this)".into()]
+    } else {
+        Vec::new()
+    }
+}
+
+/// A switch set to off, which asks for nothing.
+fn asks_for_nothing(settings: &UnbuiltSettings, id: &str) -> bool {
+    match id {
+        "grpc_server_use_tls" => !settings.grpc_server_use_tls,
+        "xds_server_use_tls" => !settings.xds_server_use_tls,
+        "memcache_tls" => !settings.memcache_tls,
+        "use_statsd" => !settings.use_statsd,
+        "use_dog_statsd" => !settings.use_dog_statsd,
+        "use_prometheus" => !settings.use_prometheus,
+        "tracing_enabled" => !settings.tracing_enabled,
+        // Nothing is sent either way.
+        "disable_stats" => true,
+        _ => false,
+    }
+}
+
+/// What a setting belongs to, by its id.
+fn feature(id: &str) -> &'static str {
+    if id.starts_with("grpc_") {
+        "gRPC TLS is"
+    } else if id.starts_with("xds_") || id == "force_start_without_initial_config" {
+        "the xDS configuration source is"
+    } else if id.starts_with("memcache_") {
+        "the memcached backend is"
+    } else if id.starts_with("tracing_") {
+        "OpenTelemetry tracing is"
+    } else {
+        "statistics sinks (statsd, DogStatsD, Prometheus) are"
+    }
+}
