@@ -13,7 +13,8 @@ use http_body_util::{BodyExt, Full, StreamBody};
 use hyper::body::{Frame, Incoming};
 use hyper::{Request, Response, StatusCode};
 
-use crate::service::{Backend, Service};
+use crate::backend::Backend;
+use crate::service::Service;
 
 const PATHS: [(&str, &str); 4] = [
     ("/debug/pprof/", "what profiling this server offers"),
@@ -132,7 +133,7 @@ fn gauges(service: &Service) -> String {
             let _ = writeln!(out, "ratelimit.memory.bytes: {}", usage.bytes);
             let _ = writeln!(out, "ratelimit.memory.evictions: {}", usage.evictions);
         }
-        Backend::Redis(_) => {}
+        Backend::Remote(_) => {}
     }
     out
 }

@@ -2,6 +2,7 @@
 //! `/json` facade, health, a debug server and hot-reloaded YAML rules, deciding with
 //! [`ratelimit_core`].
 
+pub mod backend;
 pub mod bounds;
 pub mod cli;
 pub mod convert;
@@ -14,7 +15,6 @@ pub mod listeners;
 pub mod logging;
 pub mod metadata;
 pub mod provider;
-pub mod redis_store;
 pub mod runner;
 pub mod serve;
 pub mod service;

@@ -2,8 +2,7 @@
 
 use std::sync::Arc;
 
-use ratelimit_core::stats::Counter;
-use ratelimit_core::{Limiter, MemoryStore};
+use ratelimit_core::Limiter;
 use tokio::net::{TcpListener, UnixListener};
 use tokio::signal::unix::{SignalKind, signal};
 use tokio::sync::{mpsc, watch};
@@ -11,25 +10,22 @@ use tonic_health::ServingStatus;
 use tonic_health::pb::health_server::HealthServer;
 use tonic_health::server::{HealthReporter, HealthService};
 
+use crate::backend::{self, Backend, BackendError};
 use crate::convert::HeaderNames;
 use crate::health::Health;
 use crate::listeners::{self, GrpcSource, Shared, WorkerListeners};
 use crate::provider::{self, FileSource};
-use crate::redis_store::RedisBackend;
-use crate::service::{Backend, Service};
-use crate::settings::{BackendType, MEMCACHE_BACKEND, Settings};
-use crate::workers::{self, PerWorker, Pool};
+use crate::service::Service;
+use crate::settings::Settings;
+use crate::workers::{self, Pool};
 use crate::{debug, serve};
 
 /// Why the server could not start.
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
-    /// A feature this build does not have yet.
-    #[error("{0}")]
-    NotAvailable(String),
     /// The counter store could not be reached or is misconfigured.
     #[error("backend: {0}")]
-    Backend(#[from] crate::redis_store::RedisError),
+    Backend(#[from] BackendError),
     /// The worker threads could not be started.
     #[error("cannot start the worker threads: {0}")]
     Workers(std::io::Error),
@@ -56,30 +52,7 @@ pub async fn run(settings: Settings) -> Result<(), StartError> {
         "serving on one single-threaded runtime per worker"
     );
     let limiter = Limiter::without_config(settings.core());
-    let backend = match settings.backend() {
-        BackendType::Memory => {
-            tracing::warn!(
-                max_counters = settings.limiter.memory_max_counters,
-                max_bytes = settings.bounds.memory_max_bytes,
-                "using the memory backend: counters are local to this process and not shared with other instances"
-            );
-            Backend::Memory(
-                MemoryStore::new(settings.limiter.memory_max_counters)
-                    .with_max_bytes(settings.bounds.memory_max_bytes),
-            )
-        }
-        BackendType::Redis => {
-            let errors = limiter
-                .stats()
-                .counter("ratelimit.service.call.should_rate_limit.redis_error");
-            let redis = connect_redis(&pool, &settings, errors).await?;
-            tracing::warn!(redis_type = %settings.redis.redis_type, per_second = settings.redis.redis_persecond, "using the redis backend");
-            Backend::Redis(redis)
-        }
-        BackendType::Memcache => {
-            return Err(StartError::NotAvailable(MEMCACHE_BACKEND.into()));
-        }
-    };
+    let backend = backend::open(&settings, &pool, limiter.stats()).await?;
     let headers = settings
         .limiter
         .limit_response_headers_enabled
@@ -123,11 +96,10 @@ pub async fn run(settings: Settings) -> Result<(), StartError> {
         changes_rx,
     ));
     service.health.publish().await;
-    if let (Backend::Redis(redis), true) = (
-        &service.backend,
-        settings.redis.redis_health_check_active_connection,
-    ) {
-        tokio::spawn(watch_redis(redis.first().clone(), Arc::clone(&service)));
+    if matches!(service.backend, Backend::Remote(_))
+        && settings.redis.redis_health_check_active_connection
+    {
+        tokio::spawn(watch_backend(Arc::clone(&service)));
     }
 
     let server = &settings.server;
@@ -217,40 +189,13 @@ pub async fn run(settings: Settings) -> Result<(), StartError> {
     Ok(())
 }
 
-/// One set of Redis connections per worker, each opened on its worker's runtime so that
-/// its replies wake no other thread. Worker 0's connects first, retrying per
-/// `REDIS_STARTUP_*`; the others follow once Redis answers.
-async fn connect_redis(
-    pool: &Pool,
-    settings: &Settings,
-    errors: Arc<Counter>,
-) -> Result<PerWorker<RedisBackend>, StartError> {
-    let jitter = settings.limiter.expiration_jitter_max_seconds;
-    let first = RedisBackend::connect(&settings.redis, jitter, Arc::clone(&errors)).await?;
-    let mut inputs = vec![None; pool.workers()];
-    inputs[0] = Some(first);
-    let redis = Arc::new(settings.redis.clone());
-    let connected = pool
-        .on_each(inputs, move |ready| {
-            let redis = Arc::clone(&redis);
-            let errors = Arc::clone(&errors);
-            async move {
-                match ready {
-                    Some(backend) => Ok(backend),
-                    None => RedisBackend::connect(&redis, jitter, errors).await,
-                }
-            }
-        })
-        .await;
-    Ok(PerWorker::new(
-        connected.into_iter().collect::<Result<_, _>>()?,
-    ))
-}
-
-/// Backend health follows whether Redis answers a PING, checked every second.
-async fn watch_redis(redis: RedisBackend, service: Arc<Service>) {
+/// Backend health follows whether the remote store answers, checked every second.
+async fn watch_backend(service: Arc<Service>) {
+    let Backend::Remote(remote) = &service.backend else {
+        return;
+    };
     loop {
-        let alive = redis.ping().await;
+        let alive = remote.ping().await;
         service.health.set_backend(alive).await;
         tokio::time::sleep(std::time::Duration::from_secs(1)).await;
     }

@@ -87,7 +87,8 @@ where
 }
 
 /// Serves `service` (a clone per connection) on `listener` within `limits` and `slots`
-/// (further clients wait in the listen backlog) until `stop` completes, then waits for the open connections to finish their requests. Each request
+/// (a client accepted past the cap waits, unserved, until a slot frees; further clients
+/// wait in the listen backlog) until `stop` completes, then waits for the open connections to finish their requests. Each request
 /// carries the client's address as a [`Peer`] extension.
 pub async fn serve<S, B>(
     listener: TcpListener,
@@ -112,17 +113,8 @@ pub async fn serve<S, B>(
     let mut at_cap = false;
     tokio::pin!(stop);
     loop {
-        if permits.available_permits() == 0 && !at_cap {
-            tracing::warn!(
-                max_connections = slots.max,
-                "HTTP connection limit reached; new connections wait until one closes"
-            );
-        }
-        at_cap = permits.available_permits() == 0;
-        let permit = tokio::select! {
-            permit = Arc::clone(&permits).acquire_owned() => permit.expect("the semaphore is never closed"),
-            () = &mut stop => break,
-        };
+        // Accept first, then wait for a slot: a worker that holds a slot while waiting in
+        // `accept` would leave it unused while another worker's clients wait.
         let accepted = tokio::select! {
             accepted = listener.accept() => accepted,
             () = &mut stop => break,
@@ -135,6 +127,17 @@ pub async fn serve<S, B>(
                 continue;
             }
         };
+        if permits.available_permits() == 0 && !at_cap {
+            tracing::warn!(
+                max_connections = slots.max,
+                "HTTP connection limit reached; new connections wait until one closes"
+            );
+        }
+        let permit = tokio::select! {
+            permit = Arc::clone(&permits).acquire_owned() => permit.expect("the semaphore is never closed"),
+            () = &mut stop => break,
+        };
+        at_cap = permits.available_permits() == 0;
         let _ = stream.set_nodelay(true);
         let (stream, activity) = Watched::new(stream);
         let inner = service.clone();

@@ -5,23 +5,13 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use ratelimit_core::stats::Counter;
-use ratelimit_core::{Limiter, MemoryStore, RequestError};
+use ratelimit_core::{Limiter, RequestError};
 
+use crate::backend::{Backend, BackendError};
 use crate::convert::{HeaderNames, InvalidRequest, request_from_pb, response_to_pb};
 use crate::health::Health;
 use crate::metadata::dynamic_metadata;
-use crate::redis_store::{RedisBackend, RedisError};
 use crate::timing::Timer;
-use crate::workers::PerWorker;
-
-/// Where counters live.
-#[derive(Debug)]
-pub enum Backend {
-    /// This process's memory: counters are not shared with other instances.
-    Memory(MemoryStore),
-    /// Redis, shared by every instance pointed at it; each worker has its connections.
-    Redis(PerWorker<RedisBackend>),
-}
 
 /// Why a request got no decision.
 #[derive(Debug, thiserror::Error)]
@@ -34,7 +24,7 @@ pub enum ServiceError {
     Request(#[from] RequestError),
     /// The counter store failed or did not answer in time.
     #[error("{0}")]
-    Backend(#[from] RedisError),
+    Backend(#[from] BackendError),
 }
 
 /// The running service: rules, counters, health and statistics.
@@ -101,9 +91,9 @@ impl Service {
         let now = unix_now();
         let response = match &self.backend {
             Backend::Memory(store) => self.limiter.should_rate_limit(&request, store, now)?,
-            Backend::Redis(redis) => {
+            Backend::Remote(remote) => {
                 let mut plan = self.limiter.plan(&request, now)?;
-                let counts = redis.get().run(&mut plan).await?;
+                let counts = remote.run(&mut plan).await?;
                 plan.decide(&counts)
             }
         };

@@ -1,14 +1,13 @@
-//! The Redis backend: a plan's increments as one pipeline per Redis (`INCRBY` and
-//! `EXPIRE` for every counter), with per-second limits on their own Redis when
-//! `REDIS_PERSECOND` is on. Connections are multiplexed: concurrent requests share them
-//! and their commands are pipelined together.
+//! The Redis backend: a request's counters as one pipeline (`INCRBY` and `EXPIRE` for
+//! every counter, or `GET` for their current totals). Connections are multiplexed:
+//! concurrent requests share them and their commands are pipelined together.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use ratelimit_core::Plan;
-use ratelimit_core::stats::Counter;
+use futures_util::future::BoxFuture;
+use ratelimit_core::Increment;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig, MultiplexedConnection};
 use redis::cluster::ClusterClientBuilder;
 use redis::cluster_async::ClusterConnection;
@@ -18,18 +17,9 @@ use redis::{
     IntoConnectionInfo, Pipeline, RedisConnectionInfo, TlsCertificates,
 };
 
-use crate::settings::{RedisSettings, RedisType};
-
-/// Why Redis gave no answer.
-#[derive(Debug, thiserror::Error)]
-pub enum RedisError {
-    /// A setting does not describe a usable Redis.
-    #[error("{0}")]
-    Settings(String),
-    /// Redis failed or did not answer in time.
-    #[error("redis error: {0}")]
-    Redis(String),
-}
+use super::{BackendError, PerWorkerStore, RemoteCounters};
+use crate::settings::{RedisSettings, RedisType, Settings};
+use crate::workers::{PerWorker, Pool};
 
 /// One Redis deployment.
 #[derive(Clone)]
@@ -82,21 +72,16 @@ impl SentinelStore {
     }
 }
 
-/// The main Redis, and the per-second one when configured.
+/// One Redis deployment's counters.
 #[derive(Clone)]
-pub struct RedisBackend {
-    main: Store,
-    per_second: Option<Store>,
+pub struct RedisCounters {
+    store: Store,
     jitter_max: u64,
-    timeout: Duration,
-    errors: Arc<Counter>,
 }
 
-impl std::fmt::Debug for RedisBackend {
+impl std::fmt::Debug for RedisCounters {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("RedisBackend")
-            .field("per_second", &self.per_second.is_some())
-            .finish()
+        f.debug_struct("RedisCounters").finish_non_exhaustive()
     }
 }
 
@@ -120,14 +105,50 @@ struct TlsFiles {
     skip_hostname_verification: bool,
 }
 
-impl RedisBackend {
-    /// Connects to the Redis deployments the settings describe, retrying with back-off
-    /// per `REDIS_STARTUP_*` while none answers.
+/// One set of connections per worker of `pool` (the main Redis, and the per-second one
+/// when configured), each opened on its worker's runtime so that its replies wake no
+/// other thread. Worker 0's connects first, retrying per `REDIS_STARTUP_*`; the others
+/// follow once Redis answers.
+pub async fn per_worker(
+    pool: &Pool,
+    settings: &Settings,
+) -> Result<(PerWorkerStore, Option<PerWorkerStore>), BackendError> {
+    let jitter = settings.limiter.expiration_jitter_max_seconds;
+    let first = RedisCounters::connect(&settings.redis, jitter).await?;
+    let mut inputs = vec![None; pool.workers()];
+    inputs[0] = Some(first);
+    let redis = Arc::new(settings.redis.clone());
+    let connected = pool
+        .on_each(inputs, move |ready| {
+            let redis = Arc::clone(&redis);
+            async move {
+                match ready {
+                    Some(counters) => Ok(counters),
+                    None => RedisCounters::connect(&redis, jitter).await,
+                }
+            }
+        })
+        .await;
+    let mut main: Vec<Box<dyn RemoteCounters>> = Vec::with_capacity(connected.len());
+    let mut per_second: Vec<Box<dyn RemoteCounters>> = Vec::new();
+    for counters in connected {
+        let (worker_main, worker_per_second) = counters?;
+        main.push(Box::new(worker_main));
+        per_second.extend(worker_per_second.map(|c| Box::new(c) as Box<dyn RemoteCounters>));
+    }
+    let per_second = (!per_second.is_empty()).then(|| PerWorker::new(per_second));
+    Ok((PerWorker::new(main), per_second))
+}
+
+impl RedisCounters {
+    /// Connects to the Redis deployments the settings describe (the main one, and the
+    /// per-second one with `REDIS_PERSECOND`), retrying with back-off per
+    /// `REDIS_STARTUP_*` while none answers. Counters expire a random
+    /// `0..jitter_max` seconds after their window.
     pub async fn connect(
         settings: &RedisSettings,
         jitter_max: u64,
-        errors: Arc<Counter>,
-    ) -> Result<RedisBackend, RedisError> {
+    ) -> Result<(RedisCounters, Option<RedisCounters>), BackendError> {
         let url = settings
             .redis_url
             .as_deref()
@@ -166,119 +187,32 @@ impl RedisBackend {
         } else {
             None
         };
-        Ok(RedisBackend {
-            main,
-            per_second,
-            jitter_max,
-            timeout: settings.redis_timeout,
-            errors,
-        })
+        let counters = |store| RedisCounters { store, jitter_max };
+        Ok((counters(main), per_second.map(counters)))
     }
 
-    /// Runs the plan's counters and returns their totals, in plan order.
-    pub async fn run(&self, plan: &mut Plan) -> Result<Vec<u64>, RedisError> {
-        let result = tokio::time::timeout(self.timeout, self.run_unbounded(plan))
-            .await
-            .unwrap_or_else(|_| {
-                Err(RedisError::Redis(format!(
-                    "no answer within REDIS_TIMEOUT ({:?})",
-                    self.timeout
-                )))
-            });
-        if result.is_err() {
-            self.errors.add(1);
-        }
-        result
-    }
-
-    async fn run_unbounded(&self, plan: &mut Plan) -> Result<Vec<u64>, RedisError> {
-        if self.per_second.is_none() {
-            let all: Vec<usize> = (0..plan.increments().len()).collect();
-            if plan.needs_current_counts() {
-                let current = self.get(&self.main, plan, &all).await?;
-                plan.apply_current(&current);
-            }
-            return self.incr(&self.main, plan, &all).await;
-        }
-        let (main, per_second) = self.split(plan);
-        if plan.needs_current_counts() {
-            let mut current = vec![0u64; plan.increments().len()];
-            let (a, b) = tokio::join!(
-                self.get(&self.main, plan, &main),
-                self.get_per_second(plan, &per_second)
-            );
-            for (i, v) in main.iter().zip(a?).chain(per_second.iter().zip(b?)) {
-                current[*i] = v;
-            }
-            plan.apply_current(&current);
-        }
-        let mut counts = vec![0u64; plan.increments().len()];
-        let (a, b) = tokio::join!(
-            self.incr(&self.main, plan, &main),
-            self.incr_per_second(plan, &per_second)
-        );
-        for (i, v) in main.iter().zip(a?).chain(per_second.iter().zip(b?)) {
-            counts[*i] = v;
-        }
-        Ok(counts)
-    }
-
-    /// Indexes of the plan's counters for the main and the per-second Redis.
-    fn split(&self, plan: &Plan) -> (Vec<usize>, Vec<usize>) {
-        (0..plan.increments().len())
-            .partition(|&i| self.per_second.is_none() || !plan.increments()[i].per_second())
-    }
-
-    async fn incr_per_second(
-        &self,
-        plan: &Plan,
-        indexes: &[usize],
-    ) -> Result<Vec<u64>, RedisError> {
-        match &self.per_second {
-            Some(store) => self.incr(store, plan, indexes).await,
-            None => Ok(Vec::new()),
-        }
-    }
-
-    async fn get_per_second(&self, plan: &Plan, indexes: &[usize]) -> Result<Vec<u64>, RedisError> {
-        match &self.per_second {
-            Some(store) => self.get(store, plan, indexes).await,
-            None => Ok(Vec::new()),
-        }
-    }
-
-    async fn incr(
-        &self,
-        store: &Store,
-        plan: &Plan,
-        indexes: &[usize],
-    ) -> Result<Vec<u64>, RedisError> {
-        let totals: Vec<redis::RedisResult<i64>> = run_batched(store, indexes, |pipe, i| {
-            let increment = &plan.increments()[i];
-            let jitter = if self.jitter_max > 0 {
-                fastrand::u64(0..self.jitter_max)
-            } else {
-                0
-            };
-            pipe.cmd("INCRBY").arg(&increment.key).arg(increment.hits);
-            pipe.cmd("EXPIRE")
-                .arg(&increment.key)
-                .arg(increment.expiry_seconds(jitter))
-                .ignore();
-        })
-        .await?;
+    async fn incr(&self, items: &[&Increment]) -> Result<Vec<u64>, BackendError> {
+        let totals: Vec<redis::RedisResult<i64>> =
+            run_batched(&self.store, items, |pipe, increment| {
+                let jitter = if self.jitter_max > 0 {
+                    fastrand::u64(0..self.jitter_max)
+                } else {
+                    0
+                };
+                pipe.cmd("INCRBY").arg(&increment.key).arg(increment.hits);
+                pipe.cmd("EXPIRE")
+                    .arg(&increment.key)
+                    .arg(increment.expiry_seconds(jitter))
+                    .ignore();
+            })
+            .await?;
         totals.into_iter().map(saturated_total).collect()
     }
 
-    async fn get(
-        &self,
-        store: &Store,
-        plan: &Plan,
-        indexes: &[usize],
-    ) -> Result<Vec<u64>, RedisError> {
+    async fn get(&self, items: &[&Increment]) -> Result<Vec<u64>, BackendError> {
         let values: Vec<redis::RedisResult<Option<u64>>> =
-            run_batched(store, indexes, |pipe, i| {
-                pipe.cmd("GET").arg(&plan.increments()[i].key);
+            run_batched(&self.store, items, |pipe, increment| {
+                pipe.cmd("GET").arg(&increment.key);
             })
             .await?;
         values
@@ -286,20 +220,36 @@ impl RedisBackend {
             .map(|value| value.map(Option::unwrap_or_default).map_err(redis_error))
             .collect()
     }
+}
 
-    /// Whether the main Redis answers a PING.
-    pub async fn ping(&self) -> bool {
-        let mut pipe = redis::pipe();
-        pipe.cmd("PING");
-        let answer = tokio::time::timeout(self.timeout, query::<Vec<String>>(&self.main, &pipe));
-        matches!(answer.await, Ok(Ok(_)))
+impl RemoteCounters for RedisCounters {
+    fn increment<'a>(
+        &'a self,
+        increments: &'a [&'a Increment],
+    ) -> BoxFuture<'a, Result<Vec<u64>, BackendError>> {
+        Box::pin(self.incr(increments))
+    }
+
+    fn current<'a>(
+        &'a self,
+        increments: &'a [&'a Increment],
+    ) -> BoxFuture<'a, Result<Vec<u64>, BackendError>> {
+        Box::pin(self.get(increments))
+    }
+
+    fn ping(&self) -> BoxFuture<'_, bool> {
+        Box::pin(async move {
+            let mut pipe = redis::pipe();
+            pipe.cmd("PING");
+            query::<Vec<String>>(&self.store, &pipe).await.is_ok()
+        })
     }
 }
 
 /// A counter's total after `INCRBY`. Redis refuses to go past `i64::MAX`; a counter
 /// that far over any limit is decided as saturated, never as a backend failure (which
 /// Envoy's default `failure_mode_deny: false` would let through).
-fn saturated_total(total: redis::RedisResult<i64>) -> Result<u64, RedisError> {
+fn saturated_total(total: redis::RedisResult<i64>) -> Result<u64, BackendError> {
     match total {
         Ok(total) => Ok(u64::try_from(total).unwrap_or(0)),
         Err(error) if error.to_string().contains("would overflow") => Ok(u64::MAX),
@@ -309,26 +259,26 @@ fn saturated_total(total: redis::RedisResult<i64>) -> Result<u64, RedisError> {
 
 /// Runs the commands `add` writes for each counter: in one pipeline on a single Redis; in
 /// one pipeline per counter, all at once, on a cluster, where a pipeline must stay within
-/// one hash slot. Results come back in `indexes` order.
+/// one hash slot. Results come back in `items` order.
 async fn run_batched<T: redis::FromRedisValue>(
     store: &Store,
-    indexes: &[usize],
-    mut add: impl FnMut(&mut Pipeline, usize),
-) -> Result<Vec<T>, RedisError> {
-    if indexes.is_empty() {
+    items: &[&Increment],
+    mut add: impl FnMut(&mut Pipeline, &Increment),
+) -> Result<Vec<T>, BackendError> {
+    if items.is_empty() {
         return Ok(Vec::new());
     }
     let mut pipes: Vec<Pipeline> = match store {
         Store::Single(..) | Store::Sentinel(_) => {
             let mut pipe = redis::pipe();
-            indexes.iter().for_each(|&i| add(&mut pipe, i));
+            items.iter().for_each(|increment| add(&mut pipe, increment));
             vec![pipe]
         }
-        Store::Cluster(_) => indexes
+        Store::Cluster(_) => items
             .iter()
-            .map(|&i| {
+            .map(|increment| {
                 let mut pipe = redis::pipe();
-                add(&mut pipe, i);
+                add(&mut pipe, increment);
                 pipe
             })
             .collect(),
@@ -343,14 +293,17 @@ async fn run_batched<T: redis::FromRedisValue>(
     }
     let results =
         futures_util::future::join_all(pipes.iter().map(|pipe| query::<Vec<T>>(store, pipe))).await;
-    let mut out = Vec::with_capacity(indexes.len());
+    let mut out = Vec::with_capacity(items.len());
     for result in results {
         out.extend(result?);
     }
     Ok(out)
 }
 
-async fn query<T: redis::FromRedisValue>(store: &Store, pipe: &Pipeline) -> Result<T, RedisError> {
+async fn query<T: redis::FromRedisValue>(
+    store: &Store,
+    pipe: &Pipeline,
+) -> Result<T, BackendError> {
     let result = match store {
         Store::Single(connections, next) => {
             let i = next.fetch_add(1, Ordering::Relaxed) % connections.len();
@@ -372,24 +325,24 @@ async fn query<T: redis::FromRedisValue>(store: &Store, pipe: &Pipeline) -> Resu
     result.map_err(redis_error)
 }
 
-fn redis_error(error: redis::RedisError) -> RedisError {
-    RedisError::Redis(error.to_string())
+fn redis_error(error: redis::RedisError) -> BackendError {
+    BackendError::Unavailable(format!("redis error: {error}"))
 }
 
 async fn with_startup_backoff<F, Fut>(
     settings: &RedisSettings,
     mut connect: F,
-) -> Result<Store, RedisError>
+) -> Result<Store, BackendError>
 where
     F: FnMut() -> Fut,
-    Fut: Future<Output = Result<Store, RedisError>>,
+    Fut: Future<Output = Result<Store, BackendError>>,
 {
     let started = std::time::Instant::now();
     let mut wait = settings.redis_startup_initial_interval;
     loop {
         match connect().await {
             Ok(store) => return Ok(store),
-            Err(RedisError::Settings(message)) => return Err(RedisError::Settings(message)),
+            Err(BackendError::Settings(message)) => return Err(BackendError::Settings(message)),
             Err(error) => {
                 let limit = settings.redis_startup_max_elapsed_time;
                 if !limit.is_zero() && started.elapsed() + wait > limit {
@@ -403,12 +356,12 @@ where
     }
 }
 
-async fn open(target: &Target<'_>) -> Result<Store, RedisError> {
+async fn open(target: &Target<'_>) -> Result<Store, BackendError> {
     let credentials = credentials(target.auth);
     // A client that cannot even be built is a settings problem: retrying will not help.
     let redis_error = |e: redis::RedisError| match e.kind() {
-        redis::ErrorKind::InvalidClientConfig => RedisError::Settings(e.to_string()),
-        _ => RedisError::Redis(e.to_string()),
+        redis::ErrorKind::InvalidClientConfig => BackendError::Settings(e.to_string()),
+        _ => BackendError::Unavailable(format!("redis error: {e}")),
     };
     let mut info = RedisConnectionInfo::default();
     if let Some(user) = &credentials.0 {
@@ -418,7 +371,7 @@ async fn open(target: &Target<'_>) -> Result<Store, RedisError> {
         info = info.set_password(password);
     }
     if target.tls.is_some() && target.kind != RedisType::Single {
-        return Err(RedisError::Settings(format!(
+        return Err(BackendError::Settings(format!(
             "REDIS_TLS with REDIS_TYPE={}: TLS is only available with REDIS_TYPE=single in this version",
             target.kind
         )));
@@ -477,7 +430,7 @@ async fn open(target: &Target<'_>) -> Result<Store, RedisError> {
                 .map(|node| sentinel_address(target.socket_type, node, target.sentinel_auth))
                 .collect::<Result<Vec<_>, _>>()?;
             if master.is_empty() || sentinels.is_empty() {
-                return Err(RedisError::Settings(format!(
+                return Err(BackendError::Settings(format!(
                     "REDIS_URL '{}': a sentinel URL is the master name then at least one host:port",
                     target.url
                 )));
@@ -511,9 +464,9 @@ fn tls_client(
     url: &str,
     info: RedisConnectionInfo,
     files: &TlsFiles,
-) -> Result<redis::RedisResult<Client>, RedisError> {
+) -> Result<redis::RedisResult<Client>, BackendError> {
     let read = |what: &str, path: &str| {
-        std::fs::read(path).map_err(|e| RedisError::Settings(format!("{what} {path}: {e}")))
+        std::fs::read(path).map_err(|e| BackendError::Settings(format!("{what} {path}: {e}")))
     };
     let client_tls = match (files.client_cert.is_empty(), files.client_key.is_empty()) {
         (true, true) => None,
@@ -522,7 +475,7 @@ fn tls_client(
             client_key: read("REDIS_TLS_CLIENT_KEY", &files.client_key)?,
         }),
         _ => {
-            return Err(RedisError::Settings(
+            return Err(BackendError::Settings(
                 "REDIS_TLS_CLIENT_CERT and REDIS_TLS_CLIENT_KEY go together".into(),
             ));
         }
@@ -532,7 +485,7 @@ fn tls_client(
         .transpose()?;
     let info = format!("rediss://{url}")
         .into_connection_info()
-        .map_err(|e| RedisError::Settings(format!("REDIS_URL '{url}': {e}")))?
+        .map_err(|e| BackendError::Settings(format!("REDIS_URL '{url}': {e}")))?
         .set_redis_settings(info);
     let client = match Client::build_with_tls(
         info,
@@ -559,7 +512,7 @@ fn sentinel_address(
     socket_type: &str,
     url: &str,
     auth: &str,
-) -> Result<ConnectionInfo, RedisError> {
+) -> Result<ConnectionInfo, BackendError> {
     let (user, password) = credentials(auth);
     let mut info = RedisConnectionInfo::default();
     if let Some(user) = user {
@@ -571,7 +524,7 @@ fn sentinel_address(
     Ok(address(socket_type, url)?.set_redis_settings(info))
 }
 
-fn address(socket_type: &str, url: &str) -> Result<ConnectionInfo, RedisError> {
+fn address(socket_type: &str, url: &str) -> Result<ConnectionInfo, BackendError> {
     let addr = match socket_type {
         "unix" => ConnectionAddr::Unix(url.into()),
         "tcp" => {
@@ -579,18 +532,18 @@ fn address(socket_type: &str, url: &str) -> Result<ConnectionInfo, RedisError> {
                 .rsplit_once(':')
                 .and_then(|(h, p)| Some((h.to_owned(), p.parse::<u16>().ok()?)))
                 .ok_or_else(|| {
-                    RedisError::Settings(format!("REDIS_URL '{url}' is not host:port"))
+                    BackendError::Settings(format!("REDIS_URL '{url}' is not host:port"))
                 })?;
             ConnectionAddr::Tcp(host, port)
         }
         other => {
-            return Err(RedisError::Settings(format!(
+            return Err(BackendError::Settings(format!(
                 "REDIS_SOCKET_TYPE={other}: expected tcp or unix"
             )));
         }
     };
     addr.into_connection_info()
-        .map_err(|e| RedisError::Settings(e.to_string()))
+        .map_err(|e| BackendError::Settings(e.to_string()))
 }
 
 #[cfg(test)]

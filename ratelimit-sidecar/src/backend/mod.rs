@@ -1,0 +1,192 @@
+//! Where counters live: this process's memory, or a remote store behind
+//! [`RemoteCounters`] (Redis today; memcached comes in as one more module).
+//!
+//! Running a plan remotely is written once, in [`Remote::run`]: the deadline, the error
+//! statistic, the routing of per-second counters to their own store, and the
+//! current-counts step of STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT (whose rule the core
+//! owns: [`Plan::needs_current_counts`] and [`Plan::apply_current`]).
+
+pub mod redis;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::future::BoxFuture;
+use ratelimit_core::stats::{Counter, StatsRegistry};
+use ratelimit_core::{Increment, MemoryStore, Plan};
+
+use crate::settings::{BackendType, MEMCACHE_BACKEND, Settings};
+use crate::workers::{PerWorker, Pool};
+
+/// Why a store gave no answer.
+#[derive(Debug, thiserror::Error)]
+pub enum BackendError {
+    /// A setting does not describe a usable store: retrying will not help.
+    #[error("{0}")]
+    Settings(String),
+    /// The store failed or did not answer in time.
+    #[error("{0}")]
+    Unavailable(String),
+}
+
+/// A store of counters in another process.
+pub trait RemoteCounters: Send + Sync + std::fmt::Debug {
+    /// Adds each increment's hits to its counter (creating it with the window's expiry)
+    /// and returns the totals, in order.
+    fn increment<'a>(
+        &'a self,
+        increments: &'a [&'a Increment],
+    ) -> BoxFuture<'a, Result<Vec<u64>, BackendError>>;
+
+    /// The counters' current totals (0 for a counter that does not exist), in order.
+    fn current<'a>(
+        &'a self,
+        increments: &'a [&'a Increment],
+    ) -> BoxFuture<'a, Result<Vec<u64>, BackendError>>;
+
+    /// Whether the store answers.
+    fn ping(&self) -> BoxFuture<'_, bool>;
+}
+
+/// One remote store per worker: each worker's connections wake only that worker.
+pub type PerWorkerStore = PerWorker<Box<dyn RemoteCounters>>;
+
+/// Opens the backend the settings choose, with one set of connections per worker of
+/// `pool` for a remote store.
+pub async fn open(
+    settings: &Settings,
+    pool: &Pool,
+    stats: &StatsRegistry,
+) -> Result<Backend, BackendError> {
+    match settings.backend() {
+        BackendType::Memory => {
+            tracing::warn!(
+                max_counters = settings.limiter.memory_max_counters,
+                max_bytes = settings.bounds.memory_max_bytes,
+                "using the memory backend: counters are local to this process and not shared with other instances"
+            );
+            Ok(Backend::Memory(
+                MemoryStore::new(settings.limiter.memory_max_counters)
+                    .with_max_bytes(settings.bounds.memory_max_bytes),
+            ))
+        }
+        BackendType::Redis => {
+            let (main, per_second) = redis::per_worker(pool, settings).await?;
+            tracing::warn!(redis_type = %settings.redis.redis_type, per_second = settings.redis.redis_persecond, "using the redis backend");
+            Ok(Backend::Remote(Remote::new(
+                main,
+                per_second,
+                (settings.redis.redis_timeout, "REDIS_TIMEOUT"),
+                stats.counter("ratelimit.service.call.should_rate_limit.redis_error"),
+            )))
+        }
+        BackendType::Memcache => Err(BackendError::Settings(MEMCACHE_BACKEND.into())),
+    }
+}
+
+/// Where counters live.
+#[derive(Debug)]
+pub enum Backend {
+    /// This process's memory: counters are not shared with other instances.
+    Memory(MemoryStore),
+    /// A remote store, shared by every instance pointed at it.
+    Remote(Remote),
+}
+
+/// A remote store, with the per-second one when configured, and what bounds a call.
+#[derive(Debug)]
+pub struct Remote {
+    main: PerWorkerStore,
+    per_second: Option<PerWorkerStore>,
+    deadline: Duration,
+    /// The setting that names `deadline`, for the error.
+    deadline_setting: &'static str,
+    errors: Arc<Counter>,
+}
+
+impl Remote {
+    /// Counters in `main`, except those of `second` limits, which go to `per_second`
+    /// when there is one. Every call gets at most `deadline` (named by the setting
+    /// `deadline_setting`); `errors` counts the calls that fail.
+    pub fn new(
+        main: PerWorkerStore,
+        per_second: Option<PerWorkerStore>,
+        deadline: (Duration, &'static str),
+        errors: Arc<Counter>,
+    ) -> Remote {
+        Remote {
+            main,
+            per_second,
+            deadline: deadline.0,
+            deadline_setting: deadline.1,
+            errors,
+        }
+    }
+
+    /// Runs the plan's counters and returns their totals, in plan order.
+    pub async fn run(&self, plan: &mut Plan) -> Result<Vec<u64>, BackendError> {
+        let result = tokio::time::timeout(self.deadline, self.exchange(plan))
+            .await
+            .unwrap_or_else(|_| {
+                Err(BackendError::Unavailable(format!(
+                    "no answer within {} ({:?})",
+                    self.deadline_setting, self.deadline
+                )))
+            });
+        if result.is_err() {
+            self.errors.add(1);
+        }
+        result
+    }
+
+    /// Whether the main store answers, within the deadline.
+    pub async fn ping(&self) -> bool {
+        let answer = tokio::time::timeout(self.deadline, self.main.get().ping());
+        matches!(answer.await, Ok(true))
+    }
+
+    async fn exchange(&self, plan: &mut Plan) -> Result<Vec<u64>, BackendError> {
+        if plan.needs_current_counts() {
+            let current = self
+                .routed(plan.increments(), |store, items| store.current(items))
+                .await?;
+            plan.apply_current(&current);
+        }
+        self.routed(plan.increments(), |store, items| store.increment(items))
+            .await
+    }
+
+    /// Calls `call` on the main store with every increment, or, with a per-second store,
+    /// on each store with its share, at once; the totals come back in plan order.
+    async fn routed<'a, F>(
+        &'a self,
+        increments: &'a [Increment],
+        call: F,
+    ) -> Result<Vec<u64>, BackendError>
+    where
+        F: for<'b> Fn(
+            &'b dyn RemoteCounters,
+            &'b [&'b Increment],
+        ) -> BoxFuture<'b, Result<Vec<u64>, BackendError>>,
+    {
+        let Some(per_second) = &self.per_second else {
+            let all: Vec<&Increment> = increments.iter().collect();
+            return call(self.main.get().as_ref(), &all).await;
+        };
+        let (seconds, others): (Vec<usize>, Vec<usize>) =
+            (0..increments.len()).partition(|&i| increments[i].per_second());
+        let pick = |indexes: &[usize]| -> Vec<&Increment> {
+            indexes.iter().map(|&i| &increments[i]).collect()
+        };
+        let (seconds_items, others_items) = (pick(&seconds), pick(&others));
+        let (a, b) = tokio::join!(
+            call(per_second.get().as_ref(), &seconds_items),
+            call(self.main.get().as_ref(), &others_items)
+        );
+        let mut totals = vec![0; increments.len()];
+        for (i, total) in seconds.iter().zip(a?).chain(others.iter().zip(b?)) {
+            totals[*i] = total;
+        }
+        Ok(totals)
+    }
+}
