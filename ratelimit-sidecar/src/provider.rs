@@ -57,9 +57,11 @@ pub enum LoadError {
 }
 
 impl FileSource {
-    /// The source the settings describe.
+    /// The source the settings describe. A relative `RUNTIME_ROOT` is taken from the
+    /// working directory at start, once: the watcher sees absolute paths.
     pub fn new(settings: &ConfigSettings) -> FileSource {
-        let root = PathBuf::from(&settings.runtime_root);
+        let root = std::path::absolute(&settings.runtime_root)
+            .unwrap_or_else(|_| PathBuf::from(&settings.runtime_root));
         let base = root.join(&settings.runtime_subdirectory);
         let app = base.join(&settings.runtime_appdirectory);
         FileSource {
@@ -136,8 +138,10 @@ impl FileSource {
 }
 
 /// Every `.yaml`/`.yml` file under `dir`, recursively, sorted by path. Symbolic links are
-/// followed, but each directory is read once: a link back to a directory being read (a
-/// loop) is an error, and a second way into a directory already read is skipped.
+/// followed, but each directory and each file is read once: a link back to a directory
+/// being read (a loop) is an error, and a second way into a directory or a file already
+/// found is skipped. A file reached both by a plain path and through a hidden one (a
+/// Kubernetes ConfigMap's `rules.yaml -> ..data/rules.yaml`) is named by the plain one.
 pub fn yaml_files(dir: &Path, ignore_dotfiles: bool) -> Result<Vec<PathBuf>, LoadError> {
     let mut walk = Walk {
         ignore_dotfiles,
@@ -146,8 +150,23 @@ pub fn yaml_files(dir: &Path, ignore_dotfiles: bool) -> Result<Vec<PathBuf>, Loa
         files: Vec::new(),
     };
     walk.directory(dir)?;
-    walk.files.sort();
-    Ok(walk.files)
+    let hidden = |path: &Path| {
+        path.strip_prefix(dir)
+            .unwrap_or(path)
+            .components()
+            .any(|c| c.as_os_str().to_string_lossy().starts_with('.'))
+    };
+    walk.files
+        .sort_by_cached_key(|(path, _)| (hidden(path), path.clone()));
+    let mut files_seen = HashSet::new();
+    let mut files: Vec<PathBuf> = walk
+        .files
+        .into_iter()
+        .filter(|(_, id)| files_seen.insert(*id))
+        .map(|(path, _)| path)
+        .collect();
+    files.sort();
+    Ok(files)
 }
 
 struct Walk {
@@ -156,7 +175,8 @@ struct Walk {
     seen: HashSet<(u64, u64)>,
     /// The directories being read, outermost first.
     ancestors: Vec<((u64, u64), PathBuf)>,
-    files: Vec<PathBuf>,
+    /// Each file found, with its (device, inode).
+    files: Vec<(PathBuf, (u64, u64))>,
 }
 
 impl Walk {
@@ -184,7 +204,8 @@ impl Walk {
             if path.is_dir() {
                 self.directory(&path)?;
             } else if path.extension().is_some_and(|e| e == "yaml" || e == "yml") {
-                self.files.push(path);
+                let meta = std::fs::metadata(&path).map_err(|e| io(&path, e))?;
+                self.files.push((path, (meta.dev(), meta.ino())));
             }
         }
         self.ancestors.pop();
@@ -199,9 +220,10 @@ fn io(path: &Path, error: std::io::Error) -> LoadError {
     }
 }
 
-/// Applies a load result: swap the rules and count `config_load_success`, or keep the
-/// old rules, log the error and count `config_load_error`.
-pub async fn apply(service: &Service, result: Result<Config, LoadError>) {
+/// Applies a load result from `directory`: swap the rules and count
+/// `config_load_success` (warning when no domain was found: every request is then
+/// allowed), or keep the old rules, log the error and count `config_load_error`.
+pub async fn apply(service: &Service, directory: &Path, result: Result<Config, LoadError>) {
     let stats = service.limiter.stats();
     match result {
         Ok(config) => {
@@ -211,6 +233,17 @@ pub async fn apply(service: &Service, result: Result<Config, LoadError>) {
                 .add(1);
             let domains: Vec<&str> = config.domains().iter().map(|d| d.domain.as_str()).collect();
             tracing::info!(domains = ?domains, "loaded rate limit configuration");
+            if domains.is_empty() {
+                let why = if directory.is_dir() {
+                    "it holds no .yaml or .yml file with a domain"
+                } else {
+                    "it does not exist"
+                };
+                tracing::warn!(
+                    directory = %directory.display(),
+                    "no rate limit domain loaded ({why}): every request will be allowed"
+                );
+            }
             for line in service.limiter.describe().lines() {
                 tracing::info!("rule {line}");
             }
@@ -241,6 +274,6 @@ pub async fn reload_on_change(
                     error: std::io::Error::other(e),
                 })
             });
-        apply(&service, result).await;
+        apply(&service, source.directory(), result).await;
     }
 }

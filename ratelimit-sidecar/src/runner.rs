@@ -81,7 +81,7 @@ pub async fn run(settings: Settings) -> Result<(), StartError> {
 
     let source = FileSource::new(&settings.config);
     tracing::info!(directory = %source.directory().display(), "loading rate limit configuration");
-    provider::apply(&service, source.load()).await;
+    provider::apply(&service, source.directory(), source.load()).await;
     let (changes_tx, changes_rx) = mpsc::channel(16);
     let _watcher = match source.watch(changes_tx) {
         Ok(watcher) => Some(watcher),

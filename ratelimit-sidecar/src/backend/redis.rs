@@ -526,6 +526,20 @@ fn sentinel_address(
 
 fn address(socket_type: &str, url: &str) -> Result<ConnectionInfo, BackendError> {
     let addr = match socket_type {
+        "unix" if !std::path::Path::new(url).exists() => {
+            let host_port = url
+                .rsplit_once(':')
+                .is_some_and(|(_, port)| port.parse::<u16>().is_ok());
+            return Err(if host_port {
+                BackendError::Settings(format!(
+                    "REDIS_URL '{url}' looks like host:port, but REDIS_SOCKET_TYPE is unix (the default) and no socket exists at that path: set REDIS_SOCKET_TYPE=tcp"
+                ))
+            } else {
+                BackendError::Unavailable(format!(
+                    "REDIS_URL '{url}': no unix socket at this path (REDIS_SOCKET_TYPE=unix)"
+                ))
+            });
+        }
         "unix" => ConnectionAddr::Unix(url.into()),
         "tcp" => {
             let (host, port) = url
@@ -565,10 +579,23 @@ mod tests {
         assert!(
             matches!(address("tcp", "127.0.0.1:6379").unwrap().addr(), ConnectionAddr::Tcp(h, 6379) if h == "127.0.0.1")
         );
+        let socket = std::env::temp_dir();
         assert!(matches!(
-            address("unix", "/tmp/r.sock").unwrap().addr(),
+            address("unix", socket.to_str().unwrap()).unwrap().addr(),
             ConnectionAddr::Unix(_)
         ));
+        // Upstream's default socket type with a host:port is a settings error with a hint;
+        // a socket path that does not exist yet is retried.
+        let hint = address("unix", "127.0.0.1:28379").unwrap_err();
+        assert!(
+            matches!(&hint, BackendError::Settings(m) if m.contains("set REDIS_SOCKET_TYPE=tcp")),
+            "{hint}"
+        );
+        let missing = address("unix", "/nonexistent/redis.sock").unwrap_err();
+        assert!(
+            matches!(&missing, BackendError::Unavailable(m) if m.contains("/nonexistent/redis.sock")),
+            "{missing}"
+        );
         assert!(address("tcp", "nohost").is_err());
         assert!(address("udp", "x:1").is_err());
     }

@@ -14,7 +14,8 @@ pub struct RedisSettings {
         long,
         env = "REDIS_SOCKET_TYPE",
         value_name = "REDIS_SOCKET_TYPE",
-        default_value = "unix"
+        default_value = "unix",
+        value_parser = socket_type
     )]
     pub redis_socket_type: String,
     /// single, sentinel or cluster.
@@ -127,7 +128,8 @@ pub struct RedisSettings {
         long,
         env = "REDIS_PERSECOND_SOCKET_TYPE",
         value_name = "REDIS_PERSECOND_SOCKET_TYPE",
-        default_value = "unix"
+        default_value = "unix",
+        value_parser = socket_type
     )]
     pub redis_persecond_socket_type: String,
     /// Per-second Redis: single, sentinel or cluster.
@@ -198,6 +200,14 @@ pub struct RedisSettings {
         default_value_t = 1
     )]
     pub redis_persecond_cluster_pipeline_parallelism: u32,
+}
+
+fn socket_type(value: &str) -> Result<String, String> {
+    let lower = value.to_ascii_lowercase();
+    match lower.as_str() {
+        "tcp" | "unix" => Ok(lower),
+        _ => Err(format!("expected tcp or unix; got '{value}'")),
+    }
 }
 
 /// The shape of a Redis deployment.

@@ -74,6 +74,8 @@ pub struct Options {
     pub links: Vec<(String, String)>,
     /// A limit on the server's open files (RLIMIT_NOFILE), set with `prlimit`.
     pub nofile: Option<u32>,
+    /// Start in the runtime directory with `RUNTIME_ROOT=current`, a relative path.
+    pub relative_root: bool,
 }
 
 impl Default for Options {
@@ -85,6 +87,7 @@ impl Default for Options {
             uds: false,
             links: Vec::new(),
             nofile: None,
+            relative_root: false,
         }
     }
 }
@@ -110,7 +113,9 @@ impl Server {
         let config = dir.path().join("v1/config");
         std::fs::create_dir_all(&config).unwrap();
         for (name, text) in &options.files {
-            std::fs::write(config.join(name), text).unwrap();
+            let path = config.join(name);
+            std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+            std::fs::write(path, text).unwrap();
         }
         for (name, target) in &options.links {
             let link = config.join(name);
@@ -145,7 +150,14 @@ impl Server {
             .env("BACKEND_TYPE", "memory")
             .env("USE_STATSD", "false")
             .env("LOG_LEVEL", "debug")
-            .env("RUNTIME_ROOT", dir.path().join("current"))
+            .env(
+                "RUNTIME_ROOT",
+                if options.relative_root {
+                    PathBuf::from("current")
+                } else {
+                    dir.path().join("current")
+                },
+            )
             .env("RUNTIME_SUBDIRECTORY", "")
             .env("RUNTIME_APPDIRECTORY", "config")
             .env("RUNTIME_WATCH_ROOT", options.watch_root.to_string())
@@ -153,6 +165,9 @@ impl Server {
             .stderr(std::fs::File::create(&log).unwrap());
         if let Some(path) = &uds {
             command.env("GRPC_UDS", path);
+        }
+        if options.relative_root {
+            command.current_dir(dir.path());
         }
         for (key, value) in &options.env {
             command.env(key, value);
