@@ -58,14 +58,19 @@ pub enum LimitsError {
     /// The rules do not mention the domain this service asks for.
     #[error("RATELIMIT_CONFIG has no domain `{0}`; set RATELIMIT_DOMAIN or fix the file")]
     NoDomain(String),
-    /// The sidecar URL is not a URL.
-    #[error("RATELIMIT_GRPC_URL `{url}` is not valid: {source}")]
+    /// The sidecar URL is not an `http://` or `https://` URL with a host.
+    #[error("RATELIMIT_GRPC_URL `{url}` is not valid: {reason}")]
     BadUrl {
         /// The URL given.
         url: String,
         /// What is wrong with it.
-        source: tonic::transport::Error,
+        reason: String,
     },
+    /// The sidecar answered, but has no limit for this service's domain.
+    #[error(
+        "the ratelimit sidecar at RATELIMIT_GRPC_URL has no limit for a client in domain `{0}` (RATELIMIT_DOMAIN): every batch would be allowed. Load a rule for `client_id` in that domain into the sidecar, or set RATELIMIT_ALLOW_UNKNOWN_DOMAIN=true"
+    )]
+    UnknownRemoteDomain(String),
 }
 
 /// The configured limits.
@@ -93,6 +98,9 @@ pub enum Limits {
         failure_mode_deny: bool,
     },
 }
+
+/// The client id of the start-up probe: a space is not allowed in `x-client-id`.
+const PROBE_CLIENT: &str = "operations-intake start-up probe";
 
 /// How many distinct counters the in-process store keeps at most.
 const LOCAL_COUNTERS: usize = 1 << 20;
@@ -122,11 +130,19 @@ impl Limits {
         timeout: Duration,
         failure_mode_deny: bool,
     ) -> Result<Limits, LimitsError> {
-        let endpoint = Endpoint::from_shared(url.to_owned())
-            .map_err(|source| LimitsError::BadUrl {
-                url: url.to_owned(),
-                source,
-            })?
+        let bad = |reason: String| LimitsError::BadUrl {
+            url: url.to_owned(),
+            reason,
+        };
+        let uri: http::Uri = url
+            .parse()
+            .map_err(|e: http::uri::InvalidUri| bad(e.to_string()))?;
+        if !matches!(uri.scheme_str(), Some("http" | "https")) || uri.host().is_none() {
+            return Err(bad(
+                "expected http://host:port (or https://); the scheme is required".into(),
+            ));
+        }
+        let endpoint = Endpoint::from(uri)
             .connect_timeout(timeout)
             .timeout(timeout);
         Ok(Limits::Remote {
@@ -135,6 +151,53 @@ impl Limits {
             timeout,
             failure_mode_deny,
         })
+    }
+
+    /// Asks the sidecar once whether it limits clients of this service's domain: an
+    /// error when it answers without a limit (an unknown domain, or no `client_id` rule),
+    /// a warning when it cannot be asked (it may start later). The probe counts one hit
+    /// for a client id no caller can send (`x-client-id` values are checked).
+    pub async fn verify_remote(&self) -> Result<(), LimitsError> {
+        let Limits::Remote {
+            client,
+            domain,
+            timeout,
+            ..
+        } = self
+        else {
+            return Ok(());
+        };
+        let probe = Request::new(
+            domain.clone(),
+            vec![Descriptor::new([("client_id", PROBE_CLIENT)])],
+        );
+        let mut client = client.clone();
+        let call = client.should_rate_limit(remote_request(&probe));
+        match tokio::time::timeout(*timeout, call).await {
+            Ok(Ok(response)) => {
+                let limited = response
+                    .get_ref()
+                    .statuses
+                    .iter()
+                    .any(|status| status.current_limit.is_some());
+                if limited {
+                    Ok(())
+                } else {
+                    Err(LimitsError::UnknownRemoteDomain(domain.clone()))
+                }
+            }
+            Ok(Err(status)) => {
+                tracing::warn!(%status, domain, "cannot ask the ratelimit sidecar whether it knows the domain; batches follow RATELIMIT_FAILURE_MODE_DENY until it answers");
+                Ok(())
+            }
+            Err(_) => {
+                tracing::warn!(
+                    domain,
+                    "the ratelimit sidecar did not answer in time; cannot check that it knows the domain"
+                );
+                Ok(())
+            }
+        }
     }
 
     /// Checks `batch` from `client_id`, counting its operations.

@@ -54,6 +54,14 @@ pub async fn run(settings: Settings) -> Result<(), StartError> {
         )?,
         (None, None) => Limits::Off,
     };
+    if settings.ratelimit_allow_unknown_domain {
+        tracing::warn!(
+            domain = %settings.ratelimit_domain,
+            "RATELIMIT_ALLOW_UNKNOWN_DOMAIN: not checking that the sidecar limits this domain"
+        );
+    } else {
+        limits.verify_remote().await?;
+    }
     let mut properties = Vec::new();
     if let Some(path) = &settings.kafka_properties_file {
         let text = std::fs::read_to_string(path).map_err(|e| {

@@ -40,6 +40,9 @@ pub struct Settings {
     /// in process, so replicas share limits.
     #[arg(long, env = "RATELIMIT_GRPC_URL", conflicts_with = "ratelimit_config")]
     pub ratelimit_grpc_url: Option<String>,
+    /// Start even when the sidecar answers that it has no limit for RATELIMIT_DOMAIN.
+    #[arg(long, env = "RATELIMIT_ALLOW_UNKNOWN_DOMAIN", default_value_t = false, action = clap::ArgAction::Set)]
+    pub ratelimit_allow_unknown_domain: bool,
     /// How long to wait for the sidecar.
     #[arg(long, env = "RATELIMIT_TIMEOUT", default_value = "500ms", value_parser = duration)]
     pub ratelimit_timeout: Duration,

@@ -348,4 +348,51 @@ async fn bad_settings_stop_start_up_with_a_message() {
     assert!(!output.status.success());
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(stderr.contains("`acks` is set by the service"), "{stderr}");
+
+    // The sidecar URL needs its scheme: without one every batch used to pass.
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_operations-intake"))
+        .env_clear()
+        .env("PORT", support::free_port().to_string())
+        .env("RATELIMIT_GRPC_URL", "127.0.0.1:8081")
+        .output()
+        .unwrap();
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("RATELIMIT_GRPC_URL `127.0.0.1:8081` is not valid")
+            && stderr.contains("http://host:port"),
+        "{stderr}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_sidecar_without_the_domain_stops_start_up_unless_allowed() {
+    let sidecar = Sidecar::start(
+        "domain: elsewhere\ndescriptors:\n  - key: client_id\n    rate_limit: {unit: hour, requests_per_unit: 5}\n",
+    );
+    let url = sidecar.url();
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_operations-intake"))
+        .env_clear()
+        .env("PORT", support::free_port().to_string())
+        .env("RATELIMIT_GRPC_URL", &url)
+        .output()
+        .unwrap();
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("has no limit for a client in domain `operations`")
+            && stderr.contains("RATELIMIT_ALLOW_UNKNOWN_DOMAIN=true"),
+        "{stderr}"
+    );
+    // The operator may opt in: the service starts and lets batches through.
+    let mock = mock_with_topic("ops");
+    let bootstrap = mock.bootstrap_servers();
+    let intake = Intake::start(&[
+        ("KAFKA_BOOTSTRAP_SERVERS", &bootstrap),
+        ("KAFKA_TOPIC", "ops"),
+        ("RATELIMIT_GRPC_URL", &url),
+        ("RATELIMIT_ALLOW_UNKNOWN_DOMAIN", "true"),
+    ]);
+    let allowed = post(&intake, &batch("buy", 1), &[]).await;
+    assert_eq!(allowed.status, 200, "{}", allowed.body);
 }
