@@ -8,43 +8,28 @@ use super::values::go_bool;
 #[derive(Clone, Debug, Args)]
 pub struct ConfigSettings {
     /// FILE or GRPC_XDS_SOTW.
-    #[arg(long, env = "CONFIG_TYPE", value_name = "CONFIG_TYPE", default_value = "FILE", value_parser = config_type)]
+    #[arg(long, env, default_value = "FILE", value_parser = config_type)]
     pub config_type: ConfigType,
     /// Root of the runtime tree (usually a symlink swapped on deploy).
-    #[arg(
-        long,
-        env = "RUNTIME_ROOT",
-        value_name = "RUNTIME_ROOT",
-        default_value = "/srv/runtime_data/current"
-    )]
+    #[arg(long, env, default_value = "/srv/runtime_data/current")]
     pub runtime_root: String,
     /// Sub-directory of the root.
-    #[arg(
-        long,
-        env = "RUNTIME_SUBDIRECTORY",
-        value_name = "RUNTIME_SUBDIRECTORY",
-        default_value = ""
-    )]
+    #[arg(long, env, default_value = "")]
     pub runtime_subdirectory: String,
     /// Directory holding the YAML files, under root/sub-directory.
-    #[arg(
-        long,
-        env = "RUNTIME_APPDIRECTORY",
-        value_name = "RUNTIME_APPDIRECTORY",
-        default_value = "config"
-    )]
+    #[arg(long, env, default_value = "config")]
     pub runtime_appdirectory: String,
     /// Skip files and directories whose name starts with a dot.
-    #[arg(long, env = "RUNTIME_IGNOREDOTFILES", value_name = "RUNTIME_IGNOREDOTFILES", default_value = "false", value_parser = go_bool, action = ArgAction::Set)]
+    #[arg(long, env, default_value = "false", value_parser = go_bool, action = ArgAction::Set)]
     pub runtime_ignoredotfiles: bool,
     /// true: reload when RUNTIME_ROOT is swapped; false: reload when files change.
-    #[arg(long, env = "RUNTIME_WATCH_ROOT", value_name = "RUNTIME_WATCH_ROOT", default_value = "true", value_parser = go_bool, action = ArgAction::Set)]
+    #[arg(long, env, default_value = "true", value_parser = go_bool, action = ArgAction::Set)]
     pub runtime_watch_root: bool,
     /// Let several files define the same domain.
-    #[arg(long, env = "MERGE_DOMAIN_CONFIG", value_name = "MERGE_DOMAIN_CONFIG", default_value = "false", value_parser = go_bool, action = ArgAction::Set)]
+    #[arg(long, env, default_value = "false", value_parser = go_bool, action = ArgAction::Set)]
     pub merge_domain_config: bool,
     /// Health fails until at least one domain is loaded.
-    #[arg(long, env = "HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED", value_name = "HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED", default_value = "false", value_parser = go_bool, action = ArgAction::Set)]
+    #[arg(long, env, default_value = "false", value_parser = go_bool, action = ArgAction::Set)]
     pub healthy_with_at_least_one_config_loaded: bool,
 }
 

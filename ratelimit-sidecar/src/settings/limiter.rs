@@ -8,76 +8,46 @@ use super::values::{go_bool, ratio};
 #[derive(Clone, Debug, Args)]
 pub struct LimiterSettings {
     /// redis, memcache or memory (default: redis when REDIS_URL is set, else memory).
-    #[arg(long, env = "BACKEND_TYPE", value_name = "BACKEND_TYPE", value_parser = backend_type)]
+    #[arg(long, env, value_parser = backend_type)]
     pub backend_type: Option<BackendType>,
     /// Counters the memory backend keeps at most (our addition).
-    #[arg(long, env = "MEMORY_MAX_COUNTERS", value_name = "MEMORY_MAX_COUNTERS", default_value_t = 1 << 20)]
+    #[arg(long, env, default_value_t = 1 << 20)]
     pub memory_max_counters: usize,
     /// Random extra seconds, below this, added to counter expiry.
-    #[arg(
-        long,
-        env = "EXPIRATION_JITTER_MAX_SECONDS",
-        value_name = "EXPIRATION_JITTER_MAX_SECONDS",
-        default_value_t = 300
-    )]
+    #[arg(long, env, default_value_t = 300)]
     pub expiration_jitter_max_seconds: u64,
     /// Bytes of the local cache of over-limit keys (0 disables it).
-    #[arg(
-        long,
-        env = "LOCAL_CACHE_SIZE_IN_BYTES",
-        value_name = "LOCAL_CACHE_SIZE_IN_BYTES",
-        default_value_t = 0
-    )]
+    #[arg(long, env, default_value_t = 0)]
     pub local_cache_size_in_bytes: u64,
     /// Share of the limit above which hits count as near_limit (0 to 1).
-    #[arg(long, env = "NEAR_LIMIT_RATIO", value_name = "NEAR_LIMIT_RATIO", default_value = "0.8", value_parser = ratio)]
+    #[arg(long, env, default_value = "0.8", value_parser = ratio)]
     pub near_limit_ratio: f32,
     /// Prepended to every cache key.
-    #[arg(
-        long,
-        env = "CACHE_KEY_PREFIX",
-        value_name = "CACHE_KEY_PREFIX",
-        default_value = ""
-    )]
+    #[arg(long, env, default_value = "")]
     pub cache_key_prefix: String,
     /// Leave the other counters alone when a descriptor would go over its limit.
-    #[arg(long, env = "STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT", value_name = "STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT", default_value = "false", value_parser = go_bool, action = ArgAction::Set)]
+    #[arg(long, env, default_value = "false", value_parser = go_bool, action = ArgAction::Set)]
     pub stop_cache_key_increment_when_overlimit: bool,
     /// Always answer OK overall (statuses keep the truth).
-    #[arg(long, env = "SHADOW_MODE", value_name = "SHADOW_MODE", default_value = "false", value_parser = go_bool, action = ArgAction::Set)]
+    #[arg(long, env, default_value = "false", value_parser = go_bool, action = ArgAction::Set)]
     pub shadow_mode: bool,
     /// Every descriptor is a quota: over limit only when all are.
-    #[arg(long, env = "QUOTA_MODE", value_name = "QUOTA_MODE", default_value = "false", value_parser = go_bool, action = ArgAction::Set)]
+    #[arg(long, env, default_value = "false", value_parser = go_bool, action = ArgAction::Set)]
     pub quota_mode: bool,
     /// Fill dynamic_metadata in responses.
-    #[arg(long, env = "RESPONSE_DYNAMIC_METADATA", value_name = "RESPONSE_DYNAMIC_METADATA", default_value = "false", value_parser = go_bool, action = ArgAction::Set)]
+    #[arg(long, env, default_value = "false", value_parser = go_bool, action = ArgAction::Set)]
     pub response_dynamic_metadata: bool,
     /// Add the RateLimit-* headers to responses.
-    #[arg(long, env = "LIMIT_RESPONSE_HEADERS_ENABLED", value_name = "LIMIT_RESPONSE_HEADERS_ENABLED", default_value = "false", value_parser = go_bool, action = ArgAction::Set)]
+    #[arg(long, env, default_value = "false", value_parser = go_bool, action = ArgAction::Set)]
     pub limit_response_headers_enabled: bool,
     /// Name of the limit header.
-    #[arg(
-        long,
-        env = "LIMIT_LIMIT_HEADER",
-        value_name = "LIMIT_LIMIT_HEADER",
-        default_value = "RateLimit-Limit"
-    )]
+    #[arg(long, env, default_value = "RateLimit-Limit")]
     pub limit_limit_header: String,
     /// Name of the remaining header.
-    #[arg(
-        long,
-        env = "LIMIT_REMAINING_HEADER",
-        value_name = "LIMIT_REMAINING_HEADER",
-        default_value = "RateLimit-Remaining"
-    )]
+    #[arg(long, env, default_value = "RateLimit-Remaining")]
     pub limit_remaining_header: String,
     /// Name of the reset header.
-    #[arg(
-        long,
-        env = "LIMIT_RESET_HEADER",
-        value_name = "LIMIT_RESET_HEADER",
-        default_value = "RateLimit-Reset"
-    )]
+    #[arg(long, env, default_value = "RateLimit-Reset")]
     pub limit_reset_header: String,
 }
 

@@ -10,195 +10,113 @@ use super::values::{go_bool, go_duration};
 #[derive(Clone, Debug, Args)]
 pub struct RedisSettings {
     /// tcp or unix.
-    #[arg(
-        long,
-        env = "REDIS_SOCKET_TYPE",
-        value_name = "REDIS_SOCKET_TYPE",
-        default_value = "unix",
-        value_parser = socket_type
-    )]
+    #[arg(long, env, default_value = "unix", value_parser = socket_type)]
     pub redis_socket_type: String,
     /// single, sentinel or cluster.
-    #[arg(long, env = "REDIS_TYPE", value_name = "REDIS_TYPE", default_value = "single", value_parser = redis_type)]
+    #[arg(long, env, default_value = "single", value_parser = redis_type)]
     pub redis_type: RedisType,
     /// Address, or sentinel `master,host:port,...`, or cluster `host:port,...`.
-    #[arg(long, env = "REDIS_URL", value_name = "REDIS_URL")]
+    #[arg(long, env)]
     pub redis_url: Option<String>,
     /// Connections per pool.
-    #[arg(
-        long,
-        env = "REDIS_POOL_SIZE",
-        value_name = "REDIS_POOL_SIZE",
-        default_value_t = 10
-    )]
+    #[arg(long, env, default_value_t = 10)]
     pub redis_pool_size: usize,
     /// `password` or `user:password`.
-    #[arg(
-        long,
-        env = "REDIS_AUTH",
-        value_name = "REDIS_AUTH",
-        default_value = "",
-        hide_env_values = true
-    )]
+    #[arg(long, env, default_value = "", hide_env_values = true)]
     pub redis_auth: String,
     /// Credentials for sentinels.
-    #[arg(
-        long,
-        env = "REDIS_SENTINEL_AUTH",
-        value_name = "REDIS_SENTINEL_AUTH",
-        default_value = "",
-        hide_env_values = true
-    )]
+    #[arg(long, env, default_value = "", hide_env_values = true)]
     pub redis_sentinel_auth: String,
     /// Connect with TLS.
-    #[arg(long, env = "REDIS_TLS", value_name = "REDIS_TLS", default_value = "false", value_parser = go_bool, action = ArgAction::Set)]
+    #[arg(long, env, default_value = "false", value_parser = go_bool, action = ArgAction::Set)]
     pub redis_tls: bool,
     /// Client certificate for Redis TLS.
-    #[arg(
-        long,
-        env = "REDIS_TLS_CLIENT_CERT",
-        value_name = "REDIS_TLS_CLIENT_CERT",
-        default_value = ""
-    )]
+    #[arg(long, env, default_value = "")]
     pub redis_tls_client_cert: String,
     /// Client key for Redis TLS.
-    #[arg(
-        long,
-        env = "REDIS_TLS_CLIENT_KEY",
-        value_name = "REDIS_TLS_CLIENT_KEY",
-        default_value = ""
-    )]
+    #[arg(long, env, default_value = "")]
     pub redis_tls_client_key: String,
     /// CA for Redis TLS.
-    #[arg(
-        long,
-        env = "REDIS_TLS_CACERT",
-        value_name = "REDIS_TLS_CACERT",
-        default_value = ""
-    )]
+    #[arg(long, env, default_value = "")]
     pub redis_tls_cacert: String,
     /// Verify the chain but not the host name.
-    #[arg(long, env = "REDIS_TLS_SKIP_HOSTNAME_VERIFICATION", value_name = "REDIS_TLS_SKIP_HOSTNAME_VERIFICATION", default_value = "false", value_parser = go_bool, action = ArgAction::Set)]
+    #[arg(long, env, default_value = "false", value_parser = go_bool, action = ArgAction::Set)]
     pub redis_tls_skip_hostname_verification: bool,
     /// Connect, read and write timeout.
-    #[arg(long, env = "REDIS_TIMEOUT", value_name = "REDIS_TIMEOUT", default_value = "10s", value_parser = go_duration)]
+    #[arg(long, env, default_value = "10s", value_parser = go_duration)]
     pub redis_timeout: Duration,
     /// CREATE, ERROR or WAIT when the pool is empty.
-    #[arg(long, env = "REDIS_POOL_ON_EMPTY_BEHAVIOR", value_name = "REDIS_POOL_ON_EMPTY_BEHAVIOR", default_value = "CREATE", value_parser = pool_behavior)]
+    #[arg(long, env, default_value = "CREATE", value_parser = pool_behavior)]
     pub redis_pool_on_empty_behavior: String,
     /// Wait before the CREATE or ERROR action.
-    #[arg(long, env = "REDIS_POOL_ON_EMPTY_WAIT_DURATION", value_name = "REDIS_POOL_ON_EMPTY_WAIT_DURATION", default_value = "1s", value_parser = go_duration)]
+    #[arg(long, env, default_value = "1s", value_parser = go_duration)]
     pub redis_pool_on_empty_wait_duration: Duration,
     /// Implicit pipelining window (0: flush each write).
-    #[arg(long, env = "REDIS_PIPELINE_WINDOW", value_name = "REDIS_PIPELINE_WINDOW", default_value = "0", value_parser = go_duration)]
+    #[arg(long, env, default_value = "0", value_parser = go_duration)]
     pub redis_pipeline_window: Duration,
     /// Deprecated, no effect.
-    #[arg(
-        long,
-        env = "REDIS_PIPELINE_LIMIT",
-        value_name = "REDIS_PIPELINE_LIMIT",
-        default_value_t = 0
-    )]
+    #[arg(long, env, default_value_t = 0)]
     pub redis_pipeline_limit: u64,
     /// Cluster pipelines run in parallel (0: pool size).
-    #[arg(
-        long,
-        env = "REDIS_CLUSTER_PIPELINE_PARALLELISM",
-        value_name = "REDIS_CLUSTER_PIPELINE_PARALLELISM",
-        default_value_t = 1
-    )]
+    #[arg(long, env, default_value_t = 1)]
     pub redis_cluster_pipeline_parallelism: u32,
     /// Health follows whether a connection is alive.
-    #[arg(long, env = "REDIS_HEALTH_CHECK_ACTIVE_CONNECTION", value_name = "REDIS_HEALTH_CHECK_ACTIVE_CONNECTION", default_value = "false", value_parser = go_bool, action = ArgAction::Set)]
+    #[arg(long, env, default_value = "false", value_parser = go_bool, action = ArgAction::Set)]
     pub redis_health_check_active_connection: bool,
     /// First start-up connection retry interval.
-    #[arg(long, env = "REDIS_STARTUP_INITIAL_INTERVAL", value_name = "REDIS_STARTUP_INITIAL_INTERVAL", default_value = "1s", value_parser = go_duration)]
+    #[arg(long, env, default_value = "1s", value_parser = go_duration)]
     pub redis_startup_initial_interval: Duration,
     /// Longest start-up connection retry interval.
-    #[arg(long, env = "REDIS_STARTUP_MAX_INTERVAL", value_name = "REDIS_STARTUP_MAX_INTERVAL", default_value = "30s", value_parser = go_duration)]
+    #[arg(long, env, default_value = "30s", value_parser = go_duration)]
     pub redis_startup_max_interval: Duration,
     /// Give up connecting at start-up after this long (0: never).
-    #[arg(long, env = "REDIS_STARTUP_MAX_ELAPSED_TIME", value_name = "REDIS_STARTUP_MAX_ELAPSED_TIME", default_value = "0", value_parser = go_duration)]
+    #[arg(long, env, default_value = "0", value_parser = go_duration)]
     pub redis_startup_max_elapsed_time: Duration,
     /// Send per-second limits to their own Redis.
-    #[arg(long, env = "REDIS_PERSECOND", value_name = "REDIS_PERSECOND", default_value = "false", value_parser = go_bool, action = ArgAction::Set)]
+    #[arg(long, env, default_value = "false", value_parser = go_bool, action = ArgAction::Set)]
     pub redis_persecond: bool,
     /// Per-second Redis: tcp or unix.
-    #[arg(
-        long,
-        env = "REDIS_PERSECOND_SOCKET_TYPE",
-        value_name = "REDIS_PERSECOND_SOCKET_TYPE",
-        default_value = "unix",
-        value_parser = socket_type
-    )]
+    #[arg(long, env, default_value = "unix", value_parser = socket_type)]
     pub redis_persecond_socket_type: String,
     /// Per-second Redis: single, sentinel or cluster.
-    #[arg(long, env = "REDIS_PERSECOND_TYPE", value_name = "REDIS_PERSECOND_TYPE", default_value = "single", value_parser = redis_type)]
+    #[arg(long, env, default_value = "single", value_parser = redis_type)]
     pub redis_persecond_type: RedisType,
     /// Per-second Redis address.
     #[arg(
         long,
-        env = "REDIS_PERSECOND_URL",
-        value_name = "REDIS_PERSECOND_URL",
+        env,
         default_value = "/var/run/nutcracker/ratelimitpersecond.sock"
     )]
     pub redis_persecond_url: String,
     /// Per-second Redis pool size.
-    #[arg(
-        long,
-        env = "REDIS_PERSECOND_POOL_SIZE",
-        value_name = "REDIS_PERSECOND_POOL_SIZE",
-        default_value_t = 10
-    )]
+    #[arg(long, env, default_value_t = 10)]
     pub redis_persecond_pool_size: usize,
     /// Per-second Redis credentials.
-    #[arg(
-        long,
-        env = "REDIS_PERSECOND_AUTH",
-        value_name = "REDIS_PERSECOND_AUTH",
-        default_value = "",
-        hide_env_values = true
-    )]
+    #[arg(long, env, default_value = "", hide_env_values = true)]
     pub redis_persecond_auth: String,
     /// Per-second sentinel credentials.
-    #[arg(
-        long,
-        env = "REDIS_PERSECOND_SENTINEL_AUTH",
-        value_name = "REDIS_PERSECOND_SENTINEL_AUTH",
-        default_value = "",
-        hide_env_values = true
-    )]
+    #[arg(long, env, default_value = "", hide_env_values = true)]
     pub redis_persecond_sentinel_auth: String,
     /// Per-second Redis over TLS.
-    #[arg(long, env = "REDIS_PERSECOND_TLS", value_name = "REDIS_PERSECOND_TLS", default_value = "false", value_parser = go_bool, action = ArgAction::Set)]
+    #[arg(long, env, default_value = "false", value_parser = go_bool, action = ArgAction::Set)]
     pub redis_persecond_tls: bool,
     /// Per-second Redis timeout.
-    #[arg(long, env = "REDIS_PERSECOND_TIMEOUT", value_name = "REDIS_PERSECOND_TIMEOUT", default_value = "10s", value_parser = go_duration)]
+    #[arg(long, env, default_value = "10s", value_parser = go_duration)]
     pub redis_persecond_timeout: Duration,
     /// Per-second pool behaviour when empty.
-    #[arg(long, env = "REDIS_PERSECOND_POOL_ON_EMPTY_BEHAVIOR", value_name = "REDIS_PERSECOND_POOL_ON_EMPTY_BEHAVIOR", default_value = "CREATE", value_parser = pool_behavior)]
+    #[arg(long, env, default_value = "CREATE", value_parser = pool_behavior)]
     pub redis_persecond_pool_on_empty_behavior: String,
     /// Per-second wait before the empty-pool action.
-    #[arg(long, env = "REDIS_PERSECOND_POOL_ON_EMPTY_WAIT_DURATION", value_name = "REDIS_PERSECOND_POOL_ON_EMPTY_WAIT_DURATION", default_value = "1s", value_parser = go_duration)]
+    #[arg(long, env, default_value = "1s", value_parser = go_duration)]
     pub redis_persecond_pool_on_empty_wait_duration: Duration,
     /// Per-second pipelining window.
-    #[arg(long, env = "REDIS_PERSECOND_PIPELINE_WINDOW", value_name = "REDIS_PERSECOND_PIPELINE_WINDOW", default_value = "0", value_parser = go_duration)]
+    #[arg(long, env, default_value = "0", value_parser = go_duration)]
     pub redis_persecond_pipeline_window: Duration,
     /// Deprecated, no effect.
-    #[arg(
-        long,
-        env = "REDIS_PERSECOND_PIPELINE_LIMIT",
-        value_name = "REDIS_PERSECOND_PIPELINE_LIMIT",
-        default_value_t = 0
-    )]
+    #[arg(long, env, default_value_t = 0)]
     pub redis_persecond_pipeline_limit: u64,
     /// Per-second cluster pipeline parallelism.
-    #[arg(
-        long,
-        env = "REDIS_PERSECOND_CLUSTER_PIPELINE_PARALLELISM",
-        value_name = "REDIS_PERSECOND_CLUSTER_PIPELINE_PARALLELISM",
-        default_value_t = 1
-    )]
+    #[arg(long, env, default_value_t = 1)]
     pub redis_persecond_cluster_pipeline_parallelism: u32,
 }
 

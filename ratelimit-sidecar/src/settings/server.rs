@@ -10,73 +10,47 @@ use super::values::go_duration;
 #[derive(Clone, Debug, Args)]
 pub struct ServerSettings {
     /// Address of the HTTP listener (`/json`, `/healthcheck`).
-    #[arg(long, env = "HOST", value_name = "HOST", default_value = "0.0.0.0")]
+    #[arg(long, env, default_value = "0.0.0.0")]
     pub host: String,
     /// Port of the HTTP listener.
-    #[arg(long, env = "PORT", value_name = "PORT", default_value_t = 8080)]
+    #[arg(long, env, default_value_t = 8080)]
     pub port: u16,
     /// Address of the debug listener (`/rlconfig`, `/stats`).
-    #[arg(
-        long,
-        env = "DEBUG_HOST",
-        value_name = "DEBUG_HOST",
-        default_value = "0.0.0.0"
-    )]
+    #[arg(long, env, default_value = "0.0.0.0")]
     pub debug_host: String,
     /// Port of the debug listener.
-    #[arg(
-        long,
-        env = "DEBUG_PORT",
-        value_name = "DEBUG_PORT",
-        default_value_t = 6070
-    )]
+    #[arg(long, env, default_value_t = 6070)]
     pub debug_port: u16,
     /// Address of the gRPC listener.
-    #[arg(
-        long,
-        env = "GRPC_HOST",
-        value_name = "GRPC_HOST",
-        default_value = "0.0.0.0"
-    )]
+    #[arg(long, env, default_value = "0.0.0.0")]
     pub grpc_host: String,
     /// Port of the gRPC listener.
-    #[arg(
-        long,
-        env = "GRPC_PORT",
-        value_name = "GRPC_PORT",
-        default_value_t = 8081
-    )]
+    #[arg(long, env, default_value_t = 8081)]
     pub grpc_port: u16,
     /// Unix socket for gRPC instead of GRPC_HOST:GRPC_PORT.
-    #[arg(long, env = "GRPC_UDS", value_name = "GRPC_UDS", default_value = "")]
+    #[arg(long, env, default_value = "")]
     pub grpc_uds: String,
     /// Single-threaded runtimes serving gRPC and HTTP, each with its own listeners
     /// (SO_REUSEPORT) and backend connections. Default: the CPUs this process may use.
-    #[arg(long, env = "GRPC_WORKERS", value_name = "GRPC_WORKERS", value_parser = clap::value_parser!(u16).range(1..=1024))]
+    #[arg(long, env, value_parser = clap::value_parser!(u16).range(1..=1024))]
     pub grpc_workers: Option<u16>,
     /// Connections older than this are sent a GOAWAY (plus or minus 10%).
-    #[arg(long, env = "GRPC_MAX_CONNECTION_AGE", value_name = "GRPC_MAX_CONNECTION_AGE", default_value = "24h", value_parser = go_duration)]
+    #[arg(long, env, default_value = "24h", value_parser = go_duration)]
     pub grpc_max_connection_age: Duration,
     /// Extra time before an aged connection is closed by force.
-    #[arg(long, env = "GRPC_MAX_CONNECTION_AGE_GRACE", value_name = "GRPC_MAX_CONNECTION_AGE_GRACE", default_value = "1h", value_parser = go_duration)]
+    #[arg(long, env, default_value = "1h", value_parser = go_duration)]
     pub grpc_max_connection_age_grace: Duration,
     /// Log level: panic, fatal, error, warn, info, debug or trace.
-    #[arg(long, env = "LOG_LEVEL", value_name = "LOG_LEVEL", default_value = "warn", value_parser = log_level)]
+    #[arg(long, env, default_value = "warn", value_parser = log_level)]
     pub log_level: String,
     /// Log format: text or json.
-    #[arg(
-        long,
-        env = "LOG_FORMAT",
-        value_name = "LOG_FORMAT",
-        default_value = "text",
-        ignore_case = true
-    )]
+    #[arg(long, env, default_value = "text", ignore_case = true)]
     pub log_format: LogFormat,
     /// How long SIGTERM waits for requests in flight before exiting (our addition).
-    #[arg(long, env = "SHUTDOWN_DRAIN_TIMEOUT", value_name = "SHUTDOWN_DRAIN_TIMEOUT", default_value = "10s", value_parser = go_duration)]
+    #[arg(long, env, default_value = "10s", value_parser = go_duration)]
     pub shutdown_drain_timeout: Duration,
     /// Largest `/json` body accepted, in bytes (our addition).
-    #[arg(long, env = "MAX_JSON_BODY_BYTES", value_name = "MAX_JSON_BODY_BYTES", default_value_t = 1 << 20)]
+    #[arg(long, env, default_value_t = 1 << 20)]
     pub max_json_body_bytes: u64,
 }
 

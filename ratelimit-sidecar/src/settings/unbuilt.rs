@@ -16,42 +16,22 @@ use super::values::{StringMap, go_bool, go_duration, go_map, ratio};
 #[derive(Clone, Debug, Args)]
 pub struct UnbuiltSettings {
     /// Serve gRPC over TLS.
-    #[arg(long, env = "GRPC_SERVER_USE_TLS", value_name = "GRPC_SERVER_USE_TLS", default_value = "false", value_parser = go_bool, action = ArgAction::Set)]
+    #[arg(long, env, default_value = "false", value_parser = go_bool, action = ArgAction::Set)]
     pub grpc_server_use_tls: bool,
     /// Certificate chain of the gRPC server (watched and reloaded).
-    #[arg(
-        long,
-        env = "GRPC_SERVER_TLS_CERT",
-        value_name = "GRPC_SERVER_TLS_CERT",
-        default_value = ""
-    )]
+    #[arg(long, env, default_value = "")]
     pub grpc_server_tls_cert: String,
     /// Private key of the gRPC server.
-    #[arg(
-        long,
-        env = "GRPC_SERVER_TLS_KEY",
-        value_name = "GRPC_SERVER_TLS_KEY",
-        default_value = ""
-    )]
+    #[arg(long, env, default_value = "")]
     pub grpc_server_tls_key: String,
     /// CA that client certificates must chain to (enables mTLS).
-    #[arg(
-        long,
-        env = "GRPC_CLIENT_TLS_CACERT",
-        value_name = "GRPC_CLIENT_TLS_CACERT",
-        default_value = ""
-    )]
+    #[arg(long, env, default_value = "")]
     pub grpc_client_tls_cacert: String,
     /// DNS name the client certificate must carry.
-    #[arg(
-        long,
-        env = "GRPC_CLIENT_TLS_SAN",
-        value_name = "GRPC_CLIENT_TLS_SAN",
-        default_value = ""
-    )]
+    #[arg(long, env, default_value = "")]
     pub grpc_client_tls_san: String,
     /// Open the listeners before the first configuration is loaded.
-    #[arg(long, env = "FORCE_START_WITHOUT_INITIAL_CONFIG", value_name = "FORCE_START_WITHOUT_INITIAL_CONFIG", default_value = "false", value_parser = go_bool, action = ArgAction::Set)]
+    #[arg(long, env, default_value = "false", value_parser = go_bool, action = ArgAction::Set)]
     pub force_start_without_initial_config: bool,
     /// xDS node id.
     #[arg(
@@ -144,171 +124,91 @@ pub struct UnbuiltSettings {
     )]
     pub xds_max_msg_size_in_bytes: usize,
     /// `host:port,...` of every node (same list on every instance).
-    #[arg(
-        long,
-        env = "MEMCACHE_HOST_PORT",
-        value_name = "MEMCACHE_HOST_PORT",
-        default_value = ""
-    )]
+    #[arg(long, env, default_value = "")]
     pub memcache_host_port: String,
     /// SRV record listing the nodes (exclusive with MEMCACHE_HOST_PORT).
-    #[arg(
-        long,
-        env = "MEMCACHE_SRV",
-        value_name = "MEMCACHE_SRV",
-        default_value = ""
-    )]
+    #[arg(long, env, default_value = "")]
     pub memcache_srv: String,
     /// How often to look the SRV record up again (0: never).
-    #[arg(long, env = "MEMCACHE_SRV_REFRESH", value_name = "MEMCACHE_SRV_REFRESH", default_value = "0", value_parser = go_duration)]
+    #[arg(long, env, default_value = "0", value_parser = go_duration)]
     pub memcache_srv_refresh: Duration,
     /// Idle connections kept per node.
-    #[arg(
-        long,
-        env = "MEMCACHE_MAX_IDLE_CONNS",
-        value_name = "MEMCACHE_MAX_IDLE_CONNS",
-        default_value_t = 2
-    )]
+    #[arg(long, env, default_value_t = 2)]
     pub memcache_max_idle_conns: usize,
     /// Connect with TLS.
-    #[arg(long, env = "MEMCACHE_TLS", value_name = "MEMCACHE_TLS", default_value = "false", value_parser = go_bool, action = ArgAction::Set)]
+    #[arg(long, env, default_value = "false", value_parser = go_bool, action = ArgAction::Set)]
     pub memcache_tls: bool,
     /// Client certificate for memcached TLS.
-    #[arg(
-        long,
-        env = "MEMCACHE_TLS_CLIENT_CERT",
-        value_name = "MEMCACHE_TLS_CLIENT_CERT",
-        default_value = ""
-    )]
+    #[arg(long, env, default_value = "")]
     pub memcache_tls_client_cert: String,
     /// Client key for memcached TLS.
-    #[arg(
-        long,
-        env = "MEMCACHE_TLS_CLIENT_KEY",
-        value_name = "MEMCACHE_TLS_CLIENT_KEY",
-        default_value = ""
-    )]
+    #[arg(long, env, default_value = "")]
     pub memcache_tls_client_key: String,
     /// CA for memcached TLS.
-    #[arg(
-        long,
-        env = "MEMCACHE_TLS_CACERT",
-        value_name = "MEMCACHE_TLS_CACERT",
-        default_value = ""
-    )]
+    #[arg(long, env, default_value = "")]
     pub memcache_tls_cacert: String,
     /// Verify the chain but not the host name.
-    #[arg(long, env = "MEMCACHE_TLS_SKIP_HOSTNAME_VERIFICATION", value_name = "MEMCACHE_TLS_SKIP_HOSTNAME_VERIFICATION", default_value = "false", value_parser = go_bool, action = ArgAction::Set)]
+    #[arg(long, env, default_value = "false", value_parser = go_bool, action = ArgAction::Set)]
     pub memcache_tls_skip_hostname_verification: bool,
     /// Push statistics to statsd.
-    #[arg(long, env = "USE_STATSD", value_name = "USE_STATSD", default_value = "true", value_parser = go_bool, action = ArgAction::Set)]
+    #[arg(long, env, default_value = "true", value_parser = go_bool, action = ArgAction::Set)]
     pub use_statsd: bool,
     /// statsd host.
-    #[arg(
-        long,
-        env = "STATSD_HOST",
-        value_name = "STATSD_HOST",
-        default_value = "localhost"
-    )]
+    #[arg(long, env, default_value = "localhost")]
     pub statsd_host: String,
     /// statsd port.
-    #[arg(
-        long,
-        env = "STATSD_PORT",
-        value_name = "STATSD_PORT",
-        default_value_t = 8125
-    )]
+    #[arg(long, env, default_value_t = 8125)]
     pub statsd_port: u16,
     /// statsd protocol: tcp or udp.
-    #[arg(
-        long,
-        env = "STATSD_PROTOCOL",
-        value_name = "STATSD_PROTOCOL",
-        default_value = "tcp"
-    )]
+    #[arg(long, env, default_value = "tcp")]
     pub statsd_protocol: String,
     /// Push tagged statistics to DogStatsD (exclusive with USE_STATSD and USE_PROMETHEUS).
-    #[arg(long, env = "USE_DOG_STATSD", value_name = "USE_DOG_STATSD", default_value = "false", value_parser = go_bool, action = ArgAction::Set)]
+    #[arg(long, env, default_value = "false", value_parser = go_bool, action = ArgAction::Set)]
     pub use_dog_statsd: bool,
     /// Mogrifier names; each reads DOG_STATSD_MOGRIFIER_<NAME>_PATTERN, _NAME and _TAGS.
-    #[arg(
-        long,
-        env = "USE_DOG_STATSD_MOGRIFIERS",
-        value_name = "USE_DOG_STATSD_MOGRIFIERS",
-        default_value = ""
-    )]
+    #[arg(long, env, default_value = "")]
     pub use_dog_statsd_mogrifiers: String,
     /// Serve Prometheus metrics.
-    #[arg(long, env = "USE_PROMETHEUS", value_name = "USE_PROMETHEUS", default_value = "false", value_parser = go_bool, action = ArgAction::Set)]
+    #[arg(long, env, default_value = "false", value_parser = go_bool, action = ArgAction::Set)]
     pub use_prometheus: bool,
     /// Prometheus listen address.
-    #[arg(
-        long,
-        env = "PROMETHEUS_ADDR",
-        value_name = "PROMETHEUS_ADDR",
-        default_value = ":9090"
-    )]
+    #[arg(long, env, default_value = ":9090")]
     pub prometheus_addr: String,
     /// Prometheus path.
-    #[arg(
-        long,
-        env = "PROMETHEUS_PATH",
-        value_name = "PROMETHEUS_PATH",
-        default_value = "/metrics"
-    )]
+    #[arg(long, env, default_value = "/metrics")]
     pub prometheus_path: String,
     /// Custom statsd-to-Prometheus mapping file.
-    #[arg(
-        long,
-        env = "PROMETHEUS_MAPPER_YAML",
-        value_name = "PROMETHEUS_MAPPER_YAML",
-        default_value = ""
-    )]
+    #[arg(long, env, default_value = "")]
     pub prometheus_mapper_yaml: String,
     /// Keep response times in milliseconds.
-    #[arg(long, env = "PROMETHEUS_RESPONSE_TIME_AS_MILLISECONDS", value_name = "PROMETHEUS_RESPONSE_TIME_AS_MILLISECONDS", default_value = "false", value_parser = go_bool, action = ArgAction::Set)]
+    #[arg(long, env, default_value = "false", value_parser = go_bool, action = ArgAction::Set)]
     pub prometheus_response_time_as_milliseconds: bool,
     /// Tags on every statistic, `k1:v1,k2:v2`.
-    #[arg(long, env = "EXTRA_TAGS", value_name = "EXTRA_TAGS", default_value = "", value_parser = go_map)]
+    #[arg(long, env, default_value = "", value_parser = go_map)]
     pub extra_tags: StringMap,
     /// Flush interval.
-    #[arg(long, env = "STATS_FLUSH_INTERVAL", value_name = "STATS_FLUSH_INTERVAL", default_value = "10s", value_parser = go_duration)]
+    #[arg(long, env, default_value = "10s", value_parser = go_duration)]
     pub stats_flush_interval: Duration,
     /// Disable statistics entirely.
-    #[arg(long, env = "DISABLE_STATS", value_name = "DISABLE_STATS", default_value = "false", value_parser = go_bool, action = ArgAction::Set)]
+    #[arg(long, env, default_value = "false", value_parser = go_bool, action = ArgAction::Set)]
     pub disable_stats: bool,
     /// Export OTLP spans.
-    #[arg(long, env = "TRACING_ENABLED", value_name = "TRACING_ENABLED", default_value = "false", value_parser = go_bool, action = ArgAction::Set)]
+    #[arg(long, env, default_value = "false", value_parser = go_bool, action = ArgAction::Set)]
     pub tracing_enabled: bool,
     /// Service name in spans.
-    #[arg(
-        long,
-        env = "TRACING_SERVICE_NAME",
-        value_name = "TRACING_SERVICE_NAME",
-        default_value = "RateLimit"
-    )]
+    #[arg(long, env, default_value = "RateLimit")]
     pub tracing_service_name: String,
     /// Service namespace in spans.
-    #[arg(
-        long,
-        env = "TRACING_SERVICE_NAMESPACE",
-        value_name = "TRACING_SERVICE_NAMESPACE",
-        default_value = ""
-    )]
+    #[arg(long, env, default_value = "")]
     pub tracing_service_namespace: String,
     /// Instance id in spans (default: a random UUID).
-    #[arg(
-        long,
-        env = "TRACING_SERVICE_INSTANCE_ID",
-        value_name = "TRACING_SERVICE_INSTANCE_ID",
-        default_value = ""
-    )]
+    #[arg(long, env, default_value = "")]
     pub tracing_service_instance_id: String,
     /// http or grpc.
-    #[arg(long, env = "TRACING_EXPORTER_PROTOCOL", value_name = "TRACING_EXPORTER_PROTOCOL", default_value = "http", value_parser = ["http", "grpc"])]
+    #[arg(long, env, default_value = "http", value_parser = ["http", "grpc"])]
     pub tracing_exporter_protocol: String,
     /// Share of requests traced, 0 to 1.
-    #[arg(long, env = "TRACING_SAMPLING_RATE", value_name = "TRACING_SAMPLING_RATE", default_value = "1", value_parser = ratio)]
+    #[arg(long, env, default_value = "1", value_parser = ratio)]
     pub tracing_sampling_rate: f32,
 }
 
