@@ -1,12 +1,16 @@
 //! Go-style flags for the command-line tools (`-domain x`, `--domain=x`), so scripts
 //! written for envoyproxy/ratelimit's tools keep working.
 
+/// The flags that ask for the usage.
+const HELP: [&str; 2] = ["h", "help"];
+
 /// Parsed flags, in order.
 #[derive(Debug, Default)]
 pub struct Flags(Vec<(String, String)>);
 
 impl Flags {
-    /// Parses `args`. `switches` are the flags that take no value.
+    /// Parses `args`. `switches` are the flags that take no value; `-h` and `-help` (or
+    /// `--help`) are switches too, asking for the usage ([`Flags::wants_help`]).
     pub fn parse(
         args: impl IntoIterator<Item = String>,
         switches: &[&str],
@@ -19,7 +23,9 @@ impl Flags {
             };
             let (name, value) = match flag.split_once('=') {
                 Some((name, value)) => (name.to_owned(), value.to_owned()),
-                None if switches.contains(&flag) => (flag.to_owned(), "true".to_owned()),
+                None if switches.contains(&flag) || HELP.contains(&flag) => {
+                    (flag.to_owned(), "true".to_owned())
+                }
                 None => {
                     let value = args
                         .next()
@@ -30,6 +36,11 @@ impl Flags {
             flags.push((name, value));
         }
         Ok(Flags(flags))
+    }
+
+    /// Whether `-h`, `-help` or `--help` was given.
+    pub fn wants_help(&self) -> bool {
+        HELP.iter().any(|flag| self.get(flag).is_some())
     }
 
     /// The last value of `name`.
@@ -82,5 +93,10 @@ mod tests {
         assert_eq!(flags.unknown(&["domain", "descriptors", "merge"]), None);
         assert!(Flags::parse(["-domain".to_owned()], &[]).is_err());
         assert!(Flags::parse(["loose".to_owned()], &[]).is_err());
+        assert!(!flags.wants_help());
+        for help in ["-h", "-help", "--help"] {
+            let flags = Flags::parse([help.to_owned(), "-domain".to_owned(), "d".to_owned()], &[]);
+            assert!(flags.unwrap().wants_help(), "{help}");
+        }
     }
 }

@@ -511,6 +511,44 @@ fn settings_of_features_not_built_stop_start_up_naming_them() {
 }
 
 #[test]
+fn the_tools_print_their_usage_and_say_what_is_missing() {
+    let client = env!("CARGO_BIN_EXE_ratelimit-client");
+    let check = env!("CARGO_BIN_EXE_ratelimit-config-check");
+    for (tool, help) in [
+        (client, "-help"),
+        (client, "--help"),
+        (check, "-h"),
+        (check, "--help"),
+    ] {
+        let output = std::process::Command::new(tool).arg(help).output().unwrap();
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        assert!(output.status.success(), "{tool} {help}: {stdout}");
+        assert!(
+            stdout.starts_with("usage: ratelimit-"),
+            "{tool} {help}: {stdout}"
+        );
+    }
+    // No domain: refused before anything is sent (the port is closed; no connection
+    // error is reported, because none is attempted).
+    let port = support::free_port().to_string();
+    let output = std::process::Command::new(client)
+        .args([
+            "--dial_string",
+            &format!("127.0.0.1:{port}"),
+            "--descriptors",
+            "user=a",
+        ])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success());
+    assert!(
+        stderr.starts_with("-domain is required: nothing was sent"),
+        "{stderr}"
+    );
+}
+
+#[test]
 fn client_and_config_check_tools() {
     let server = Server::start(&[("rules.yaml", RULES)]);
     let output = std::process::Command::new(env!("CARGO_BIN_EXE_ratelimit-client"))

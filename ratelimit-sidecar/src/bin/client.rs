@@ -12,7 +12,11 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::R
 use ratelimit_sidecar::cli::Flags;
 use ratelimit_sidecar::json::render_response;
 
-const USAGE: &str = "usage: ratelimit-client [-dial_string host:port] -domain DOMAIN -descriptors k=v[,k2=v2] [-descriptors ...]";
+const USAGE: &str = "usage: ratelimit-client [-dial_string host:port] -domain DOMAIN -descriptors k=v[,k2=v2] [-descriptors ...]
+  -dial_string  the server's gRPC address (default localhost:8081)
+  -domain       the rate limit domain (required)
+  -descriptors  one descriptor: its entries as k=v pairs joined by commas; repeat for more
+Flags take one dash or two (-domain, --domain), and their value after a space or '='.";
 
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> ExitCode {
@@ -27,11 +31,23 @@ async fn main() -> ExitCode {
 
 async fn run() -> Result<(), String> {
     let flags = Flags::parse(std::env::args().skip(1), &[]).map_err(|e| format!("{e}\n{USAGE}"))?;
+    if flags.wants_help() {
+        println!("{USAGE}");
+        return Ok(());
+    }
     if let Some(flag) = flags.unknown(&["dial_string", "domain", "descriptors"]) {
         return Err(format!("flag provided but not defined: -{flag}\n{USAGE}"));
     }
     let dial = flags.get("dial_string").unwrap_or("localhost:8081");
-    let domain = flags.get("domain").unwrap_or_default();
+    let domain = flags
+        .get("domain")
+        .filter(|domain| !domain.is_empty())
+        .ok_or_else(|| format!("-domain is required: nothing was sent\n{USAGE}"))?;
+    if flags.all("descriptors").next().is_none() {
+        return Err(format!(
+            "-descriptors is required (at least one): nothing was sent\n{USAGE}"
+        ));
+    }
     let descriptors = flags
         .all("descriptors")
         .map(descriptor)

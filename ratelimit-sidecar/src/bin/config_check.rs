@@ -14,10 +14,20 @@ use ratelimit_sidecar::cli::Flags;
 use ratelimit_sidecar::provider::yaml_files;
 use ratelimit_sidecar::settings::go_bool;
 
-const USAGE: &str = "usage: ratelimit-config-check -config_dir DIR [-merge_domain_configs]";
+const USAGE: &str = "usage: ratelimit-config-check -config_dir DIR [-merge_domain_configs]
+  -config_dir            the directory of rule files, read as the server reads it
+  -merge_domain_configs  let several files define the same domain (MERGE_DOMAIN_CONFIG)
+Flags take one dash or two (-config_dir, --config_dir), and their value after a space or '='.
+RUNTIME_IGNOREDOTFILES=true skips entries whose name starts with a dot, as the server does.";
 
 fn main() -> ExitCode {
-    match run() {
+    let flags = Flags::parse(std::env::args().skip(1), &["merge_domain_configs"])
+        .map_err(|e| format!("{e}\n{USAGE}"));
+    if flags.as_ref().is_ok_and(Flags::wants_help) {
+        println!("{USAGE}");
+        return ExitCode::SUCCESS;
+    }
+    match flags.and_then(|flags| check(&flags)) {
         Ok(()) => {
             println!("all rate limit configs ok");
             ExitCode::SUCCESS
@@ -29,9 +39,7 @@ fn main() -> ExitCode {
     }
 }
 
-fn run() -> Result<(), String> {
-    let flags = Flags::parse(std::env::args().skip(1), &["merge_domain_configs"])
-        .map_err(|e| format!("{e}\n{USAGE}"))?;
+fn check(flags: &Flags) -> Result<(), String> {
     if let Some(flag) = flags.unknown(&["config_dir", "merge_domain_configs"]) {
         return Err(format!("flag provided but not defined: -{flag}\n{USAGE}"));
     }
