@@ -238,15 +238,20 @@ impl Kafka {
             Ok(Ok(Err(error))) => down(&current, format!("metadata request failed: {error}")),
             Ok(Err(_)) | Err(_) => down(&current, format!("no metadata answer within {timeout:?}")),
         };
-        let (status, reason, changed) = (
+        let (status, reason, next_up, changed) = (
             next.status,
             next.reason.clone(),
+            next.is_up(),
             next.is_up() != current.is_up(),
         );
         // If the client reported the brokers down, or a delivery showed the producer
         // unusable, while this probe was out, that newer news wins over its answer.
         if self.shared.store_probe(number, &current, next) && changed {
-            tracing::info!(status, reason, "Kafka health changed");
+            if next_up {
+                tracing::info!(status, "Kafka health changed");
+            } else {
+                tracing::warn!(status, reason, "Kafka health changed");
+            }
         }
         self.health()
     }

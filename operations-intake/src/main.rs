@@ -1,27 +1,19 @@
 //! `operations-intake`: see the README's section on the service for every setting.
 
-use std::io::IsTerminal;
-
 use clap::Parser;
 use operations_intake::run::run;
-use operations_intake::settings::{LogFormat, Settings};
-use tracing_subscriber::EnvFilter;
+use operations_intake::settings::Settings;
+use ratelimit_sidecar::logging;
 
 #[tokio::main]
 async fn main() -> std::process::ExitCode {
     let settings = Settings::parse();
-    let filter = EnvFilter::new(format!(
-        "warn,operations_intake={0},ratelimit_core={0}",
-        settings.log_level
-    ));
-    let logs = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_ansi(std::io::stderr().is_terminal())
-        .with_writer(std::io::stderr);
-    match settings.log_format {
-        LogFormat::Text => logs.init(),
-        LogFormat::Json => logs.json().init(),
-    }
+    // The sidecar's log format and level names.
+    logging::init_for(
+        &settings.log_level,
+        settings.log_format,
+        &["operations_intake", "ratelimit_core", "ratelimit_sidecar"],
+    );
     match run(settings).await {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(error) => {

@@ -104,7 +104,11 @@ pub async fn run(settings: Settings) -> Result<(), StartError> {
         max_value_bytes: settings.max_body_bytes,
     })?);
     let first = kafka.probe().await;
-    tracing::info!(status = first.status, reason = first.reason.as_deref(), bootstrap_servers = %bootstrap, topic = %settings.kafka_topic, "Kafka probed");
+    if first.is_up() {
+        tracing::info!(status = first.status, bootstrap_servers = %bootstrap, topic = %settings.kafka_topic, "Kafka probed");
+    } else {
+        tracing::warn!(status = first.status, reason = first.reason.as_deref(), bootstrap_servers = %bootstrap, topic = %settings.kafka_topic, "Kafka probed: not ready; batches are refused (503) until it is");
+    }
     let watcher = tokio::spawn(kafka.clone().watch());
 
     let app = Arc::new(App {
@@ -124,8 +128,10 @@ pub async fn run(settings: Settings) -> Result<(), StartError> {
             addr: addr.clone(),
             source,
         })?;
-    let local: Option<SocketAddr> = listener.local_addr().ok();
-    tracing::info!(addr = ?local, "operations-intake listening");
+    let local = listener
+        .local_addr()
+        .map_or(addr, |local: SocketAddr| local.to_string());
+    tracing::warn!(address = %local, "operations-intake listening");
 
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
     let server = serve::serve(

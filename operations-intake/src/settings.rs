@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use clap::{ArgAction, Parser, ValueEnum};
+use clap::{ArgAction, Parser};
 
 /// Everything the service can be told.
 #[derive(Clone, Debug, Parser)]
@@ -97,14 +97,7 @@ pub struct Settings {
     pub log_format: LogFormat,
 }
 
-/// How log lines are written.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-pub enum LogFormat {
-    /// Human-readable lines.
-    Text,
-    /// One JSON object a line.
-    Json,
-}
+pub use ratelimit_sidecar::settings::LogFormat;
 
 fn duration(value: &str) -> Result<Duration, String> {
     humantime::parse_duration(value).map_err(|e| format!("{e} (examples: 500ms, 10s, 24h)"))

@@ -108,7 +108,7 @@ async fn a_producer_fenced_after_a_broker_pause_is_replaced() {
         1,
         "one warning per replacement: {replaced:?}"
     );
-    assert!(replaced[0].contains("WARN"), "{replaced:?}");
+    assert!(replaced[0].contains("level=warn"), "{replaced:?}");
     on_topic_once(
         &tansu,
         "paused",
@@ -138,7 +138,7 @@ async fn a_producer_id_lost_in_a_broker_restart_is_replaced() {
     let replaced = replacements(&service);
     assert_eq!(replaced.len(), 1, "{replaced:?}");
     assert!(
-        replaced[0].contains("WARN") && replaced[0].contains("unknown producer id"),
+        replaced[0].contains("level=warn") && replaced[0].contains("unknown producer id"),
         "{replaced:?}"
     );
     on_topic_once(&tansu, "restarted", &[&accepted]);

@@ -14,8 +14,19 @@ use tracing_subscriber::registry::LookupSpan;
 
 use crate::settings::LogFormat;
 
-/// Installs the global subscriber. `level` is one of envoyproxy/ratelimit's level names.
+/// Installs the global subscriber for the sidecar. `level` is one of
+/// envoyproxy/ratelimit's level names.
 pub fn init(level: &str, format: LogFormat) {
+    init_for(
+        level,
+        format,
+        &["ratelimit", "ratelimit_sidecar", "ratelimit_core"],
+    );
+}
+
+/// Installs the global subscriber: `targets` (crate names) log at `level`, every other
+/// crate at warn.
+pub fn init_for(level: &str, format: LogFormat, targets: &[&str]) {
     let ours = match level {
         "panic" | "fatal" | "error" => Level::ERROR,
         "warn" | "warning" => Level::WARN,
@@ -24,9 +35,8 @@ pub fn init(level: &str, format: LogFormat) {
         _ => Level::TRACE,
     };
     // The libraries' own debug output (HTTP/2 frames) would drown ours: they stay at warn.
-    let filter = EnvFilter::new(format!(
-        "warn,ratelimit={ours},ratelimit_sidecar={ours},ratelimit_core={ours}"
-    ));
+    let directives: String = targets.iter().map(|t| format!(",{t}={ours}")).collect();
+    let filter = EnvFilter::new(format!("warn{directives}"));
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
