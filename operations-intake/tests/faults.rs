@@ -186,7 +186,10 @@ async fn a_fatal_producer_error_is_reported_and_the_producer_replaced() {
         .map(str::to_owned)
         .collect();
     assert!(warnings.len() >= 2, "{warnings:?}");
-    assert!(warnings.iter().all(|l| l.contains("level=warn")), "{warnings:?}");
+    assert!(
+        warnings.iter().all(|l| l.contains("level=warn")),
+        "{warnings:?}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -226,3 +226,25 @@ fn bundled_example_config_loads_and_behaves_as_its_comments_say() {
         48
     );
 }
+
+#[test]
+fn an_empty_rate_limit_is_accepted_with_a_warning() {
+    // `unit` and `requests_per_unit` one level too shallow: `rate_limit:` is null and the
+    // descriptor is a whitelist, as upstream loads it.
+    let text = "domain: w\ndescriptors:\n  - key: user\n    rate_limit:\n    unit: second\n    requests_per_unit: 5\n";
+    let config = Config::from_yaml("config/w.yaml", text).unwrap();
+    assert_eq!(config.domains()[0].descriptors[0].rate_limit, None);
+    assert_eq!(config.warnings().len(), 1, "{:?}", config.warnings());
+    assert!(
+        config.warnings()[0].starts_with("config/w.yaml: descriptors[0].rate_limit is empty"),
+        "{:?}",
+        config.warnings()
+    );
+    let fine = "domain: w\ndescriptors:\n  - key: user\n    rate_limit: {unit: second, requests_per_unit: 5}\n  - key: free\n";
+    assert!(
+        Config::from_yaml("w.yaml", fine)
+            .unwrap()
+            .warnings()
+            .is_empty()
+    );
+}

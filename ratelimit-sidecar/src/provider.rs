@@ -233,6 +233,9 @@ pub async fn apply(service: &Service, directory: &Path, result: Result<Config, L
                 .add(1);
             let domains: Vec<&str> = config.domains().iter().map(|d| d.domain.as_str()).collect();
             tracing::info!(domains = ?domains, "loaded rate limit configuration");
+            for warning in config.warnings() {
+                tracing::warn!("{warning}");
+            }
             if domains.is_empty() {
                 let why = if directory.is_dir() {
                     "it holds no .yaml or .yml file with a domain"

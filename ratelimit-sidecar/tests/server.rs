@@ -579,6 +579,21 @@ fn client_and_config_check_tools() {
     let good = check(&server.config_dir());
     assert!(good.status.success());
     assert!(String::from_utf8_lossy(&good.stdout).contains("all rate limit configs ok"));
+    // Accepted, as upstream accepts it, but most likely a mistake: said so.
+    let shallow = tempfile::tempdir().unwrap();
+    std::fs::write(
+        shallow.path().join("w.yaml"),
+        "domain: w\ndescriptors:\n  - key: user\n    rate_limit:\n    unit: second\n    requests_per_unit: 5\n",
+    )
+    .unwrap();
+    let warned = check(shallow.path());
+    let stdout = String::from_utf8_lossy(&warned.stdout);
+    assert!(warned.status.success(), "{stdout}");
+    assert!(
+        stdout.contains("warning: ")
+            && stdout.contains("w.yaml: descriptors[0].rate_limit is empty"),
+        "{stdout}"
+    );
     std::fs::write(
         server.config_dir().join("bad.yaml"),
         "domain: x\ndescriptors:\n  - key: k\n    ratelimit: {}\n",

@@ -1,6 +1,7 @@
 //! YAML text to [`DomainConfig`], with envoyproxy/ratelimit's checks in its order:
 //! parse, then a walk over every map key, then field types and rule semantics.
 
+use std::cell::RefCell;
 use std::collections::{BTreeMap, HashSet};
 
 use serde::Deserialize;
@@ -32,10 +33,16 @@ const KNOWN_KEYS: [&str; 16] = [
     "metadata",
 ];
 
-/// Parses and validates one file.
-pub(super) fn decode_file(file: &str, text: &str) -> Result<DomainConfig, ConfigError> {
+/// Parses and validates one file; also returns its warnings.
+pub(super) fn decode_file(
+    file: &str,
+    text: &str,
+) -> Result<(DomainConfig, Vec<String>), ConfigError> {
     let root = parse_first_document(file, text)?;
-    let cx = Cx { file };
+    let cx = Cx {
+        file,
+        warnings: RefCell::new(Vec::new()),
+    };
     cx.check_keys(&root, &mut String::new())?;
     let root = match &root {
         Value::Null => &Mapping::new(),
@@ -47,10 +54,11 @@ pub(super) fn decode_file(file: &str, text: &str) -> Result<DomainConfig, Config
         return Err(cx.error("domain", ConfigErrorKind::EmptyDomain));
     }
     let descriptors = cx.rules(root, "", &format!("{domain}."))?;
-    Ok(DomainConfig {
+    let domain = DomainConfig {
         domain,
         descriptors,
-    })
+    };
+    Ok((domain, cx.warnings.into_inner()))
 }
 
 /// The key envoyproxy/ratelimit uses to detect duplicates: `domain.parent_value.key_value`.
@@ -88,6 +96,7 @@ fn parse_first_document(file: &str, text: &str) -> Result<Value, ConfigError> {
 
 struct Cx<'a> {
     file: &'a str,
+    warnings: RefCell<Vec<String>>,
 }
 
 impl Cx<'_> {
@@ -227,7 +236,14 @@ impl Cx<'_> {
     fn rate_limit(&self, map: &Mapping, path: &str) -> Result<Option<RateLimitRule>, ConfigError> {
         let path = join(path, "rate_limit");
         let block = match map.get("rate_limit") {
-            None | Some(Value::Null) => return Ok(None),
+            None => return Ok(None),
+            Some(Value::Null) => {
+                self.warnings.borrow_mut().push(format!(
+                    "{}: {path} is empty, so this descriptor is not limited (a whitelist); were `unit` and `requests_per_unit` meant to be indented under it?",
+                    self.file
+                ));
+                return Ok(None);
+            }
             Some(Value::Mapping(block)) => block,
             Some(other) => return Err(self.wrong_type(&path, "a rate_limit map", other)),
         };

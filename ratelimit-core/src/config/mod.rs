@@ -14,6 +14,7 @@ use crate::unit::Window;
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Config {
     domains: Vec<DomainConfig>,
+    warnings: Vec<String>,
 }
 
 /// The rules of one domain.
@@ -109,7 +110,8 @@ impl Config {
         let mut top_keys: Vec<std::collections::HashSet<String>> = Vec::new();
         for (name, text) in files {
             let name = name.as_ref();
-            let file = decode::decode_file(name, text.as_ref())?;
+            let (file, warnings) = decode::decode_file(name, text.as_ref())?;
+            config.warnings.extend(warnings);
             match config.domains.iter().position(|d| d.domain == file.domain) {
                 Some(_) if !merge_domains => {
                     return Err(ConfigError::new(
@@ -153,5 +155,11 @@ impl Config {
     /// The domains, in the order their first file was given.
     pub fn domains(&self) -> &[DomainConfig] {
         &self.domains
+    }
+
+    /// What is accepted, as envoyproxy/ratelimit accepts it, but is most likely a mistake
+    /// (an empty `rate_limit:`, which makes a whitelist), each naming file and path.
+    pub fn warnings(&self) -> &[String] {
+        &self.warnings
     }
 }

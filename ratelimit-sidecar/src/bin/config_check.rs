@@ -66,6 +66,9 @@ fn check(flags: &Flags) -> Result<(), String> {
         files.push((path.display().to_string(), text));
     }
     let config = Config::from_files(files, merge).map_err(|e| e.to_string())?;
+    for warning in config.warnings() {
+        println!("warning: {warning}");
+    }
     for domain in config.domains() {
         println!(
             "domain {}: {} top-level descriptors",
