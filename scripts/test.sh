@@ -6,7 +6,7 @@
 # ~/.cache/ratelimit-rs), runs the unit, property and end-to-end tests (which start the
 # real binaries, Redis, a tansu Kafka broker and a real Envoy on free loopback ports and
 # stop them), then the public conformance suite against the sidecar, on the memory and
-# the Redis backends.
+# the Redis backends, then the README's commands (scripts/readme.sh).
 #
 # `scripts/test.sh --deps-only` installs and stops there (CI runs it before clippy,
 # which needs cmake and the curl headers to build librdkafka).
@@ -127,3 +127,6 @@ if [ -x "$CONFORMANCE/run.sh" ]; then
 else
 	log "no conformance suite at $CONFORMANCE: skipped"
 fi
+
+log "running the README's commands as written (sidecar, intake, Envoy and wasm walkthroughs)"
+bash scripts/readme.sh

