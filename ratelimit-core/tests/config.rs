@@ -248,3 +248,17 @@ fn an_empty_rate_limit_is_accepted_with_a_warning() {
             .is_empty()
     );
 }
+
+#[test]
+fn errors_after_the_parse_carry_the_line_and_column_of_their_node() {
+    let text = "domain: d\ndescriptors:\n  - key: a\n    rate_limit:\n      unit: minutes\n      requests_per_unit: 1\n";
+    let error = Config::from_yaml("d.yaml", text).unwrap_err();
+    assert_eq!(error.path, "descriptors[0].rate_limit.unit");
+    assert_eq!(error.location, Some((5, 7)));
+    let text = "domain: d\ndescriptors:\n  - key: a\n  - key: a\n";
+    let error = Config::from_yaml("d.yaml", text).unwrap_err();
+    assert_eq!(
+        (error.path.as_str(), error.location),
+        ("descriptors[1]", Some((4, 5)))
+    );
+}

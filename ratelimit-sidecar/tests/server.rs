@@ -603,6 +603,6 @@ fn client_and_config_check_tools() {
     assert_eq!(bad.status.code(), Some(1));
     assert!(
         String::from_utf8_lossy(&bad.stdout)
-            .contains("bad.yaml: descriptors[0].ratelimit: config error, unknown key 'ratelimit'")
+            .contains("bad.yaml: descriptors[0].ratelimit: config error, unknown key 'ratelimit' (line 4, column 5)")
     );
 }

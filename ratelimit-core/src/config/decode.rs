@@ -33,11 +33,21 @@ const KNOWN_KEYS: [&str; 16] = [
     "metadata",
 ];
 
-/// Parses and validates one file; also returns its warnings.
+/// Parses and validates one file; also returns its warnings. An error found after the
+/// parse is given the line and column of the node it names.
 pub(super) fn decode_file(
     file: &str,
     text: &str,
 ) -> Result<(DomainConfig, Vec<String>), ConfigError> {
+    decode(file, text).map_err(|mut error| {
+        if error.location.is_none() && !error.path.is_empty() {
+            error.location = super::position::locate(text, &error.path);
+        }
+        error
+    })
+}
+
+fn decode(file: &str, text: &str) -> Result<(DomainConfig, Vec<String>), ConfigError> {
     let root = parse_first_document(file, text)?;
     let cx = Cx {
         file,

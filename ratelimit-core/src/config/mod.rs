@@ -2,7 +2,9 @@
 
 mod decode;
 mod error;
+mod events;
 mod nesting;
+mod position;
 
 use std::collections::BTreeMap;
 

@@ -8,9 +8,9 @@
 //! exactly what the parser sees (quotes, comments, block scalars, document markers, a
 //! byte-order mark), so no spelling of a deep file slips past it.
 
-use std::mem::MaybeUninit;
-
 use libyaml_rs as sys;
+
+use super::events::Parser;
 
 /// The deepest nesting of collections (block or flow) a rule file may have. Each level
 /// of `descriptors` takes two (a list and a map); the YAML deserializer stops at 128.
@@ -37,63 +37,6 @@ pub fn too_deep(text: &str, max: usize) -> Option<(usize, usize)> {
             sys::YAML_DOCUMENT_END_EVENT | sys::YAML_STREAM_END_EVENT => return None,
             _ => {}
         }
-    }
-}
-
-/// One event's kind and where it starts (0-based).
-struct Event {
-    kind: sys::yaml_event_type_t,
-    line: usize,
-    column: usize,
-}
-
-/// libyaml's event parser over `text`, freed on drop.
-struct Parser<'a> {
-    // Boxed: libyaml keeps pointers into the parser, so it must not move.
-    sys: Box<MaybeUninit<sys::yaml_parser_t>>,
-    _text: &'a str,
-}
-
-impl<'a> Parser<'a> {
-    fn new(text: &'a str) -> Option<Parser<'a>> {
-        let mut sys = Box::new(MaybeUninit::<sys::yaml_parser_t>::uninit());
-        // SAFETY: the parser is initialized in place before any other use, and the
-        // input outlives it (`_text` borrows it for the parser's life).
-        unsafe {
-            if sys::yaml_parser_initialize(sys.as_mut_ptr()).fail {
-                return None;
-            }
-            sys::yaml_parser_set_encoding(sys.as_mut_ptr(), sys::YAML_UTF8_ENCODING);
-            sys::yaml_parser_set_input_string(sys.as_mut_ptr(), text.as_ptr(), text.len() as u64);
-        }
-        Some(Parser { sys, _text: text })
-    }
-
-    /// The next event, or `None` on a syntax error.
-    fn next(&mut self) -> Option<Event> {
-        let mut event = MaybeUninit::<sys::yaml_event_t>::uninit();
-        // SAFETY: the parser was initialized; a successful parse initializes `event`,
-        // which is read and then freed with `yaml_event_delete`.
-        unsafe {
-            if sys::yaml_parser_parse(self.sys.as_mut_ptr(), event.as_mut_ptr()).fail {
-                return None;
-            }
-            let event = event.assume_init_mut();
-            let read = Event {
-                kind: event.type_,
-                line: usize::try_from(event.start_mark.line).unwrap_or(usize::MAX),
-                column: usize::try_from(event.start_mark.column).unwrap_or(usize::MAX),
-            };
-            sys::yaml_event_delete(event);
-            Some(read)
-        }
-    }
-}
-
-impl Drop for Parser<'_> {
-    fn drop(&mut self) {
-        // SAFETY: the parser was initialized in `new` and is deleted once.
-        unsafe { sys::yaml_parser_delete(self.sys.as_mut_ptr()) }
     }
 }
 

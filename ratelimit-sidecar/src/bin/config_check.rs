@@ -9,7 +9,7 @@
 use std::path::Path;
 use std::process::ExitCode;
 
-use ratelimit_core::Config;
+use ratelimit_core::{Config, ConfigErrorKind};
 use ratelimit_sidecar::cli::Flags;
 use ratelimit_sidecar::provider::yaml_files;
 use ratelimit_sidecar::settings::go_bool;
@@ -65,7 +65,13 @@ fn check(flags: &Flags) -> Result<(), String> {
             std::fs::read_to_string(&path).map_err(|e| format!("{}: {e}", path.display()))?;
         files.push((path.display().to_string(), text));
     }
-    let config = Config::from_files(files, merge).map_err(|e| e.to_string())?;
+    let config = Config::from_files(files, merge).map_err(|error| match error.location {
+        // The YAML parser's own messages already end with the position.
+        Some((line, column)) if !matches!(error.kind, ConfigErrorKind::Yaml(_)) => {
+            format!("{error} (line {line}, column {column})")
+        }
+        _ => error.to_string(),
+    })?;
     for warning in config.warnings() {
         println!("warning: {warning}");
     }
