@@ -31,8 +31,12 @@ fuzz_target!(|data: &[u8]| {
     if let Some(yaml) = emit(domain) {
         let again = Config::from_yaml("b.yaml", &yaml)
             .unwrap_or_else(|e| panic!("written back, the rules no longer load: {e}\n{yaml}"));
-        // Debug, not ==: metadata may hold NaN.
-        assert_eq!(format!("{again:?}"), format!("{config:?}"), "{yaml}");
+        // Debug, not ==: metadata may hold NaN. The rules only: warnings name the file.
+        assert_eq!(
+            format!("{:?}", again.domains()),
+            format!("{:?}", config.domains()),
+            "{yaml}"
+        );
     }
 
     let twice = [("a.yaml", &*text), ("b.yaml", &*text)];
@@ -45,7 +49,10 @@ fuzz_target!(|data: &[u8]| {
     match Config::from_files(twice, true) {
         Ok(merged) => {
             assert!(domain.descriptors.is_empty(), "merged duplicate rules");
-            assert_eq!(format!("{merged:?}"), format!("{config:?}"));
+            assert_eq!(
+                format!("{:?}", merged.domains()),
+                format!("{:?}", config.domains())
+            );
         }
         Err(error) => {
             assert!(!domain.descriptors.is_empty(), "{error}");

@@ -262,3 +262,34 @@ fn errors_after_the_parse_carry_the_line_and_column_of_their_node() {
         ("descriptors[1]", Some((4, 5)))
     );
 }
+
+#[test]
+fn every_error_of_every_file_is_reported() {
+    // The key pass: both unknown keys, in file order.
+    let keys =
+        "domain: d\ndescriptors:\n  - key: a\n    ratelimit: {}\n  - key: b\n    rate_limits: {}\n";
+    // The field pass: one error per rule in error; the rules after it are still read.
+    let fields = "domain: e\ndescriptors:\n  - key: a\n    rate_limit: {unit: minutes, requests_per_unit: 1}\n  - key: b\n    rate_limit: {unit: hour, requests_per_unit: 1}\n  - key: c\n    rate_limit: {unit: fortnight, requests_per_unit: 1}\n";
+    let good = "domain: f\ndescriptors:\n  - key: a\n";
+    let errors = Config::check_files(
+        [("k.yaml", keys), ("f.yaml", fields), ("g.yaml", good)],
+        false,
+    )
+    .unwrap_err();
+    let found: Vec<_> = errors
+        .iter()
+        .map(|e| (e.file.as_str(), e.path.as_str(), e.location))
+        .collect();
+    assert_eq!(
+        found,
+        [
+            ("k.yaml", "descriptors[0].ratelimit", Some((4, 5))),
+            ("k.yaml", "descriptors[1].rate_limits", Some((6, 5))),
+            ("f.yaml", "descriptors[0].rate_limit.unit", Some((4, 18))),
+            ("f.yaml", "descriptors[2].rate_limit.unit", Some((8, 18))),
+        ]
+    );
+    // from_files keeps the first, as before.
+    let first = Config::from_files([("k.yaml", keys), ("f.yaml", fields)], false).unwrap_err();
+    assert_eq!(first.path, "descriptors[0].ratelimit");
+}

@@ -605,4 +605,18 @@ fn client_and_config_check_tools() {
         String::from_utf8_lossy(&bad.stdout)
             .contains("bad.yaml: descriptors[0].ratelimit: config error, unknown key 'ratelimit' (line 4, column 5)")
     );
+    // Every error is listed, not only the first.
+    std::fs::write(
+        server.config_dir().join("worse.yaml"),
+        "domain: y\ndescriptors:\n  - key: k\n    rate_limits: {}\n",
+    )
+    .unwrap();
+    let worse = check(&server.config_dir());
+    let stdout = String::from_utf8_lossy(&worse.stdout);
+    assert_eq!(worse.status.code(), Some(1));
+    assert!(
+        stdout.contains("unknown key 'ratelimit' (line 4, column 5)")
+            && stdout.contains("worse.yaml: descriptors[0].rate_limits: config error, unknown key 'rate_limits' (line 4, column 5)"),
+        "{stdout}"
+    );
 }

@@ -33,42 +33,71 @@ const KNOWN_KEYS: [&str; 16] = [
     "metadata",
 ];
 
-/// Parses and validates one file; also returns its warnings. An error found after the
-/// parse is given the line and column of the node it names.
+/// Parses and validates one file; also returns its warnings. On failure, every error
+/// found, in file order: all those of the key pass when it finds any (unknown keys, lists
+/// of non-maps, unsupported values), else those of the field pass (one per descriptor
+/// rule at most: a rule in error is left out and the next one read). An error found after
+/// the parse is given the line and column of the node it names.
 pub(super) fn decode_file(
     file: &str,
     text: &str,
-) -> Result<(DomainConfig, Vec<String>), ConfigError> {
-    decode(file, text).map_err(|mut error| {
-        if error.location.is_none() && !error.path.is_empty() {
-            error.location = super::position::locate(text, &error.path);
-        }
-        error
+) -> Result<(DomainConfig, Vec<String>), Vec<ConfigError>> {
+    decode(file, text).map_err(|errors| {
+        errors
+            .into_iter()
+            .map(|mut error| {
+                if error.location.is_none() && !error.path.is_empty() {
+                    error.location = super::position::locate(text, &error.path);
+                }
+                error
+            })
+            .collect()
     })
 }
 
-fn decode(file: &str, text: &str) -> Result<(DomainConfig, Vec<String>), ConfigError> {
-    let root = parse_first_document(file, text)?;
+fn decode(file: &str, text: &str) -> Result<(DomainConfig, Vec<String>), Vec<ConfigError>> {
+    let root = parse_first_document(file, text).map_err(|e| vec![e])?;
     let cx = Cx {
         file,
         warnings: RefCell::new(Vec::new()),
+        errors: RefCell::new(Vec::new()),
     };
-    cx.check_keys(&root, &mut String::new())?;
-    let root = match &root {
-        Value::Null => &Mapping::new(),
-        Value::Mapping(map) => map,
-        other => return Err(cx.wrong_type("", "a map with 'domain' and 'descriptors'", other)),
-    };
-    let domain = cx.string_field(root, "domain", "")?.unwrap_or_default();
-    if domain.is_empty() {
-        return Err(cx.error("domain", ConfigErrorKind::EmptyDomain));
+    cx.check_keys(&root, &mut String::new());
+    if !cx.errors.borrow().is_empty() {
+        return Err(cx.errors.into_inner());
     }
-    let descriptors = cx.rules(root, "", &format!("{domain}."))?;
-    let domain = DomainConfig {
-        domain,
-        descriptors,
-    };
-    Ok((domain, cx.warnings.into_inner()))
+    let domain = cx.domain(&root);
+    let mut errors = cx.errors.into_inner();
+    match domain {
+        Ok(domain) if errors.is_empty() => Ok((domain, cx.warnings.into_inner())),
+        Ok(_) => Err(errors),
+        Err(error) => {
+            errors.push(error);
+            Err(errors)
+        }
+    }
+}
+
+impl Cx<'_> {
+    /// The second pass, on a file whose keys are all known: the domain and its rules.
+    fn domain(&self, root: &Value) -> Result<DomainConfig, ConfigError> {
+        let root = match root {
+            Value::Null => &Mapping::new(),
+            Value::Mapping(map) => map,
+            other => {
+                return Err(self.wrong_type("", "a map with 'domain' and 'descriptors'", other));
+            }
+        };
+        let domain = self.string_field(root, "domain", "")?.unwrap_or_default();
+        if domain.is_empty() {
+            return Err(self.error("domain", ConfigErrorKind::EmptyDomain));
+        }
+        let descriptors = self.rules(root, "", &format!("{domain}."))?;
+        Ok(DomainConfig {
+            domain,
+            descriptors,
+        })
+    }
 }
 
 /// The key envoyproxy/ratelimit uses to detect duplicates: `domain.parent_value.key_value`.
@@ -107,9 +136,15 @@ fn parse_first_document(file: &str, text: &str) -> Result<Value, ConfigError> {
 struct Cx<'a> {
     file: &'a str,
     warnings: RefCell<Vec<String>>,
+    /// Errors found so far, when reading goes on past them.
+    errors: RefCell<Vec<ConfigError>>,
 }
 
 impl Cx<'_> {
+    fn report(&self, error: ConfigError) {
+        self.errors.borrow_mut().push(error);
+    }
+
     fn error(&self, path: &str, kind: ConfigErrorKind) -> ConfigError {
         ConfigError::new(self.file, path, kind)
     }
@@ -125,13 +160,15 @@ impl Cx<'_> {
     }
 
     /// The first pass: map keys must be known strings, lists must hold maps, and leaves
-    /// must be strings, integers, booleans or null. `metadata` is free-form.
-    fn check_keys(&self, value: &Value, path: &mut String) -> Result<(), ConfigError> {
+    /// must be strings, integers, booleans or null. `metadata` is free-form. Every error
+    /// is reported; what is under a node in error is not looked at.
+    fn check_keys(&self, value: &Value, path: &mut String) {
         match value {
             Value::Mapping(map) => {
                 for (key, child) in map {
                     let Value::String(key) = key else {
-                        return Err(self.error(path, ConfigErrorKind::NonStringKey(describe(key))));
+                        self.report(self.error(path, ConfigErrorKind::NonStringKey(describe(key))));
+                        continue;
                     };
                     let len = path.len();
                     if !path.is_empty() {
@@ -139,32 +176,34 @@ impl Cx<'_> {
                     }
                     path.push_str(key);
                     if !KNOWN_KEYS.contains(&key.as_str()) {
-                        return Err(self.error(path, ConfigErrorKind::UnknownKey(key.clone())));
-                    }
-                    if key != "metadata" {
-                        self.check_keys(child, path)?;
+                        self.report(self.error(path, ConfigErrorKind::UnknownKey(key.clone())));
+                    } else if key != "metadata" {
+                        self.check_keys(child, path);
                     }
                     path.truncate(len);
                 }
-                Ok(())
             }
             Value::Sequence(items) => {
                 for (index, item) in items.iter().enumerate() {
                     let len = path.len();
                     path.push_str(&format!("[{index}]"));
-                    if !matches!(item, Value::Mapping(_)) {
-                        return Err(self.error(path, ConfigErrorKind::ListOfNonMap(describe(item))));
+                    if matches!(item, Value::Mapping(_)) {
+                        self.check_keys(item, path);
+                    } else {
+                        self.report(
+                            self.error(path, ConfigErrorKind::ListOfNonMap(describe(item))),
+                        );
                     }
-                    self.check_keys(item, path)?;
                     path.truncate(len);
                 }
-                Ok(())
             }
             Value::Number(n) if n.is_f64() => {
-                Err(self.error(path, ConfigErrorKind::UnsupportedValue("float")))
+                self.report(self.error(path, ConfigErrorKind::UnsupportedValue("float")));
             }
-            Value::Tagged(_) => Err(self.error(path, ConfigErrorKind::UnsupportedValue("tagged"))),
-            Value::Null | Value::Bool(_) | Value::Number(_) | Value::String(_) => Ok(()),
+            Value::Tagged(_) => {
+                self.report(self.error(path, ConfigErrorKind::UnsupportedValue("tagged")));
+            }
+            Value::Null | Value::Bool(_) | Value::Number(_) | Value::String(_) => {}
         }
     }
 
@@ -185,9 +224,14 @@ impl Cx<'_> {
         for (index, item) in items.iter().enumerate() {
             let path = format!("{path}[{index}]");
             let Value::Mapping(item) = item else {
-                return Err(self.error(&path, ConfigErrorKind::ListOfNonMap(describe(item))));
+                self.report(self.error(&path, ConfigErrorKind::ListOfNonMap(describe(item))));
+                continue;
             };
-            rules.push(self.rule(item, &path, parents, &mut seen)?);
+            // A rule in error is reported and left out; the next one is read.
+            match self.rule(item, &path, parents, &mut seen) {
+                Ok(rule) => rules.push(rule),
+                Err(error) => self.report(error),
+            }
         }
         Ok(rules)
     }

@@ -101,39 +101,65 @@ impl Config {
     ///
     /// With `merge_domains` false a domain may appear in one file only (envoyproxy/ratelimit's
     /// default); with it true, the descriptors of files sharing a domain are concatenated and
-    /// must still be unique. The whole set is rejected on the first error.
+    /// must still be unique. The whole set is rejected on an error: the first one found
+    /// (see [`Config::check_files`] for all of them).
     pub fn from_files<I, N, T>(files: I, merge_domains: bool) -> Result<Config, ConfigError>
     where
         I: IntoIterator<Item = (N, T)>,
         N: AsRef<str>,
         T: AsRef<str>,
     {
+        Config::check_files(files, merge_domains).map_err(|errors| {
+            errors
+                .into_iter()
+                .next()
+                .expect("a failed check has an error")
+        })
+    }
+
+    /// [`Config::from_files`], reporting every error found rather than the first: each
+    /// file is read even when one before it failed, and within a file, see the order in
+    /// which errors are found in `decode`.
+    pub fn check_files<I, N, T>(files: I, merge_domains: bool) -> Result<Config, Vec<ConfigError>>
+    where
+        I: IntoIterator<Item = (N, T)>,
+        N: AsRef<str>,
+        T: AsRef<str>,
+    {
         let mut config = Config::default();
+        let mut errors = Vec::new();
         let mut top_keys: Vec<std::collections::HashSet<String>> = Vec::new();
         for (name, text) in files {
             let name = name.as_ref();
-            let (file, warnings) = decode::decode_file(name, text.as_ref())?;
-            config.warnings.extend(warnings);
-            match config.domains.iter().position(|d| d.domain == file.domain) {
-                Some(_) if !merge_domains => {
-                    return Err(ConfigError::new(
-                        name,
-                        "domain",
-                        ConfigErrorKind::DuplicateDomain(file.domain),
-                    ));
+            let file = match decode::decode_file(name, text.as_ref()) {
+                Ok((file, warnings)) => {
+                    config.warnings.extend(warnings);
+                    file
                 }
+                Err(found) => {
+                    errors.extend(found);
+                    continue;
+                }
+            };
+            match config.domains.iter().position(|d| d.domain == file.domain) {
+                Some(_) if !merge_domains => errors.push(ConfigError::new(
+                    name,
+                    "domain",
+                    ConfigErrorKind::DuplicateDomain(file.domain),
+                )),
                 Some(i) => {
-                    for (index, rule) in file.descriptors.iter().enumerate() {
-                        let composite = decode::composite_key(&file.domain, "", rule);
-                        if !top_keys[i].insert(composite.clone()) {
-                            return Err(ConfigError::new(
+                    for (index, rule) in file.descriptors.into_iter().enumerate() {
+                        let composite = decode::composite_key(&file.domain, "", &rule);
+                        if top_keys[i].insert(composite.clone()) {
+                            config.domains[i].descriptors.push(rule);
+                        } else {
+                            errors.push(ConfigError::new(
                                 name,
                                 &format!("descriptors[{index}]"),
                                 ConfigErrorKind::DuplicateKey(composite),
                             ));
                         }
                     }
-                    config.domains[i].descriptors.extend(file.descriptors);
                 }
                 None => {
                     top_keys.push(
@@ -146,7 +172,11 @@ impl Config {
                 }
             }
         }
-        Ok(config)
+        if errors.is_empty() {
+            Ok(config)
+        } else {
+            Err(errors)
+        }
     }
 
     /// Loads one YAML file.

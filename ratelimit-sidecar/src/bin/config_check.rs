@@ -3,13 +3,13 @@
 //! `ratelimit-config-check -config_dir examples/config [-merge_domain_configs]`
 //! reads the directory as the server does (recursively, following each directory once,
 //! skipping dotted entries when `RUNTIME_IGNOREDOTFILES` is true).
-//! Exits 0 when every file is valid, 1 (after printing the error with file and YAML
-//! path) otherwise.
+//! Exits 0 when every file is valid, 1 (after printing every error found, each with
+//! file, YAML path, line and column) otherwise.
 
 use std::path::Path;
 use std::process::ExitCode;
 
-use ratelimit_core::{Config, ConfigErrorKind};
+use ratelimit_core::{Config, ConfigError, ConfigErrorKind};
 use ratelimit_sidecar::cli::Flags;
 use ratelimit_sidecar::provider::yaml_files;
 use ratelimit_sidecar::settings::go_bool;
@@ -65,12 +65,9 @@ fn check(flags: &Flags) -> Result<(), String> {
             std::fs::read_to_string(&path).map_err(|e| format!("{}: {e}", path.display()))?;
         files.push((path.display().to_string(), text));
     }
-    let config = Config::from_files(files, merge).map_err(|error| match error.location {
-        // The YAML parser's own messages already end with the position.
-        Some((line, column)) if !matches!(error.kind, ConfigErrorKind::Yaml(_)) => {
-            format!("{error} (line {line}, column {column})")
-        }
-        _ => error.to_string(),
+    let config = Config::check_files(files, merge).map_err(|errors| {
+        let lines: Vec<String> = errors.iter().map(describe).collect();
+        lines.join("\n")
     })?;
     for warning in config.warnings() {
         println!("warning: {warning}");
@@ -83,4 +80,15 @@ fn check(flags: &Flags) -> Result<(), String> {
         );
     }
     Ok(())
+}
+
+/// An error with its line and column (the YAML parser's own messages already end with
+/// the position).
+fn describe(error: &ConfigError) -> String {
+    match error.location {
+        Some((line, column)) if !matches!(error.kind, ConfigErrorKind::Yaml(_)) => {
+            format!("{error} (line {line}, column {column})")
+        }
+        _ => error.to_string(),
+    }
 }
