@@ -372,6 +372,12 @@ async fn sigterm_loses_no_answered_batch() {
         !answered.is_empty(),
         "some requests were answered before the signal"
     );
+    // A clean shutdown is quiet: no error from the service or from librdkafka.
+    let log = service.log();
+    assert!(
+        !log.contains("level=error") && !log.contains("ERROR"),
+        "{log}"
+    );
 
     let records = read_topic(&tansu.bootstrap(), "drain");
     let keys: std::collections::HashSet<String> = records
