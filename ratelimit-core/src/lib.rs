@@ -34,6 +34,7 @@
 #![warn(missing_docs)]
 
 pub mod config;
+mod engine;
 mod keymap;
 mod limiter;
 mod local_cache;
@@ -42,18 +43,20 @@ mod plan;
 mod request;
 mod response;
 mod rules;
+mod settings;
 pub mod stats;
 mod store;
 mod unit;
 mod wildcard;
 
 pub use config::{Config, ConfigError, ConfigErrorKind};
-pub use limiter::{Limiter, Settings};
+pub use limiter::Limiter;
 pub use local_cache::OverLimitCache;
 pub use memory::{DEFAULT_MAX_BYTES, MemoryStore, MemoryUsage};
 pub use plan::{Increment, Plan};
 pub use request::{Descriptor, Entry, LimitOverride, Request, RequestBounds, RequestError};
 pub use response::{Code, CurrentLimit, DescriptorStatus, RateLimitHeaders, Response};
+pub use settings::Settings;
 pub use store::CounterStore;
 pub use unit::{Unit, Window};
 pub use wildcard::Pattern;

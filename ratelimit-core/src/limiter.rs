@@ -7,55 +7,19 @@ use arc_swap::ArcSwapOption;
 use smallvec::SmallVec;
 
 use crate::config::Config;
+use crate::engine::Engine;
 use crate::local_cache::OverLimitCache;
 use crate::plan::Plan;
 use crate::request::{Request, RequestBounds, RequestError};
 use crate::response::Response;
 use crate::rules::RuleSet;
+use crate::settings::Settings;
 use crate::stats::{Counter, StatsRegistry};
 use crate::store::CounterStore;
 
 thread_local! {
     /// Cache keys of the in-process path are built here, not allocated per request.
     static KEY_BUFFER: RefCell<String> = const { RefCell::new(String::new()) };
-}
-
-/// Settings that apply to every request (envoyproxy/ratelimit's environment variables of
-/// the same names).
-#[derive(Clone, Debug, PartialEq)]
-pub struct Settings {
-    /// `NEAR_LIMIT_RATIO`: share of the limit above which hits count as `near_limit`.
-    pub near_limit_ratio: f32,
-    /// `CACHE_KEY_PREFIX`: prepended to every counter key.
-    pub cache_key_prefix: String,
-    /// `STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT`: when some descriptor of a request would
-    /// go over its limit, leave the counters of the others alone.
-    pub stop_cache_key_increment_when_overlimit: bool,
-    /// `SHADOW_MODE`: answer `OK` overall even when over limit (statuses keep the truth).
-    pub shadow_mode: bool,
-    /// `QUOTA_MODE`: every descriptor is a quota; the request is over limit only when
-    /// all of them are.
-    pub quota_mode: bool,
-    /// `LOCAL_CACHE_SIZE_IN_BYTES`: with a remote store ([`Limiter::plan`]), remember
-    /// counters that went over their limit and answer them without the store until their
-    /// window ends. 0 turns it off.
-    pub local_cache_size_in_bytes: usize,
-    /// Bounds on request names and addends; a request past one is refused.
-    pub bounds: RequestBounds,
-}
-
-impl Default for Settings {
-    fn default() -> Settings {
-        Settings {
-            near_limit_ratio: 0.8,
-            cache_key_prefix: String::new(),
-            stop_cache_key_increment_when_overlimit: false,
-            shadow_mode: false,
-            quota_mode: false,
-            local_cache_size_in_bytes: 0,
-            bounds: RequestBounds::default(),
-        }
-    }
 }
 
 /// Decides rate-limit requests against a configuration that can be replaced at any time.
@@ -69,16 +33,6 @@ pub struct Limiter {
     global_shadow: Arc<Counter>,
     local_cache: Option<Arc<OverLimitCache>>,
     engine: ArcSwapOption<Engine>,
-}
-
-/// One configuration, compiled, with what deciding needs next to it.
-#[derive(Debug)]
-pub(crate) struct Engine {
-    pub rules: RuleSet,
-    pub settings: Settings,
-    pub stats: Arc<StatsRegistry>,
-    pub global_shadow: Arc<Counter>,
-    pub local_cache: Option<Arc<OverLimitCache>>,
 }
 
 impl Limiter {

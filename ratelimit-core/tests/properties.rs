@@ -3,7 +3,9 @@
 use std::collections::HashMap;
 
 use proptest::prelude::*;
-use ratelimit_core::{Code, Config, Descriptor, Limiter, MemoryStore, Request, Settings};
+use ratelimit_core::{
+    Code, Config, CounterStore, Descriptor, Limiter, MemoryStore, Request, Response, Settings,
+};
 
 const RULES: &str = "
 domain: p
@@ -95,4 +97,56 @@ fn concurrent_clients_never_exceed_the_limit() {
         }
     });
     assert_eq!(admitted.into_inner(), 7);
+}
+
+/// A remote store's exchange, played against a memory store: current counts when the
+/// plan needs them, then the increments, then the decision.
+fn through_a_plan(limiter: &Limiter, store: &MemoryStore, request: &Request, now: u64) -> Response {
+    let mut plan = limiter.plan(request, now).unwrap();
+    if plan.needs_current_counts() {
+        let current: Vec<u64> = plan
+            .increments()
+            .iter()
+            .map(|i| store.get(&i.key, now))
+            .collect();
+        plan.apply_current(&current);
+    }
+    let counts: Vec<u64> = plan
+        .increments()
+        .iter()
+        .map(|i| store.increment(&i.key, i.hits, i.window_end, now))
+        .collect();
+    plan.decide(&counts)
+}
+
+proptest! {
+    /// The in-process decision and the remote one (plan, counts, decide) answer every
+    /// request of any sequence alike, with STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT on or
+    /// off, and leave the same counters behind.
+    #[test]
+    fn in_process_and_planned_decisions_agree(
+        stop in any::<bool>(),
+        calls in proptest::collection::vec(
+            (0usize..3, proptest::option::of("/a/[xy]/b[z]{0,2}"), 0u64..130, 0u64..4),
+            1..120,
+        ),
+    ) {
+        let settings = Settings { stop_cache_key_increment_when_overlimit: stop, ..Settings::default() };
+        let config = Config::from_yaml("p.yaml", RULES).unwrap();
+        let (direct, planned) = (Limiter::new(&config, settings.clone()), Limiter::new(&config, settings));
+        let (a, b) = (MemoryStore::default(), MemoryStore::default());
+        let mut calls = calls;
+        calls.sort_by_key(|c| c.2);
+        for (client, path, t, hits) in calls {
+            let now = 1_000_000 + t;
+            let mut descriptors = vec![Descriptor::new([("user", format!("u{client}"))]).with_hits(hits)];
+            if let Some(path) = path {
+                descriptors.push(Descriptor::new([("path", path)]));
+            }
+            let request = Request::new("p", descriptors);
+            let expected = direct.should_rate_limit(&request, &a, now).unwrap();
+            let got = through_a_plan(&planned, &b, &request, now);
+            prop_assert_eq!(&got, &expected, "{:?} at {}", request, now);
+        }
+    }
 }

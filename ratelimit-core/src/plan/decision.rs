@@ -1,0 +1,183 @@
+//! The decision from the counts: codes, remaining hits, statistics, shadow and quota
+//! modes, the local over-limit cache and STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT.
+
+use smallvec::SmallVec;
+
+use super::{Applied, Item, PlanBody, Source};
+use crate::engine::Engine;
+use crate::local_cache::OverLimitCache;
+use crate::response::{Code, DescriptorStatus, RateLimitHeaders, Response};
+
+impl PlanBody {
+    /// With `STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT`: given each counter's current
+    /// value, which counters to increment. `None` means all: no descriptor would go over.
+    /// Otherwise only the ones that would go over are incremented, as upstream does.
+    pub(crate) fn counters_to_increment(
+        &self,
+        engine: &Engine,
+        current: &[u64],
+    ) -> Option<SmallVec<[bool; 8]>> {
+        let mut exceeds: SmallVec<[bool; 8]> = SmallVec::new();
+        for item in &self.items {
+            if let Item::Limited(limited) = item
+                && !limited.cached
+            {
+                let count = current.get(limited.increment).copied().unwrap_or(0);
+                let limit = u64::from(engine.applied(limited).requests_per_unit);
+                exceeds.push(count.saturating_add(limited.addend) > limit);
+            }
+        }
+        exceeds.contains(&true).then_some(exceeds)
+    }
+
+    /// Leaves out the counters `cache` knows to be over their limit; with `stop`
+    /// (STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT), a known one makes every other counter
+    /// only checked, as upstream does.
+    pub(super) fn skip_cached(&mut self, cache: &OverLimitCache, stop: bool) {
+        let increments = std::mem::take(&mut self.increments);
+        let mut kept = Vec::with_capacity(increments.len());
+        let mut any_cached = false;
+        let mut increments = increments.into_iter();
+        for item in &mut self.items {
+            if let Item::Limited(limited) = item {
+                let increment = increments.next().expect("one increment per limited item");
+                if cache.contains(&increment.key, self.now) {
+                    limited.cached = true;
+                    any_cached = true;
+                } else {
+                    limited.increment = kept.len();
+                    kept.push(increment);
+                }
+            }
+        }
+        if any_cached && stop {
+            kept.iter_mut().for_each(|increment| increment.hits = 0);
+        }
+        self.increments = kept;
+    }
+
+    pub(crate) fn decide(&self, engine: &Engine, counts: &[u64]) -> Response {
+        assert!(
+            counts.len() >= self.increments.len(),
+            "one count per increment"
+        );
+        let ratio = engine.settings.near_limit_ratio;
+        let mut statuses = Vec::with_capacity(self.items.len());
+        let (mut over_non_quota, mut quota, mut quota_over) = (false, 0usize, 0usize);
+        for item in &self.items {
+            let (status, is_quota) = match item {
+                Item::NoLimit { quota } => (DescriptorStatus::NO_LIMIT, *quota),
+                Item::Unlimited { node } => (
+                    DescriptorStatus {
+                        limit_remaining: u32::MAX,
+                        metadata: engine.rules.node(*node).metadata.clone(),
+                        ..DescriptorStatus::NO_LIMIT
+                    },
+                    engine.rules.node(*node).quota_mode || engine.settings.quota_mode,
+                ),
+                Item::Limited(limited) => {
+                    let applied = engine.applied(limited);
+                    let reset = applied.window.until_reset(self.now);
+                    let mut status = if limited.cached {
+                        cached_over_limit(&applied, limited.addend, reset)
+                    } else {
+                        let after = counts[limited.increment];
+                        let status = count_hits(&applied, limited.addend, after, ratio, reset);
+                        if let (Some(cache), Some(counter)) =
+                            (&engine.local_cache, self.increments.get(limited.increment))
+                            && after > u64::from(applied.requests_per_unit)
+                        {
+                            cache.insert(&counter.key, counter.window_end, self.now);
+                        }
+                        status
+                    };
+                    if let Source::Node(id) = limited.source {
+                        status.metadata.clone_from(&engine.rules.node(id).metadata);
+                    }
+                    (status, applied.quota)
+                }
+            };
+            if is_quota {
+                quota += 1;
+                quota_over += usize::from(status.code == Code::OverLimit);
+            } else {
+                over_non_quota |= status.code == Code::OverLimit;
+            }
+            statuses.push(status);
+        }
+        let mut overall = if over_non_quota || (quota > 0 && quota_over == quota) {
+            Code::OverLimit
+        } else {
+            Code::Ok
+        };
+        if overall == Code::OverLimit && engine.settings.shadow_mode {
+            engine.global_shadow.add(1);
+            overall = Code::Ok;
+        }
+        Response {
+            overall_code: overall,
+            headers: RateLimitHeaders::for_statuses(&statuses),
+            statuses,
+        }
+    }
+}
+
+/// The status of a descriptor whose counter the local cache knows to be over its limit.
+pub(super) fn cached_over_limit(
+    applied: &Applied<'_>,
+    addend: u64,
+    reset: u64,
+) -> DescriptorStatus {
+    let stats = applied.stats;
+    stats.total_hits.add(addend);
+    stats.over_limit.add(addend);
+    stats.over_limit_with_local_cache.add(addend);
+    let code = if applied.shadow {
+        stats.shadow_mode.add(addend);
+        Code::Ok
+    } else {
+        Code::OverLimit
+    };
+    applied.status(code, 0, reset)
+}
+
+/// The status of one limited descriptor and its statistics, from the counter after the
+/// hits were added. Hits that straddle the limit are split between `near_limit` and
+/// `over_limit` as envoyproxy/ratelimit splits them.
+pub(super) fn count_hits(
+    applied: &Applied<'_>,
+    addend: u64,
+    after: u64,
+    ratio: f32,
+    reset: u64,
+) -> DescriptorStatus {
+    let limit = u64::from(applied.requests_per_unit);
+    let near = (applied.requests_per_unit as f32 * ratio).floor() as u64;
+    let before = after.saturating_sub(addend);
+    let stats = applied.stats;
+    stats.total_hits.add(addend);
+    let (code, remaining) = if after > limit {
+        let over = if before >= limit {
+            addend
+        } else {
+            stats.near_limit.add(limit - near.max(before));
+            after - limit
+        };
+        stats.over_limit.add(over);
+        if applied.shadow {
+            stats.shadow_mode.add(over);
+            (Code::Ok, 0)
+        } else {
+            (Code::OverLimit, 0)
+        }
+    } else {
+        if after > near {
+            stats
+                .near_limit
+                .add(if before >= near { addend } else { after - near });
+        }
+        stats.within_limit.add(addend);
+        (Code::Ok, u32::try_from(limit - after).unwrap_or(u32::MAX))
+    };
+    applied.status(code, remaining, reset)
+}

@@ -1,0 +1,156 @@
+//! Planning a request (which counters to add to) and deciding it from the counts.
+//!
+//! Remote stores run a [`Plan`]'s increments in one round trip and hand the totals back
+//! to [`Plan::decide`]; the in-process [`crate::Limiter::should_rate_limit`] does the same
+//! against a [`crate::CounterStore`]. Matching, windows, replaces, shadow and quota modes
+//! and statistics all happen here, once, by concern: `matching` (which rule applies to
+//! each descriptor), `keys` (counter and statistic keys) and `decision` (codes, counts and
+//! statistics from the totals). The compiled rules they work on are [`Engine`].
+
+mod decision;
+mod keys;
+mod matching;
+
+use std::sync::Arc;
+
+use smallvec::SmallVec;
+
+use crate::engine::Engine;
+use crate::request::LimitOverride;
+use crate::response::{Code, CurrentLimit, DescriptorStatus, Response};
+use crate::rules::NodeId;
+use crate::stats::RuleStats;
+use crate::unit::{Unit, Window};
+
+/// One counter to add to.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Increment {
+    /// The cache key, byte for byte envoyproxy/ratelimit's:
+    /// `CACHE_KEY_PREFIX` + domain + `_` + (`key_value_` per entry) + window start.
+    pub key: String,
+    /// How much to add (0 only checks).
+    pub hits: u64,
+    /// The window the counter belongs to.
+    pub window: Window,
+    /// Unix second at which the window, and so the counter, ends.
+    pub window_end: u64,
+}
+
+impl Increment {
+    /// Whether this counter belongs on the per-second store of a split deployment.
+    pub fn per_second(&self) -> bool {
+        self.window.unit() == Unit::Second
+    }
+
+    /// Expiry to set on a remote counter: the window length plus `jitter` seconds, which
+    /// spreads the expiry of many keys created together.
+    pub fn expiry_seconds(&self, jitter: u64) -> u64 {
+        self.window.seconds() + jitter
+    }
+}
+
+/// The work for one request: the increments to run, then [`Plan::decide`] on their totals.
+///
+/// A plan keeps the configuration it was made with alive, so a reload in between does not
+/// change its answer.
+#[derive(Debug)]
+pub struct Plan {
+    pub(crate) engine: Arc<Engine>,
+    pub(crate) body: PlanBody,
+}
+
+impl Plan {
+    /// The counters to add to, in order. Send `increments()[i].hits` to counter `i` and
+    /// pass the totals after the additions to [`Plan::decide`] in the same order.
+    pub fn increments(&self) -> &[Increment] {
+        &self.body.increments
+    }
+
+    /// Whether [`Plan::apply_current`] must be called first: with
+    /// `STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT`, the current counts decide which counters
+    /// are incremented at all.
+    pub fn needs_current_counts(&self) -> bool {
+        self.engine.settings.stop_cache_key_increment_when_overlimit
+            && !self.body.increments.is_empty()
+    }
+
+    /// With the current value of each counter (same order as [`Plan::increments`]): when
+    /// any descriptor would go over its limit, only those descriptors are incremented and
+    /// the others are only checked, as envoyproxy/ratelimit does.
+    pub fn apply_current(&mut self, current: &[u64]) {
+        if let Some(increment) = self.body.counters_to_increment(&self.engine, current) {
+            for (counter, increment) in self.body.increments.iter_mut().zip(increment) {
+                if !increment {
+                    counter.hits = 0;
+                }
+            }
+        }
+    }
+
+    /// The response, from the counter totals after the increments.
+    ///
+    /// # Panics
+    /// If `counts` is shorter than [`Plan::increments`].
+    pub fn decide(self, counts: &[u64]) -> Response {
+        self.body.decide(&self.engine, counts)
+    }
+}
+
+#[derive(Debug)]
+pub(crate) struct PlanBody {
+    now: u64,
+    items: SmallVec<[Item; 4]>,
+    /// Only the remote path fills it; in process it stays empty and unallocated.
+    increments: Vec<Increment>,
+}
+
+#[derive(Debug)]
+enum Item {
+    NoLimit { quota: bool },
+    Unlimited { node: NodeId },
+    Limited(Limited),
+}
+
+#[derive(Debug)]
+struct Limited {
+    source: Source,
+    addend: u64,
+    /// Statistics whose key depends on the request; otherwise the node's own.
+    stats: Option<Arc<RuleStats>>,
+    /// Index of its counter in the plan's increments (unused when `cached`).
+    increment: usize,
+    /// The local cache knows the counter is over its limit: the store is not asked.
+    cached: bool,
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Source {
+    Node(NodeId),
+    Override(LimitOverride),
+}
+
+struct Applied<'a> {
+    requests_per_unit: u32,
+    window: Window,
+    name: Option<&'a Arc<str>>,
+    shadow: bool,
+    quota: bool,
+    stats: &'a RuleStats,
+}
+
+impl Applied<'_> {
+    /// The status of a descriptor this limit applied to.
+    pub(super) fn status(&self, code: Code, remaining: u32, reset: u64) -> DescriptorStatus {
+        DescriptorStatus {
+            code,
+            current_limit: Some(CurrentLimit {
+                requests_per_unit: self.requests_per_unit,
+                unit: self.window.unit(),
+                name: self.name.cloned(),
+            }),
+            limit_remaining: remaining,
+            duration_until_reset: Some(reset),
+            metadata: None,
+        }
+    }
+}
