@@ -1,5 +1,7 @@
-//! What each worker serves: gRPC (TCP, or connections handed over from the unix socket)
-//! and the HTTP front end, until the stop signal, then draining.
+//! The listeners: opening them (TCP ports shared by the workers, the unix socket, the
+//! debug port), and what each worker serves on them: gRPC (TCP, or connections handed
+//! over from the unix socket) and the HTTP front end, until the stop signal, then
+//! draining. TLS listeners come in here.
 
 use std::future::Future;
 use std::net::TcpListener as StdTcpListener;
@@ -62,6 +64,87 @@ impl Shared {
             let _ = rx.wait_for(|stop| *stop).await;
         }
     }
+}
+
+/// A listener that could not be opened.
+#[derive(Debug, thiserror::Error)]
+#[error("cannot listen on {what} {address}: {error}")]
+pub struct ListenError {
+    /// Which listener.
+    pub what: &'static str,
+    /// Where.
+    pub address: String,
+    /// Why.
+    pub error: std::io::Error,
+}
+
+/// Every listener of the server, open.
+pub struct Opened {
+    /// One set per worker, in worker order.
+    pub workers: Vec<WorkerListeners>,
+    /// The debug server's, served by worker 0.
+    pub debug: TcpListener,
+    /// The unix socket, when gRPC is served there: accepted by [`hand_out`].
+    pub uds: Option<(UnixListener, Vec<mpsc::UnboundedSender<StdUnixStream>>)>,
+}
+
+/// Opens the listeners `server` describes for `workers` workers. Must run on worker 0's
+/// runtime (the debug and unix-socket listeners are served there).
+pub fn open(server: &ServerSettings, workers: usize) -> Result<Opened, ListenError> {
+    let http = bind("HTTP", &server.host, server.port, workers)?;
+    let (grpc, uds) = if server.grpc_uds.is_empty() {
+        let tcp = bind("gRPC", &server.grpc_host, server.grpc_port, workers)?;
+        (tcp.into_iter().map(GrpcSource::Tcp).collect(), None)
+    } else {
+        let path = &server.grpc_uds;
+        let listener = UnixListener::bind(path).map_err(|error| ListenError {
+            what: "gRPC",
+            address: path.clone(),
+            error,
+        })?;
+        tracing::warn!(socket = %path, "listening for gRPC");
+        let (senders, receivers): (Vec<_>, Vec<_>) =
+            (0..workers).map(|_| mpsc::unbounded_channel()).unzip();
+        let sources: Vec<GrpcSource> = receivers.into_iter().map(GrpcSource::Unix).collect();
+        (sources, Some((listener, senders)))
+    };
+    let debug_address = format!("{}:{}", server.debug_host, server.debug_port);
+    let debug = bind("debug", &server.debug_host, server.debug_port, 1)?
+        .pop()
+        .expect("one listener");
+    let debug = TcpListener::from_std(debug).map_err(|error| ListenError {
+        what: "debug",
+        address: debug_address,
+        error,
+    })?;
+    let workers = grpc
+        .into_iter()
+        .zip(http)
+        .map(|(grpc, http)| WorkerListeners { grpc, http })
+        .collect();
+    Ok(Opened {
+        workers,
+        debug,
+        uds,
+    })
+}
+
+/// `count` listeners on `host:port` sharing the port (see [`workers::listeners`]).
+fn bind(
+    what: &'static str,
+    host: &str,
+    port: u16,
+    count: usize,
+) -> Result<Vec<StdTcpListener>, ListenError> {
+    let address = format!("{host}:{port}");
+    let listeners = workers::listeners(host, port, count).map_err(|error| ListenError {
+        what,
+        address: address.clone(),
+        error,
+    })?;
+    let local = listeners[0].local_addr().map_or(address, |a| a.to_string());
+    tracing::warn!(address = %local, listeners = listeners.len(), "listening for {what}");
+    Ok(listeners)
 }
 
 /// Serves one worker's listeners until the stop signal and its connections drain.

@@ -2,8 +2,8 @@
 
 use std::sync::Arc;
 
+use notify::RecommendedWatcher;
 use ratelimit_core::Limiter;
-use tokio::net::{TcpListener, UnixListener};
 use tokio::signal::unix::{SignalKind, signal};
 use tokio::sync::{mpsc, watch};
 use tonic_health::ServingStatus;
@@ -13,7 +13,7 @@ use tonic_health::server::{HealthReporter, HealthService};
 use crate::backend::{self, Backend, BackendError};
 use crate::convert::HeaderNames;
 use crate::health::Health;
-use crate::listeners::{self, GrpcSource, Shared, WorkerListeners};
+use crate::listeners::{self, ListenError, Shared};
 use crate::provider::{self, FileSource};
 use crate::service::Service;
 use crate::settings::Settings;
@@ -30,20 +30,13 @@ pub enum StartError {
     #[error("cannot start the worker threads: {0}")]
     Workers(std::io::Error),
     /// A listener could not be opened.
-    #[error("cannot listen on {what} {address}: {error}")]
-    Listen {
-        /// Which listener.
-        what: &'static str,
-        /// Where.
-        address: String,
-        /// Why.
-        error: std::io::Error,
-    },
+    #[error(transparent)]
+    Listen(#[from] ListenError),
 }
 
 /// Runs until SIGTERM, SIGINT or SIGHUP, then drains and returns. `settings` come from
-/// [`Settings::load`], which refuses those of features this version does not have. Must run on a
-/// single-threaded runtime: it is worker 0.
+/// [`Settings::load`], which refuses those of features this version does not have. Must
+/// run on a single-threaded runtime: it is worker 0.
 pub async fn run(settings: Settings) -> Result<(), StartError> {
     let pool =
         Pool::start(workers::count(settings.server.grpc_workers)).map_err(StartError::Workers)?;
@@ -53,49 +46,8 @@ pub async fn run(settings: Settings) -> Result<(), StartError> {
     );
     let limiter = Limiter::without_config(settings.core());
     let backend = backend::open(&settings, &pool, limiter.stats()).await?;
-    let headers = settings
-        .limiter
-        .limit_response_headers_enabled
-        .then(|| HeaderNames {
-            limit: settings.limiter.limit_limit_header.clone(),
-            remaining: settings.limiter.limit_remaining_header.clone(),
-            reset: settings.limiter.limit_reset_header.clone(),
-        });
-    let reporter = HealthReporter::new();
-    reporter
-        .set_service_status("", ServingStatus::Serving)
-        .await;
-    let health_server = HealthServer::new(HealthService::from_health_reporter(reporter.clone()));
-    let health = Health::new(
-        settings.config.healthy_with_at_least_one_config_loaded,
-        reporter,
-    );
-    let dynamic_metadata = settings.limiter.response_dynamic_metadata;
-    let service = Arc::new(Service::new(
-        limiter,
-        backend,
-        health,
-        headers,
-        dynamic_metadata,
-    ));
-
-    let source = FileSource::new(&settings.config);
-    tracing::info!(directory = %source.directory().display(), "loading rate limit configuration");
-    provider::apply(&service, source.directory(), source.load()).await;
-    let (changes_tx, changes_rx) = mpsc::channel(16);
-    let _watcher = match source.watch(changes_tx) {
-        Ok(watcher) => Some(watcher),
-        Err(error) => {
-            tracing::warn!(%error, "cannot watch the configuration; changes will not be reloaded");
-            None
-        }
-    };
-    tokio::spawn(provider::reload_on_change(
-        source,
-        Arc::clone(&service),
-        changes_rx,
-    ));
-    service.health.publish().await;
+    let (service, health) = service(&settings, limiter, backend).await;
+    let _watcher = load_rules(&settings, &service).await;
     if matches!(service.backend, Backend::Remote(_))
         && settings.redis.redis_health_check_active_connection
     {
@@ -103,62 +55,29 @@ pub async fn run(settings: Settings) -> Result<(), StartError> {
     }
 
     let server = &settings.server;
+    let opened = listeners::open(server, pool.workers())?;
     let (stop_tx, stop_rx) = watch::channel(false);
     let shared = Shared {
         service: Arc::clone(&service),
-        health: health_server,
+        health,
         server: Arc::new(server.clone()),
         limits: settings.bounds.http.connection_limits(),
         slots: settings.bounds.http.connection_slots(),
         stop: stop_rx,
     };
-    let http = bind("HTTP", &server.host, server.port, pool.workers())?;
-    let grpc = if server.grpc_uds.is_empty() {
-        bind("gRPC", &server.grpc_host, server.grpc_port, pool.workers())?
-            .into_iter()
-            .map(GrpcSource::Tcp)
-            .collect()
-    } else {
-        let path = &server.grpc_uds;
-        let listener = UnixListener::bind(path).map_err(|error| StartError::Listen {
-            what: "gRPC",
-            address: path.clone(),
-            error,
-        })?;
-        tracing::warn!(socket = %path, "listening for gRPC");
-        let (senders, receivers): (Vec<_>, Vec<_>) = (0..pool.workers())
-            .map(|_| mpsc::unbounded_channel())
-            .unzip();
-        tokio::spawn(listeners::hand_out(listener, senders, shared.stopped()));
-        receivers
-            .into_iter()
-            .map(GrpcSource::Unix)
-            .collect::<Vec<_>>()
-    };
-    let debug_listener = bind("debug", &server.debug_host, server.debug_port, 1)?
-        .pop()
-        .expect("one listener");
-    let debug_listener =
-        TcpListener::from_std(debug_listener).map_err(|error| StartError::Listen {
-            what: "debug",
-            address: format!("{}:{}", server.debug_host, server.debug_port),
-            error,
-        })?;
+    if let Some((listener, workers)) = opened.uds {
+        tokio::spawn(listeners::hand_out(listener, workers, shared.stopped()));
+    }
     let debug = tokio::spawn(serve::serve(
-        debug_listener,
+        opened.debug,
         debug::Debug(Arc::clone(&service)),
         shared.limits,
         settings.bounds.http.connection_slots(),
         shared.stopped(),
     ));
-    let inputs = grpc
-        .into_iter()
-        .zip(http)
-        .map(|(grpc, http)| WorkerListeners { grpc, http })
-        .collect();
     let worker_shared = shared.clone();
     let serving = tokio::spawn(async move {
-        pool.on_each(inputs, move |listeners| {
+        pool.on_each(opened.workers, move |listeners| {
             listeners::serve_worker(worker_shared.clone(), listeners)
         })
         .await;
@@ -189,6 +108,62 @@ pub async fn run(settings: Settings) -> Result<(), StartError> {
     Ok(())
 }
 
+/// The decision service, and the gRPC health service that follows its health.
+async fn service(
+    settings: &Settings,
+    limiter: Limiter,
+    backend: Backend,
+) -> (Arc<Service>, HealthServer<HealthService>) {
+    let headers = settings
+        .limiter
+        .limit_response_headers_enabled
+        .then(|| HeaderNames {
+            limit: settings.limiter.limit_limit_header.clone(),
+            remaining: settings.limiter.limit_remaining_header.clone(),
+            reset: settings.limiter.limit_reset_header.clone(),
+        });
+    let reporter = HealthReporter::new();
+    reporter
+        .set_service_status("", ServingStatus::Serving)
+        .await;
+    let health_server = HealthServer::new(HealthService::from_health_reporter(reporter.clone()));
+    let health = Health::new(
+        settings.config.healthy_with_at_least_one_config_loaded,
+        reporter,
+    );
+    let service = Service::new(
+        limiter,
+        backend,
+        health,
+        headers,
+        settings.limiter.response_dynamic_metadata,
+    );
+    (Arc::new(service), health_server)
+}
+
+/// Loads the rules, publishes health, and reloads on every change while the returned
+/// watcher lives (none when the directory cannot be watched: a warning says so).
+async fn load_rules(settings: &Settings, service: &Arc<Service>) -> Option<RecommendedWatcher> {
+    let source = FileSource::new(&settings.config);
+    tracing::info!(directory = %source.directory().display(), "loading rate limit configuration");
+    provider::apply(service, source.directory(), source.load()).await;
+    let (changes_tx, changes_rx) = mpsc::channel(16);
+    let watcher = match source.watch(changes_tx) {
+        Ok(watcher) => Some(watcher),
+        Err(error) => {
+            tracing::warn!(%error, "cannot watch the configuration; changes will not be reloaded");
+            None
+        }
+    };
+    tokio::spawn(provider::reload_on_change(
+        source,
+        Arc::clone(service),
+        changes_rx,
+    ));
+    service.health.publish().await;
+    watcher
+}
+
 /// Backend health follows whether the remote store answers, checked every second.
 async fn watch_backend(service: Arc<Service>) {
     let Backend::Remote(remote) = &service.backend else {
@@ -199,24 +174,6 @@ async fn watch_backend(service: Arc<Service>) {
         service.health.set_backend(alive).await;
         tokio::time::sleep(std::time::Duration::from_secs(1)).await;
     }
-}
-
-/// `count` listeners on `host:port` sharing the port (see [`workers::listeners`]).
-fn bind(
-    what: &'static str,
-    host: &str,
-    port: u16,
-    count: usize,
-) -> Result<Vec<std::net::TcpListener>, StartError> {
-    let address = format!("{host}:{port}");
-    let listeners = workers::listeners(host, port, count).map_err(|error| StartError::Listen {
-        what,
-        address: address.clone(),
-        error,
-    })?;
-    let local = listeners[0].local_addr().map_or(address, |a| a.to_string());
-    tracing::warn!(address = %local, listeners = listeners.len(), "listening for {what}");
-    Ok(listeners)
 }
 
 async fn wait_for_signal() -> &'static str {
