@@ -94,6 +94,9 @@ ensure_rust_target wasm32-unknown-unknown
 ensure_apt redis-server redis-server
 ensure_apt redis-cli redis-tools
 ensure_apt openssl openssl
+# The README's commands (scripts/readme.sh) use curl, and setsid to stop what they start.
+ensure_apt curl curl
+ensure_apt setsid util-linux
 # librdkafka is built from source by rdkafka's cmake-build feature.
 ensure_apt cmake cmake
 ensure_apt g++ g++
