@@ -148,42 +148,36 @@ fn bind(
 }
 
 /// Serves one worker's listeners until the stop signal and its connections drain.
-/// Runs on that worker's runtime.
+/// Runs on that worker's runtime. A listener this runtime cannot take is fatal: the
+/// kernel would go on giving it connections that nobody accepts.
 pub async fn serve_worker(shared: Shared, listeners: WorkerListeners) {
-    let http = match TcpListener::from_std(listeners.http) {
-        Ok(listener) => tokio::spawn(serve::serve(
-            listener,
-            serve::warp_filter(http::routes(
-                Arc::clone(&shared.service),
-                shared.server.max_json_body_bytes,
-            )),
-            shared.limits,
-            shared.slots.clone(),
-            shared.stopped(),
+    let (http, grpc_source) = register(listeners).unwrap_or_else(|error| {
+        tracing::error!(%error, worker = workers::current(), "a worker cannot take its listeners");
+        eprintln!("ratelimit: a worker cannot take its listeners: {error}");
+        std::process::exit(1)
+    });
+    let http = tokio::spawn(serve::serve(
+        http,
+        serve::warp_filter(http::routes(
+            Arc::clone(&shared.service),
+            shared.server.max_json_body_bytes,
         )),
-        Err(error) => {
-            tracing::error!(%error, worker = workers::current(), "cannot serve HTTP");
-            tokio::spawn(async {})
-        }
-    };
+        shared.limits,
+        shared.slots.clone(),
+        shared.stopped(),
+    ));
     let grpc = tonic::transport::Server::builder()
         .max_connection_age(shared.server.grpc_max_connection_age)
         .max_connection_age_grace(shared.server.grpc_max_connection_age_grace)
         .add_service(Grpc(Arc::clone(&shared.service)))
         .add_service(shared.health.clone());
-    let served = match listeners.grpc {
-        GrpcSource::Tcp(listener) => match TcpListener::from_std(listener) {
-            Ok(listener) => {
-                let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
-                grpc.serve_with_incoming_shutdown(incoming, shared.stopped())
-                    .await
-            }
-            Err(error) => {
-                tracing::error!(%error, worker = workers::current(), "cannot serve gRPC");
-                Ok(())
-            }
-        },
-        GrpcSource::Unix(connections) => {
+    let served = match grpc_source {
+        Registered::Tcp(listener) => {
+            let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
+            grpc.serve_with_incoming_shutdown(incoming, shared.stopped())
+                .await
+        }
+        Registered::Unix(connections) => {
             let incoming = UnboundedReceiverStream::new(connections)
                 .map(|stream| UnixStream::from_std(stream).map(AuthorityFix::new));
             grpc.serve_with_incoming_shutdown(incoming, shared.stopped())
@@ -194,6 +188,22 @@ pub async fn serve_worker(shared: Shared, listeners: WorkerListeners) {
         tracing::error!(%error, worker = workers::current(), "gRPC server failed");
     }
     let _ = http.await;
+}
+
+/// A worker's gRPC source, taken by its runtime.
+enum Registered {
+    Tcp(TcpListener),
+    Unix(mpsc::UnboundedReceiver<StdUnixStream>),
+}
+
+/// Registers a worker's listeners with the runtime it runs on.
+fn register(listeners: WorkerListeners) -> std::io::Result<(TcpListener, Registered)> {
+    let http = TcpListener::from_std(listeners.http)?;
+    let grpc = match listeners.grpc {
+        GrpcSource::Tcp(listener) => Registered::Tcp(TcpListener::from_std(listener)?),
+        GrpcSource::Unix(connections) => Registered::Unix(connections),
+    };
+    Ok((http, grpc))
 }
 
 /// Accepts on the unix socket and hands each connection to the next worker in turn, until
