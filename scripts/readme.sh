@@ -63,6 +63,13 @@ expect() { # what output pattern
 	fi
 }
 
+# `cargo run -p X` builds X with only X's features, which differ from the workspace's test
+# build: on a fresh clone the first run compiles for minutes. Build first, untimed, so the
+# port waits below time the servers, not the compiler.
+log "building what the README's commands run"
+cargo build -p ratelimit-sidecar --bins
+cargo build -p operations-intake
+
 log "the sidecar on the example rules, then its client commands"
 serve sidecar 8081
 out=$(bash -euo pipefail -c "$(block sidecar-client)")
