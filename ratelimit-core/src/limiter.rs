@@ -14,7 +14,7 @@ use crate::request::{Request, RequestBounds, RequestError};
 use crate::response::Response;
 use crate::rules::RuleSet;
 use crate::settings::Settings;
-use crate::stats::{Counter, StatsRegistry};
+use crate::stats::{Counter, StatsRegistry, names};
 use crate::store::CounterStore;
 
 thread_local! {
@@ -46,15 +46,11 @@ impl Limiter {
     /// A limiter with no configuration yet: every request fails with
     /// [`RequestError::NoConfiguration`] until [`Limiter::set_config`].
     pub fn without_config(settings: Settings) -> Limiter {
-        let stats = Arc::new(StatsRegistry::default());
-        let local_cache = (settings.local_cache_size_in_bytes > 0).then(|| {
-            Arc::new(OverLimitCache::new(
-                settings.local_cache_size_in_bytes,
-                &stats,
-            ))
-        });
+        let stats = Arc::new(StatsRegistry::new(settings.max_stat_keys));
+        let local_cache = (settings.local_cache_size_in_bytes > 0)
+            .then(|| OverLimitCache::new(settings.local_cache_size_in_bytes, &stats));
         Limiter {
-            global_shadow: stats.counter("ratelimit.service.global_shadow_mode"),
+            global_shadow: stats.counter(names::GLOBAL_SHADOW_MODE),
             local_cache,
             settings,
             stats,

@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 
 use foldhash::fast::RandomState;
 
-use crate::stats::{Counter, StatsRegistry};
+use crate::stats::{Counter, StatsRegistry, names};
 
 /// Bytes an entry costs beyond its key.
 const ENTRY_OVERHEAD: usize = 40;
@@ -30,15 +30,24 @@ struct Inner {
 
 impl OverLimitCache {
     /// A cache of at most `capacity_bytes`, counting `ratelimit.localcache.hitCount`,
-    /// `missCount` and `evacuateCount` in `stats`.
-    pub fn new(capacity_bytes: usize, stats: &StatsRegistry) -> OverLimitCache {
-        OverLimitCache {
+    /// `missCount` and `evacuateCount` in `stats`, and reporting its size there as the
+    /// `entryCount` and `bytes` gauges.
+    pub fn new(capacity_bytes: usize, stats: &StatsRegistry) -> Arc<OverLimitCache> {
+        let cache = Arc::new(OverLimitCache {
             inner: Mutex::default(),
             capacity_bytes,
-            hits: stats.counter("ratelimit.localcache.hitCount"),
-            misses: stats.counter("ratelimit.localcache.missCount"),
-            evictions: stats.counter("ratelimit.localcache.evacuateCount"),
-        }
+            hits: stats.counter(names::LOCAL_CACHE_HITS),
+            misses: stats.counter(names::LOCAL_CACHE_MISSES),
+            evictions: stats.counter(names::LOCAL_CACHE_EVICTIONS),
+        });
+        let weak = Arc::downgrade(&cache);
+        let level = move |pick: fn((usize, usize)) -> usize| {
+            let weak = weak.clone();
+            Arc::new(move || weak.upgrade().map_or(0, |c| pick(c.usage()) as u64))
+        };
+        stats.gauge(names::LOCAL_CACHE_ENTRIES, level(|(entries, _)| entries));
+        stats.gauge(names::LOCAL_CACHE_BYTES, level(|(_, bytes)| bytes));
+        cache
     }
 
     /// Whether `key` is known to be over its limit at `now`.
@@ -123,9 +132,21 @@ mod tests {
             "{entries} {bytes}"
         );
         let snapshot = stats.snapshot();
-        let get = |n: &str| snapshot.iter().find(|(k, _)| k == n).map(|(_, v)| *v);
+        let get = |n: &str| snapshot.counter(n);
         assert_eq!(get("ratelimit.localcache.hitCount"), Some(1));
         assert_eq!(get("ratelimit.localcache.missCount"), Some(2));
         assert_eq!(get("ratelimit.localcache.evacuateCount"), Some(40));
+        let gauge = |n: &str| {
+            let sample = snapshot.samples.iter().find(|s| s.name.to_string() == n);
+            sample.map(|s| s.value.clone())
+        };
+        assert_eq!(
+            gauge("ratelimit.localcache.entryCount"),
+            Some(crate::stats::Value::Gauge(entries as u64))
+        );
+        assert_eq!(
+            gauge("ratelimit.localcache.bytes"),
+            Some(crate::stats::Value::Gauge(bytes as u64))
+        );
     }
 }

@@ -11,7 +11,8 @@ use std::sync::Arc;
 use crate::config::{Config, DescriptorRule, Limit, Metadata};
 use crate::keymap::KeyMap;
 use crate::request::Entry;
-use crate::stats::{RuleStats, StatsRegistry, push_key_part};
+use crate::stats::names::push_key_part;
+use crate::stats::{RuleStats, StatsRegistry};
 use crate::wildcard::Pattern;
 
 /// Index of a node in [`RuleSet::nodes`].

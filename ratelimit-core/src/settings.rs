@@ -22,6 +22,10 @@ pub struct Settings {
     /// counters that went over their limit and answer them without the store until their
     /// window ends. 0 turns it off.
     pub local_cache_size_in_bytes: usize,
+    /// `MAX_STAT_KEYS`: distinct statistic names built from request data (unknown
+    /// domains, `detailed_metric`, `value_to_metric`, limit overrides) that are kept;
+    /// later ones fold into one `_overflow` name per rule.
+    pub max_stat_keys: usize,
     /// Bounds on request names and addends; a request past one is refused.
     pub bounds: RequestBounds,
 }
@@ -35,6 +39,7 @@ impl Default for Settings {
             shadow_mode: false,
             quota_mode: false,
             local_cache_size_in_bytes: 0,
+            max_stat_keys: crate::stats::DEFAULT_MAX_STAT_KEYS,
             bounds: RequestBounds::default(),
         }
     }

@@ -257,7 +257,7 @@ fn unknown_domain_is_ok_and_counted() {
     );
     assert_eq!(r.overall_code, Code::Ok);
     assert_eq!(first(&r), (Code::Ok, None, 0));
-    let stats = l.stats().snapshot();
+    let stats = l.stats().snapshot().counters();
     assert!(stats.contains(&(
         "ratelimit.service.rate_limit.nope.domain_not_found".into(),
         1
@@ -362,7 +362,7 @@ fn a_request_limit_override_applies_even_without_a_matching_rule() {
         first(&ask(&l, &s, "m", vec![descriptor])).0,
         Code::OverLimit
     );
-    let stats = l.stats().snapshot();
+    let stats = l.stats().snapshot().counters();
     assert!(stats.contains(&(
         "ratelimit.service.rate_limit.m.anything_v.empty.total_hits".into(),
         2
@@ -448,7 +448,7 @@ fn rule_shadow_mode_answers_ok_and_counts_the_override() {
     let r = ask(&l, &s, "s", vec![shadowed]);
     assert_eq!(r.overall_code, Code::Ok);
     assert_eq!(first(&r), (Code::Ok, Some(1), 0));
-    let stats = l.stats().snapshot();
+    let stats = l.stats().snapshot().counters();
     assert!(stats.contains(&(
         "ratelimit.service.rate_limit.s.user_shadowed.shadow_mode".into(),
         1
@@ -474,6 +474,7 @@ fn global_shadow_mode_flips_only_the_overall_code() {
     assert!(
         l.stats()
             .snapshot()
+            .counters()
             .contains(&("ratelimit.service.global_shadow_mode".into(), 1))
     );
 }
@@ -619,7 +620,7 @@ fn near_and_over_limit_statistics_follow_the_reference_arithmetic() {
             vec![d(&[("k", "v")]).with_hits(after - before)],
         );
         l.plan(&request, NOW).unwrap().decide(&[after]);
-        let stats = l.stats().snapshot();
+        let stats = l.stats().snapshot().counters();
         let get = |stat: &str| {
             let name = format!("ratelimit.service.rate_limit.n{i}.k.{stat}");
             stats
@@ -679,6 +680,7 @@ descriptors:
     let names: Vec<String> = l
         .stats()
         .snapshot()
+        .counters()
         .into_iter()
         .filter(|(n, v)| n.ends_with(".total_hits") && *v == 1)
         .map(|(n, _)| n)
@@ -712,6 +714,7 @@ fn reload_swaps_rules_and_keeps_counters_and_statistics() {
     assert!(
         l.stats()
             .snapshot()
+            .counters()
             .contains(&("ratelimit.service.rate_limit.re.k.total_hits".into(), 3))
     );
     assert_eq!(
@@ -782,7 +785,7 @@ descriptors:
         (r.statuses[1].code, r.statuses[1].limit_remaining),
         (Code::Ok, 7)
     );
-    let stats = l.stats().snapshot();
+    let stats = l.stats().snapshot().counters();
     assert!(stats.contains(&(
         "ratelimit.service.rate_limit.lc.a.over_limit_with_local_cache".into(),
         1

@@ -27,6 +27,11 @@ pub struct BoundsSettings {
     /// 2^63 - 1, where Redis stops counting).
     #[arg(long, env, default_value_t = u64::from(u32::MAX), value_parser = clap::value_parser!(u64).range(1..=i64::MAX.unsigned_abs()))]
     pub max_hits_addend: u64,
+    /// Distinct statistic names built from request data (unknown domains,
+    /// detailed_metric, value_to_metric, limit overrides); later ones fold into one
+    /// `_overflow` name per rule and count ratelimit.service.stats_overflow.
+    #[arg(long, env, default_value_t = ratelimit_core::stats::DEFAULT_MAX_STAT_KEYS)]
+    pub max_stat_keys: usize,
     /// Bytes the memory backend's counters and keys take at most.
     #[arg(long, env, default_value_t = ratelimit_core::DEFAULT_MAX_BYTES)]
     pub memory_max_bytes: usize,

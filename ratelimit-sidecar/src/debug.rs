@@ -13,7 +13,8 @@ use http_body_util::{BodyExt, Full, StreamBody};
 use hyper::body::{Frame, Incoming};
 use hyper::{Request, Response, StatusCode};
 
-use crate::backend::Backend;
+use ratelimit_core::stats::Snapshot;
+
 use crate::service::Service;
 
 const PATHS: [(&str, &str); 4] = [
@@ -83,57 +84,20 @@ fn text(status: StatusCode, body: String) -> Response<Body> {
     response
 }
 
-/// Every statistic, one `name: value` line each: the registry's, sorted, then the
-/// service's own gauges and timers.
+/// Every statistic, one `name: value` line each (a timer's count, total and maximum in
+/// microseconds), sorted by name.
 fn stats(service: &Service) -> Response<Body> {
-    let mut lines = service.limiter.stats().lines().into_iter();
-    let mut gauges = Some(gauges(service));
-    let chunks = std::iter::from_fn(move || {
+    let snapshot = service.limiter.stats().snapshot();
+    let mut chunks = snapshot.samples.into_iter().peekable();
+    let body = std::iter::from_fn(move || {
+        chunks.peek()?;
+        let chunk: Vec<_> = chunks.by_ref().take(LINES_PER_CHUNK).collect();
         let mut out = String::new();
-        lines
-            .by_ref()
-            .take(LINES_PER_CHUNK)
-            .for_each(|line| line.write(&mut out));
-        if out.is_empty() {
-            out = gauges.take()?;
-        }
+        Snapshot::write_text(&chunk, &mut out);
         Some(Ok::<_, Infallible>(Frame::data(Bytes::from(out))))
     });
-    let body = StreamBody::new(futures_util::stream::iter(chunks));
+    let body = StreamBody::new(futures_util::stream::iter(body));
     let mut response = text(StatusCode::OK, String::new());
     *response.body_mut() = BodyExt::boxed(body);
     response
-}
-
-/// The lines that are not in the statistics registry.
-fn gauges(service: &Service) -> String {
-    let mut out = String::new();
-    let (count, total_us, max_us) = service.response_time.read();
-    let _ = writeln!(
-        out,
-        "ratelimit_server.ShouldRateLimit.response_time.count: {count}"
-    );
-    let _ = writeln!(
-        out,
-        "ratelimit_server.ShouldRateLimit.response_time.total_us: {total_us}"
-    );
-    let _ = writeln!(
-        out,
-        "ratelimit_server.ShouldRateLimit.response_time.max_us: {max_us}"
-    );
-    if let Some(cache) = service.limiter.local_cache() {
-        let (entries, bytes) = cache.usage();
-        let _ = writeln!(out, "ratelimit.localcache.entryCount: {entries}");
-        let _ = writeln!(out, "ratelimit.localcache.bytes: {bytes}");
-    }
-    match &service.backend {
-        Backend::Memory(store) => {
-            let usage = store.usage();
-            let _ = writeln!(out, "ratelimit.memory.counters: {}", usage.counters);
-            let _ = writeln!(out, "ratelimit.memory.bytes: {}", usage.bytes);
-            let _ = writeln!(out, "ratelimit.memory.evictions: {}", usage.evictions);
-        }
-        Backend::Remote(_) => {}
-    }
-    out
 }

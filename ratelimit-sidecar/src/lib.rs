@@ -19,6 +19,5 @@ pub mod runner;
 pub mod serve;
 pub mod service;
 pub mod settings;
-pub mod timing;
 pub mod uds;
 pub mod workers;

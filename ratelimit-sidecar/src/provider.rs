@@ -12,6 +12,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use notify::{EventKind, RecommendedWatcher, RecursiveMode, Watcher};
+use ratelimit_core::stats::names;
 use ratelimit_core::{Config, ConfigError};
 use tokio::sync::mpsc;
 
@@ -228,9 +229,7 @@ pub async fn apply(service: &Service, directory: &Path, result: Result<Config, L
     match result {
         Ok(config) => {
             service.limiter.set_config(&config);
-            stats
-                .counter("ratelimit.service.config_load_success")
-                .add(1);
+            stats.counter(names::CONFIG_LOAD_SUCCESS).add(1);
             let domains: Vec<&str> = config.domains().iter().map(|d| d.domain.as_str()).collect();
             tracing::info!(domains = ?domains, "loaded rate limit configuration");
             for warning in config.warnings() {
@@ -253,7 +252,7 @@ pub async fn apply(service: &Service, directory: &Path, result: Result<Config, L
             service.health.config_loaded(domains.len()).await;
         }
         Err(error) => {
-            stats.counter("ratelimit.service.config_load_error").add(1);
+            stats.counter(names::CONFIG_LOAD_ERROR).add(1);
             tracing::error!(error = %error, "rate limit configuration rejected; the previous configuration stays in use");
         }
     }

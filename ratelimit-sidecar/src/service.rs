@@ -4,14 +4,13 @@ use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
-use ratelimit_core::stats::Counter;
+use ratelimit_core::stats::{Counter, Timer, names};
 use ratelimit_core::{Limiter, RequestError};
 
 use crate::backend::{Backend, BackendError};
 use crate::convert::{HeaderNames, InvalidRequest, request_from_pb, response_to_pb};
 use crate::health::Health;
 use crate::metadata::dynamic_metadata;
-use crate::timing::Timer;
 
 /// Why a request got no decision.
 #[derive(Debug, thiserror::Error)]
@@ -27,6 +26,9 @@ pub enum ServiceError {
     Backend(#[from] BackendError),
 }
 
+/// The gRPC method whose statistics the service keeps, as envoyproxy/ratelimit names it.
+const METHOD: &str = "ShouldRateLimit";
+
 /// The running service: rules, counters, health and statistics.
 #[derive(Debug)]
 pub struct Service {
@@ -40,8 +42,7 @@ pub struct Service {
     pub headers: Option<HeaderNames>,
     /// RESPONSE_DYNAMIC_METADATA.
     pub dynamic_metadata: bool,
-    /// `ratelimit_server.ShouldRateLimit.response_time`.
-    pub response_time: Timer,
+    response_time: Arc<Timer>,
     total_requests: Arc<Counter>,
     service_errors: Arc<Counter>,
 }
@@ -57,14 +58,14 @@ impl Service {
     ) -> Service {
         let stats = limiter.stats();
         Service {
-            total_requests: stats.counter("ratelimit_server.ShouldRateLimit.total_requests"),
-            service_errors: stats.counter("ratelimit.service.call.should_rate_limit.service_error"),
+            total_requests: stats.counter(&names::total_requests(METHOD)),
+            service_errors: stats.counter(names::SERVICE_ERROR),
+            response_time: stats.timer(&names::response_time(METHOD)),
             limiter,
             backend,
             health,
             headers,
             dynamic_metadata,
-            response_time: Timer::default(),
         }
     }
 
@@ -90,7 +91,7 @@ impl Service {
         let request = request_from_pb(request)?;
         let now = unix_now();
         let response = match &self.backend {
-            Backend::Memory(store) => self.limiter.should_rate_limit(&request, store, now)?,
+            Backend::Memory(store) => self.limiter.should_rate_limit(&request, &**store, now)?,
             Backend::Remote(remote) => {
                 let mut plan = self.limiter.plan(&request, now)?;
                 let counts = remote.run(&mut plan).await?;

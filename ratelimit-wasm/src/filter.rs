@@ -9,6 +9,7 @@ use prost::Message;
 use proxy_wasm::hostcalls;
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
 use proxy_wasm::types::{Action, ContextType, LogLevel, MetricType, Status};
+use ratelimit_core::stats::{Deltas, Name, Value};
 use ratelimit_core::{Code, Descriptor, RateLimitHeaders, Request};
 use ratelimit_proto as proto;
 
@@ -22,13 +23,15 @@ const METRICS_PERIOD: Duration = Duration::from_secs(1);
 
 proxy_wasm::main! {{
     proxy_wasm::set_log_level(LogLevel::Warn);
-    proxy_wasm::set_root_context(|_| -> Box<dyn RootContext> { Box::new(Root { config: None, exported: HashMap::new() }) });
+    proxy_wasm::set_root_context(|_| -> Box<dyn RootContext> { Box::new(Root { config: None, metric_ids: HashMap::new(), exported: Deltas::default() }) });
 }}
 
 struct Root {
     config: Option<Rc<FilterConfig>>,
-    /// Metric id and the value last exported, per metric name.
-    exported: HashMap<String, (u32, u64)>,
+    /// Metric id per statistic.
+    metric_ids: HashMap<Name, u32>,
+    /// What was exported so far.
+    exported: Deltas,
 }
 
 impl Context for Root {}
@@ -56,24 +59,22 @@ impl RootContext for Root {
     /// Envoy sums over the workers.
     fn on_tick(&mut self) {
         let Some(config) = &self.config else { return };
-        for (statistic, value) in config.limiter.stats().snapshot() {
-            let Some(name) = metric_name(&statistic) else {
+        for sample in config.limiter.stats().snapshot().samples {
+            let (Some(metric), Value::Counter(value)) = (metric_name(&sample.name), sample.value)
+            else {
                 continue;
             };
-            let (id, last) = match self.exported.get(&name) {
-                Some(&exported) => exported,
-                None => match hostcalls::define_metric(MetricType::Counter, &name) {
-                    Ok(id) => (id, 0),
+            let id = match self.metric_ids.get(&sample.name) {
+                Some(&id) => id,
+                None => match hostcalls::define_metric(MetricType::Counter, &metric) {
+                    Ok(id) => *self.metric_ids.entry(sample.name.clone()).or_insert(id),
                     Err(_) => continue,
                 },
             };
-            if value > last {
-                let _ = hostcalls::increment_metric(
-                    id,
-                    i64::try_from(value - last).unwrap_or(i64::MAX),
-                );
+            let delta = self.exported.counter(&sample.name, value);
+            if delta > 0 {
+                let _ = hostcalls::increment_metric(id, i64::try_from(delta).unwrap_or(i64::MAX));
             }
-            self.exported.insert(name, (id, value));
         }
     }
 

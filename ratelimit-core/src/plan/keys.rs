@@ -4,7 +4,7 @@ use super::{Item, PlanBody, Source};
 use crate::engine::Engine;
 use crate::request::{Descriptor, Request};
 use crate::rules::{Level, MatchKind, Node};
-use crate::stats::push_key_part;
+use crate::stats::names::push_key_part;
 use crate::unit::Window;
 
 impl Engine {

@@ -7,7 +7,7 @@ use super::{Applied, Increment, Item, Limited, PlanBody, Source};
 use crate::config::Limit;
 use crate::engine::Engine;
 use crate::request::Request;
-use crate::stats::RULE_STATS_PREFIX;
+use crate::stats::names;
 use crate::unit::Window;
 
 impl Engine {
@@ -16,10 +16,10 @@ impl Engine {
         let root = self.rules.domain(&request.domain);
         if root.is_none() {
             self.stats
-                .counter(&format!(
-                    "{RULE_STATS_PREFIX}{}.domain_not_found",
-                    request.domain
-                ))
+                .request_counter(
+                    &names::domain_not_found(&request.domain),
+                    &names::domain_not_found_overflow(),
+                )
                 .add(1);
         }
         let default_addend = u64::from(request.hits_addend.max(1));
@@ -37,7 +37,7 @@ impl Engine {
                     return Item::Limited(Limited {
                         source: Source::Override(limit),
                         addend,
-                        stats: Some(self.stats.rule(&key)),
+                        stats: Some(self.stats.request_rule(&key, &request.domain)),
                         increment: 0,
                         cached: false,
                     });
@@ -56,12 +56,9 @@ impl Engine {
                         source: Source::Node(id),
                         addend,
                         stats: node.per_level_stats_key.then(|| {
-                            self.stats.rule(&self.runtime_stats_key(
-                                &request.domain,
-                                root,
-                                descriptor,
-                                node,
-                            ))
+                            let key =
+                                self.runtime_stats_key(&request.domain, root, descriptor, node);
+                            self.stats.request_rule(&key, &node.full_key)
                         }),
                         increment: 0,
                         cached: false,

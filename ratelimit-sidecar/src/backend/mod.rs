@@ -12,8 +12,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::future::BoxFuture;
-use ratelimit_core::stats::{Counter, StatsRegistry};
-use ratelimit_core::{Increment, MemoryStore, Plan};
+use ratelimit_core::stats::{Counter, StatsRegistry, names};
+use ratelimit_core::{Increment, MemoryStore, MemoryUsage, Plan};
 
 use crate::settings::{BackendType, MEMCACHE_BACKEND, Settings};
 use crate::workers::{PerWorker, Pool};
@@ -65,10 +65,18 @@ pub async fn open(
                 max_bytes = settings.bounds.memory_max_bytes,
                 "using the memory backend: counters are local to this process and not shared with other instances"
             );
-            Ok(Backend::Memory(
+            let store = Arc::new(
                 MemoryStore::new(settings.limiter.memory_max_counters)
                     .with_max_bytes(settings.bounds.memory_max_bytes),
-            ))
+            );
+            let level = |pick: fn(&MemoryUsage) -> u64| {
+                let store = Arc::downgrade(&store);
+                Arc::new(move || store.upgrade().map_or(0, |s| pick(&s.usage())))
+            };
+            stats.gauge(names::MEMORY_COUNTERS, level(|u| u.counters as u64));
+            stats.gauge(names::MEMORY_BYTES, level(|u| u.bytes as u64));
+            stats.gauge(names::MEMORY_EVICTIONS, level(|u| u.evictions));
+            Ok(Backend::Memory(store))
         }
         BackendType::Redis => {
             let (main, per_second) = redis::per_worker(pool, settings).await?;
@@ -77,7 +85,7 @@ pub async fn open(
                 main,
                 per_second,
                 (settings.redis.redis_timeout, "REDIS_TIMEOUT"),
-                stats.counter("ratelimit.service.call.should_rate_limit.redis_error"),
+                stats.counter(names::REDIS_ERROR),
             )))
         }
         BackendType::Memcache => Err(BackendError::Settings(MEMCACHE_BACKEND.into())),
@@ -88,7 +96,7 @@ pub async fn open(
 #[derive(Debug)]
 pub enum Backend {
     /// This process's memory: counters are not shared with other instances.
-    Memory(MemoryStore),
+    Memory(Arc<MemoryStore>),
     /// A remote store, shared by every instance pointed at it.
     Remote(Remote),
 }

@@ -125,6 +125,7 @@ impl Settings {
             quota_mode: self.limiter.quota_mode,
             local_cache_size_in_bytes: usize::try_from(self.limiter.local_cache_size_in_bytes)
                 .unwrap_or(usize::MAX),
+            max_stat_keys: self.bounds.max_stat_keys,
             bounds: self.bounds.request_bounds(),
         }
     }

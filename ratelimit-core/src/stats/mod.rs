@@ -1,0 +1,314 @@
+//! Statistics: counters, timers and gauges kept in one registry, named as
+//! envoyproxy/ratelimit names them ([`names`]), read as one structured [`Snapshot`].
+//!
+//! Statistics whose names come from requests (unknown domains, `detailed_metric`,
+//! `value_to_metric`, limit overrides) are bounded: past [`StatsRegistry::max_dynamic_keys`]
+//! distinct names, new ones fold into one `_overflow` name per rule and count
+//! [`names::STATS_OVERFLOW`].
+
+pub mod names;
+mod snapshot;
+mod timer;
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, RwLock};
+
+pub use names::RuleStat;
+pub use snapshot::{Deltas, Name, Sample, Snapshot, Value};
+pub use timer::{BUCKET_BOUNDS_US, Timer, TimerReading};
+
+/// Distinct statistic names from request data a registry keeps by default (`MAX_STAT_KEYS`).
+pub const DEFAULT_MAX_STAT_KEYS: usize = 10_000;
+
+/// A monotonically increasing counter.
+#[derive(Debug, Default)]
+pub struct Counter(AtomicU64);
+
+impl Counter {
+    /// Adds `n`.
+    pub fn add(&self, n: u64) {
+        if n != 0 {
+            self.0.fetch_add(n, Ordering::Relaxed);
+        }
+    }
+
+    /// The current total.
+    pub fn value(&self) -> u64 {
+        self.0.load(Ordering::Relaxed)
+    }
+}
+
+/// The counters kept for one rule key (`<domain>.<key>_<value>...`).
+#[derive(Debug, Default)]
+pub struct RuleStats {
+    /// Every hit evaluated against the rule.
+    pub total_hits: Counter,
+    /// Hits beyond the limit.
+    pub over_limit: Counter,
+    /// Hits above the near-limit ratio but within the limit.
+    pub near_limit: Counter,
+    /// Hits answered within the limit.
+    pub within_limit: Counter,
+    /// Over-limit hits that shadow mode answered `OK`.
+    pub shadow_mode: Counter,
+    /// Over-limit hits answered from the local over-limit cache.
+    pub over_limit_with_local_cache: Counter,
+}
+
+impl RuleStats {
+    /// The counter of `stat`.
+    pub fn get(&self, stat: RuleStat) -> &Counter {
+        match stat {
+            RuleStat::TotalHits => &self.total_hits,
+            RuleStat::OverLimit => &self.over_limit,
+            RuleStat::NearLimit => &self.near_limit,
+            RuleStat::WithinLimit => &self.within_limit,
+            RuleStat::ShadowMode => &self.shadow_mode,
+            RuleStat::OverLimitWithLocalCache => &self.over_limit_with_local_cache,
+        }
+    }
+}
+
+/// A level read when a snapshot is taken (the memory backend's size, the local cache's).
+pub type Gauge = Arc<dyn Fn() -> u64 + Send + Sync>;
+
+type Map<T> = RwLock<HashMap<Arc<str>, Arc<T>>>;
+
+/// Every statistic of a process, by name. Counters outlive configuration reloads: a rule
+/// that keeps its key after a reload keeps counting where it was.
+pub struct StatsRegistry {
+    rules: Map<RuleStats>,
+    counters: Map<Counter>,
+    timers: Map<Timer>,
+    gauges: RwLock<Vec<(Arc<str>, Gauge)>>,
+    dynamic: AtomicUsize,
+    max_dynamic_keys: usize,
+    overflow: Arc<Counter>,
+}
+
+impl std::fmt::Debug for StatsRegistry {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StatsRegistry")
+            .field("dynamic", &self.dynamic)
+            .field("max_dynamic_keys", &self.max_dynamic_keys)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Default for StatsRegistry {
+    fn default() -> StatsRegistry {
+        StatsRegistry::new(DEFAULT_MAX_STAT_KEYS)
+    }
+}
+
+impl StatsRegistry {
+    /// A registry that keeps at most `max_dynamic_keys` names that came from requests.
+    pub fn new(max_dynamic_keys: usize) -> StatsRegistry {
+        let counters: Map<Counter> = RwLock::default();
+        let overflow = get_or_insert(&counters, names::STATS_OVERFLOW);
+        StatsRegistry {
+            rules: RwLock::default(),
+            counters,
+            timers: RwLock::default(),
+            gauges: RwLock::default(),
+            dynamic: AtomicUsize::new(0),
+            max_dynamic_keys,
+            overflow,
+        }
+    }
+
+    /// How many names from requests this registry keeps before folding.
+    pub fn max_dynamic_keys(&self) -> usize {
+        self.max_dynamic_keys
+    }
+
+    /// The counters of the rule key `key` from configuration (without the
+    /// `ratelimit.service.rate_limit.` prefix), sanitized as envoyproxy/ratelimit
+    /// sanitizes statistic names.
+    pub fn rule(&self, key: &str) -> Arc<RuleStats> {
+        get_or_insert(&self.rules, &names::sanitize(key))
+    }
+
+    /// The counters of a rule key built from request data: past the bound, those of
+    /// `fold`'s `_overflow` key instead.
+    pub fn request_rule(&self, key: &str, fold: &str) -> Arc<RuleStats> {
+        let key = names::sanitize(key);
+        if let Some(found) = read(&self.rules).get(key.as_ref()) {
+            return Arc::clone(found);
+        }
+        match self.admit() {
+            true => get_or_insert(&self.rules, &key),
+            false => self.rule(&names::overflow_key(fold)),
+        }
+    }
+
+    /// A counter with a full statistic name from [`names`] (sanitized like
+    /// [`StatsRegistry::rule`]).
+    pub fn counter(&self, name: &str) -> Arc<Counter> {
+        get_or_insert(&self.counters, &names::sanitize(name))
+    }
+
+    /// A counter whose name was built from request data: past the bound, `fold` instead.
+    pub fn request_counter(&self, name: &str, fold: &str) -> Arc<Counter> {
+        let name = names::sanitize(name);
+        if let Some(found) = read(&self.counters).get(name.as_ref()) {
+            return Arc::clone(found);
+        }
+        match self.admit() {
+            true => get_or_insert(&self.counters, &name),
+            false => self.counter(fold),
+        }
+    }
+
+    /// A timer with a full statistic name.
+    pub fn timer(&self, name: &str) -> Arc<Timer> {
+        get_or_insert(&self.timers, name)
+    }
+
+    /// Registers a gauge, read at each snapshot; a later gauge of the same name replaces it.
+    pub fn gauge(&self, name: &str, read_level: Gauge) {
+        let mut gauges = self
+            .gauges
+            .write()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        gauges.retain(|(existing, _)| existing.as_ref() != name);
+        gauges.push((name.into(), read_level));
+    }
+
+    /// Whether one more name from request data fits; counts a fold when it does not.
+    fn admit(&self) -> bool {
+        let admitted = self
+            .dynamic
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
+                (n < self.max_dynamic_keys).then_some(n + 1)
+            })
+            .is_ok();
+        if !admitted {
+            self.overflow.add(1);
+        }
+        admitted
+    }
+
+    /// Every statistic now, sorted by full name. Names are shared, not copied.
+    pub fn snapshot(&self) -> Snapshot {
+        let mut samples: Vec<Sample> = Vec::new();
+        for (key, stats) in read(&self.rules).iter() {
+            samples.extend(RuleStat::ALL.iter().map(|&stat| Sample {
+                name: Name::Rule {
+                    key: Arc::clone(key),
+                    stat,
+                },
+                value: Value::Counter(stats.get(stat).value()),
+            }));
+        }
+        for (name, counter) in read(&self.counters).iter() {
+            samples.push(Sample {
+                name: Name::Plain(Arc::clone(name)),
+                value: Value::Counter(counter.value()),
+            });
+        }
+        for (name, timer) in read(&self.timers).iter() {
+            samples.push(Sample {
+                name: Name::Plain(Arc::clone(name)),
+                value: Value::Timer(timer.read()),
+            });
+        }
+        for (name, gauge) in read(&self.gauges).iter() {
+            samples.push(Sample {
+                name: Name::Plain(Arc::clone(name)),
+                value: Value::Gauge(gauge()),
+            });
+        }
+        samples.sort_unstable_by(|a, b| {
+            let (a, b) = (a.name.parts(), b.name.parts());
+            a.iter()
+                .flat_map(|p| p.bytes())
+                .cmp(b.iter().flat_map(|p| p.bytes()))
+        });
+        Snapshot { samples }
+    }
+}
+
+fn read<T>(lock: &RwLock<T>) -> std::sync::RwLockReadGuard<'_, T> {
+    lock.read().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+fn get_or_insert<T: Default>(map: &Map<T>, key: &str) -> Arc<T> {
+    if let Some(found) = read(map).get(key) {
+        return Arc::clone(found);
+    }
+    let mut map = map.write().unwrap_or_else(|poisoned| poisoned.into_inner());
+    Arc::clone(map.entry(key.into()).or_default())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn registry_shares_counters_by_name_and_snapshots_them() {
+        let registry = StatsRegistry::default();
+        registry.rule("d.k").total_hits.add(2);
+        registry.rule("d.k").total_hits.add(3);
+        registry.counter(names::CONFIG_LOAD_SUCCESS).add(1);
+        registry.gauge("g", Arc::new(|| 7));
+        let snapshot = registry.snapshot();
+        assert_eq!(
+            snapshot.counter("ratelimit.service.rate_limit.d.k.total_hits"),
+            Some(5)
+        );
+        assert_eq!(snapshot.counter(names::CONFIG_LOAD_SUCCESS), Some(1));
+        assert!(snapshot.samples.contains(&Sample {
+            name: Name::Plain("g".into()),
+            value: Value::Gauge(7)
+        }));
+        let names: Vec<String> = snapshot
+            .samples
+            .iter()
+            .map(|s| s.name.to_string())
+            .collect();
+        assert!(names.windows(2).all(|w| w[0] <= w[1]), "{names:?}");
+    }
+
+    #[test]
+    fn names_from_requests_fold_past_the_bound() {
+        let registry = StatsRegistry::new(2);
+        registry.rule("d.configured").total_hits.add(1);
+        for value in ["a", "b", "c", "d"] {
+            let key = format!("d.user_{value}");
+            registry.request_rule(&key, "d.user").total_hits.add(1);
+        }
+        registry
+            .request_rule("d.user_a", "d.user")
+            .total_hits
+            .add(1);
+        registry
+            .request_counter(
+                &names::domain_not_found("x"),
+                &names::domain_not_found_overflow(),
+            )
+            .add(1);
+        let snapshot = registry.snapshot();
+        let hits =
+            |key: &str| snapshot.counter(&format!("ratelimit.service.rate_limit.{key}.total_hits"));
+        assert_eq!(
+            hits("d.user_a"),
+            Some(2),
+            "a name already kept is found again"
+        );
+        assert_eq!(hits("d.user_b"), Some(1));
+        assert_eq!(hits("d.user_c"), None);
+        assert_eq!(hits("d.user_overflow"), Some(2));
+        assert_eq!(
+            hits("d.configured"),
+            Some(1),
+            "configuration is never folded"
+        );
+        assert_eq!(
+            snapshot.counter("ratelimit.service.rate_limit._overflow.domain_not_found"),
+            Some(1)
+        );
+        assert_eq!(snapshot.counter(names::STATS_OVERFLOW), Some(3));
+    }
+}

@@ -1,0 +1,211 @@
+//! Every statistic name, built here and nowhere else, as envoyproxy/ratelimit names them.
+
+use std::borrow::Cow;
+
+/// Prefix of every per-rule statistic: `ratelimit.service.rate_limit.<rule key>.<stat>`.
+pub const RULE_PREFIX: &str = "ratelimit.service.rate_limit.";
+
+/// A configuration load that succeeded.
+pub const CONFIG_LOAD_SUCCESS: &str = "ratelimit.service.config_load_success";
+/// A configuration load that failed.
+pub const CONFIG_LOAD_ERROR: &str = "ratelimit.service.config_load_error";
+/// Over-limit answers that `SHADOW_MODE` turned into `OK`.
+pub const GLOBAL_SHADOW_MODE: &str = "ratelimit.service.global_shadow_mode";
+/// Statistic keys folded into an `_overflow` key because `MAX_STAT_KEYS` was reached.
+pub const STATS_OVERFLOW: &str = "ratelimit.service.stats_overflow";
+/// Requests that failed because the counter store failed.
+pub const REDIS_ERROR: &str = "ratelimit.service.call.should_rate_limit.redis_error";
+/// Requests that failed for any other reason.
+pub const SERVICE_ERROR: &str = "ratelimit.service.call.should_rate_limit.service_error";
+/// Over-limit keys answered from the local cache.
+pub const LOCAL_CACHE_HITS: &str = "ratelimit.localcache.hitCount";
+/// Keys the local cache did not hold.
+pub const LOCAL_CACHE_MISSES: &str = "ratelimit.localcache.missCount";
+/// Keys the local cache dropped to stay within its size.
+pub const LOCAL_CACHE_EVICTIONS: &str = "ratelimit.localcache.evacuateCount";
+/// Keys in the local cache now.
+pub const LOCAL_CACHE_ENTRIES: &str = "ratelimit.localcache.entryCount";
+/// Bytes the local cache holds now.
+pub const LOCAL_CACHE_BYTES: &str = "ratelimit.localcache.bytes";
+/// Counters the memory backend holds now.
+pub const MEMORY_COUNTERS: &str = "ratelimit.memory.counters";
+/// Bytes the memory backend's counters take now.
+pub const MEMORY_BYTES: &str = "ratelimit.memory.bytes";
+/// Counters the memory backend dropped to stay within its bound.
+pub const MEMORY_EVICTIONS: &str = "ratelimit.memory.evictions";
+
+/// The statistic of a rule key that counts what a rule decided.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum RuleStat {
+    /// Every hit evaluated against the rule.
+    TotalHits,
+    /// Hits beyond the limit.
+    OverLimit,
+    /// Hits above the near-limit ratio but within the limit.
+    NearLimit,
+    /// Hits answered within the limit.
+    WithinLimit,
+    /// Over-limit hits that shadow mode answered `OK`.
+    ShadowMode,
+    /// Over-limit hits answered from the local over-limit cache.
+    OverLimitWithLocalCache,
+}
+
+impl RuleStat {
+    /// Every rule statistic, in the order their names sort.
+    pub const ALL: [RuleStat; 6] = [
+        RuleStat::NearLimit,
+        RuleStat::OverLimit,
+        RuleStat::OverLimitWithLocalCache,
+        RuleStat::ShadowMode,
+        RuleStat::TotalHits,
+        RuleStat::WithinLimit,
+    ];
+
+    /// The last segment of the statistic's name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RuleStat::TotalHits => "total_hits",
+            RuleStat::OverLimit => "over_limit",
+            RuleStat::NearLimit => "near_limit",
+            RuleStat::WithinLimit => "within_limit",
+            RuleStat::ShadowMode => "shadow_mode",
+            RuleStat::OverLimitWithLocalCache => "over_limit_with_local_cache",
+        }
+    }
+}
+
+/// `ratelimit.service.rate_limit.<domain>.domain_not_found`.
+pub fn domain_not_found(domain: &str) -> String {
+    format!("{RULE_PREFIX}{domain}.domain_not_found")
+}
+
+/// Where statistics of unknown domains go once `MAX_STAT_KEYS` is reached.
+pub fn domain_not_found_overflow() -> String {
+    domain_not_found("_overflow")
+}
+
+/// `ratelimit_server.<method>.total_requests`.
+pub fn total_requests(method: &str) -> String {
+    format!("ratelimit_server.{method}.total_requests")
+}
+
+/// `ratelimit_server.<method>.response_time`.
+pub fn response_time(method: &str) -> String {
+    format!("ratelimit_server.{method}.response_time")
+}
+
+/// The rule key that statistics of `key` fold into once `MAX_STAT_KEYS` is reached.
+pub fn overflow_key(key: &str) -> String {
+    format!("{key}_overflow")
+}
+
+/// Appends one level of a rule key: `.key` or `.key_value`.
+pub(crate) fn push_key_part(out: &mut String, key: &str, value: Option<&str>) {
+    if !out.is_empty() {
+        out.push('.');
+    }
+    out.push_str(key);
+    if let Some(value) = value {
+        out.push('_');
+        out.push_str(value);
+    }
+}
+
+/// A statistic name as envoyproxy/ratelimit sanitizes it: `:` and `|` become `_`, and so
+/// do the dots of IPv4 addresses, so that a value never adds levels to the statistic
+/// hierarchy by accident.
+pub(crate) fn sanitize(name: &str) -> Cow<'_, str> {
+    if !name.contains([':', '|']) && !has_ipv4(name) {
+        return Cow::Borrowed(name);
+    }
+    let mut out: Vec<u8> = name
+        .bytes()
+        .map(|b| if b == b':' || b == b'|' { b'_' } else { b })
+        .collect();
+    let mut i = 0;
+    while i < out.len() {
+        match ipv4_at(&out, i) {
+            Some(len) => {
+                for b in &mut out[i..i + len] {
+                    if *b == b'.' {
+                        *b = b'_';
+                    }
+                }
+                i += len;
+            }
+            None => i += 1,
+        }
+    }
+    // Only ASCII bytes were replaced by ASCII bytes.
+    Cow::Owned(String::from_utf8(out).expect("still UTF-8"))
+}
+
+fn has_ipv4(part: &str) -> bool {
+    let bytes = part.as_bytes();
+    (0..bytes.len()).any(|i| ipv4_at(bytes, i).is_some())
+}
+
+/// Length of a dotted quad `d.d.d.d` (1–3 digits each) starting at `i` and not preceded by a
+/// digit, if there is one.
+fn ipv4_at(bytes: &[u8], i: usize) -> Option<usize> {
+    if i > 0 && bytes[i - 1].is_ascii_digit() {
+        return None;
+    }
+    let mut pos = i;
+    for group in 0..4 {
+        let digits = bytes[pos..]
+            .iter()
+            .take_while(|b| b.is_ascii_digit())
+            .count();
+        if !(1..=3).contains(&digits) {
+            return None;
+        }
+        pos += digits;
+        if group < 3 {
+            if bytes.get(pos) != Some(&b'.') {
+                return None;
+            }
+            pos += 1;
+        }
+    }
+    if bytes.get(pos).is_some_and(u8::is_ascii_digit) {
+        return None;
+    }
+    Some(pos - i)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(parts: &[(&str, Option<&str>)]) -> String {
+        let mut out = String::from("domain");
+        for (k, v) in parts {
+            push_key_part(&mut out, k, *v);
+        }
+        sanitize(&out).into_owned()
+    }
+
+    #[test]
+    fn names_are_sanitized_like_the_reference() {
+        assert_eq!(key(&[("k", Some("v"))]), "domain.k_v");
+        assert_eq!(
+            key(&[("k", None), ("sub", Some("a:b|c"))]),
+            "domain.k.sub_a_b_c"
+        );
+        assert_eq!(
+            key(&[("remote_address", Some("10.0.0.1"))]),
+            "domain.remote_address_10_0_0_1"
+        );
+        assert_eq!(key(&[("path", Some("/v1.2/x"))]), "domain.path_/v1.2/x");
+    }
+
+    #[test]
+    fn rule_statistics_are_listed_in_name_order() {
+        let names: Vec<&str> = RuleStat::ALL.iter().map(|s| s.as_str()).collect();
+        let mut sorted = names.clone();
+        sorted.sort_unstable();
+        assert_eq!(names, sorted);
+    }
+}
