@@ -19,5 +19,6 @@ pub mod runner;
 pub mod serve;
 pub mod service;
 pub mod settings;
+pub mod sinks;
 pub mod uds;
 pub mod workers;

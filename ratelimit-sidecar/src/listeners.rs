@@ -108,15 +108,7 @@ pub fn open(server: &ServerSettings, workers: usize) -> Result<Opened, ListenErr
         let sources: Vec<GrpcSource> = receivers.into_iter().map(GrpcSource::Unix).collect();
         (sources, Some((listener, senders)))
     };
-    let debug_address = format!("{}:{}", server.debug_host, server.debug_port);
-    let debug = bind("debug", &server.debug_host, server.debug_port, 1)?
-        .pop()
-        .expect("one listener");
-    let debug = TcpListener::from_std(debug).map_err(|error| ListenError {
-        what: "debug",
-        address: debug_address,
-        error,
-    })?;
+    let debug = single("debug", &server.debug_host, server.debug_port)?;
     let workers = grpc
         .into_iter()
         .zip(http)
@@ -126,6 +118,17 @@ pub fn open(server: &ServerSettings, workers: usize) -> Result<Opened, ListenErr
         workers,
         debug,
         uds,
+    })
+}
+
+/// One listener on `host:port`, served by worker 0 (debug, Prometheus). Must run on
+/// worker 0's runtime.
+pub fn single(what: &'static str, host: &str, port: u16) -> Result<TcpListener, ListenError> {
+    let listener = bind(what, host, port, 1)?.pop().expect("one listener");
+    TcpListener::from_std(listener).map_err(|error| ListenError {
+        what,
+        address: format!("{host}:{port}"),
+        error,
     })
 }
 

@@ -17,6 +17,8 @@ use crate::listeners::{self, ListenError, Shared};
 use crate::provider::{self, FileSource};
 use crate::service::Service;
 use crate::settings::Settings;
+use crate::sinks::prometheus::Prometheus;
+use crate::sinks::{self, Flusher};
 use crate::workers::{self, Pool};
 use crate::{debug, serve};
 
@@ -32,6 +34,9 @@ pub enum StartError {
     /// A listener could not be opened.
     #[error(transparent)]
     Listen(#[from] ListenError),
+    /// A statistics output is misconfigured (a bad PROMETHEUS_MAPPER_YAML).
+    #[error("statistics: {0}")]
+    Stats(String),
 }
 
 /// Runs until SIGTERM, SIGINT or SIGHUP, then drains and returns. `settings` come from
@@ -75,6 +80,7 @@ pub async fn run(settings: Settings) -> Result<(), StartError> {
         settings.bounds.http.connection_slots(),
         shared.stopped(),
     ));
+    let flusher = statistics(&settings, &shared)?;
     let worker_shared = shared.clone();
     let serving = tokio::spawn(async move {
         pool.on_each(opened.workers, move |listeners| {
@@ -102,10 +108,44 @@ pub async fn run(settings: Settings) -> Result<(), StartError> {
     if drained.is_err() {
         tracing::warn!("requests still in flight after SHUTDOWN_DRAIN_TIMEOUT; exiting anyway");
     }
+    if let Some(flusher) = flusher {
+        let _ = tokio::task::spawn_blocking(move || flusher.stop()).await;
+    }
     if !server.grpc_uds.is_empty() {
         let _ = std::fs::remove_file(&server.grpc_uds);
     }
     Ok(())
+}
+
+/// Starts the statistics outputs: the push thread, and the Prometheus endpoint served by
+/// this worker until the stop signal.
+fn statistics(settings: &Settings, shared: &Shared) -> Result<Option<Flusher>, StartError> {
+    let stats = &settings.stats;
+    let outputs = stats.outputs().map_err(StartError::Stats)?;
+    if outputs.prometheus {
+        let mapper = sinks::prometheus_mapper(stats).map_err(StartError::Stats)?;
+        let address = &stats.prometheus_addr;
+        let listener = listeners::single("Prometheus", &address.host, address.port)?;
+        let endpoint = Prometheus {
+            service: Arc::clone(&shared.service),
+            mapper: Arc::new(mapper),
+            labels: Arc::new(stats.extra_tags.clone().into_iter().collect()),
+            path: stats.prometheus_path.as_str().into(),
+        };
+        tokio::spawn(serve::serve(
+            listener,
+            endpoint,
+            shared.limits,
+            settings.bounds.http.connection_slots(),
+            shared.stopped(),
+        ));
+    }
+    let push = sinks::push_outputs(stats, outputs);
+    Ok(Flusher::start(
+        Arc::clone(&shared.service),
+        push,
+        stats.stats_flush_interval,
+    ))
 }
 
 /// The decision service, and the gRPC health service that follows its health.

@@ -8,6 +8,7 @@ mod config;
 mod limiter;
 mod redis;
 mod server;
+mod stats;
 mod unbuilt;
 pub mod values;
 
@@ -18,6 +19,7 @@ pub use self::config::{ConfigSettings, ConfigType};
 pub use self::limiter::{BackendType, LimiterSettings};
 pub use self::redis::{RedisSettings, RedisType};
 pub use self::server::{LogFormat, ServerSettings};
+pub use self::stats::{Outputs, StatsSettings};
 pub use self::unbuilt::{MEMCACHE_BACKEND, UnbuiltSettings};
 pub use self::values::{StringMap, go_bool, go_duration, go_map};
 pub use crate::bounds::BoundsSettings;
@@ -40,6 +42,8 @@ pub struct Settings {
     pub redis: RedisSettings,
     #[command(flatten, next_help_heading = "Bounds")]
     pub bounds: BoundsSettings,
+    #[command(flatten, next_help_heading = "Statistics")]
+    pub stats: StatsSettings,
     #[command(
         flatten,
         next_help_heading = "Not available in this version (setting one stops start-up)"
@@ -66,12 +70,28 @@ impl Settings {
         T: Into<std::ffi::OsString> + Clone,
     {
         let matches = Settings::command().try_get_matches_from(args)?;
-        let settings = Settings::from_arg_matches(&matches)?;
-        let warnings = settings.unavailable(&matches)?;
+        let mut settings = Settings::from_arg_matches(&matches)?;
+        settings.unavailable(&matches)?;
+        let stats = &mut settings.stats;
+        stats.use_statsd_explicit = matches!(
+            matches.value_source("use_statsd"),
+            Some(ValueSource::EnvVariable | ValueSource::CommandLine)
+        );
+        stats
+            .load_mogrifiers(|name| std::env::var(name).ok())
+            .map_err(LoadError::Invalid)?;
+        let outputs = stats.outputs().map_err(LoadError::Invalid)?;
+        let mut warnings = Vec::new();
+        if outputs.statsd && !stats.use_statsd_explicit {
+            warnings.push(format!(
+                "USE_STATSD is true by default: statistics are pushed to {}:{} over {} every {:?}; set USE_STATSD=false to log them instead",
+                stats.statsd_host, stats.statsd_port, stats.statsd_protocol, stats.stats_flush_interval
+            ));
+        }
         Ok((settings, warnings))
     }
 
-    fn unavailable(&self, matches: &ArgMatches) -> Result<Vec<String>, Unavailable> {
+    fn unavailable(&self, matches: &ArgMatches) -> Result<(), Unavailable> {
         let explicit = |id: &str| {
             matches!(
                 matches.value_source(id),
@@ -85,10 +105,10 @@ impl Settings {
         if self.backend() == BackendType::Memcache {
             refused.push(unbuilt::MEMCACHE_BACKEND.into());
         }
-        if !refused.is_empty() {
-            return Err(Unavailable(refused));
+        match refused.is_empty() {
+            true => Ok(()),
+            false => Err(Unavailable(refused)),
         }
-        Ok(unbuilt::default_warnings(&self.unbuilt, explicit))
     }
 }
 
@@ -101,6 +121,9 @@ pub enum LoadError {
     /// A setting of a feature this version does not have.
     #[error(transparent)]
     Unavailable(#[from] Unavailable),
+    /// Settings that contradict each other, or name something unusable.
+    #[error("{0}")]
+    Invalid(String),
 }
 
 impl Settings {
@@ -183,10 +206,10 @@ mod tests {
             assert_eq!(s.redis.redis_pool_size, 10);
         }
         if unset("STATS_FLUSH_INTERVAL") {
-            assert_eq!(s.unbuilt.stats_flush_interval, Duration::from_secs(10));
+            assert_eq!(s.stats.stats_flush_interval, Duration::from_secs(10));
         }
         if unset("RUNTIME_WATCH_ROOT") && unset("USE_STATSD") {
-            assert!(s.config.runtime_watch_root && s.unbuilt.use_statsd);
+            assert!(s.config.runtime_watch_root && s.stats.use_statsd);
         }
     }
 
@@ -198,33 +221,87 @@ mod tests {
         };
         let message = refused(&[
             "ratelimit",
-            "--use-prometheus",
+            "--tracing-enabled",
             "true",
-            "--statsd-port",
-            "1",
+            "--grpc-server-tls-cert",
+            "/x",
         ]);
         assert!(
-            message.contains("USE_PROMETHEUS: statistics sinks"),
+            message.contains("TRACING_ENABLED: OpenTelemetry tracing"),
             "{message}"
         );
-        assert!(message.contains("STATSD_PORT"), "{message}");
+        assert!(message.contains("GRPC_SERVER_TLS_CERT"), "{message}");
         assert!(refused(&["ratelimit", "--grpc-server-use-tls", "true"]).contains("gRPC TLS"));
         let (settings, _) = Settings::load_from([
             "ratelimit",
-            "--use-prometheus",
+            "--tracing-enabled",
             "false",
             "--grpc-server-use-tls",
             "false",
         ])
         .unwrap();
-        assert!(!settings.unbuilt.use_prometheus);
-        if std::env::var_os("USE_STATSD").is_none() && std::env::var_os("DISABLE_STATS").is_none() {
-            let (_, warnings) = Settings::load_from(["ratelimit"]).unwrap();
-            assert!(
-                warnings[0].starts_with("USE_STATSD is true by default"),
-                "{warnings:?}"
-            );
+        assert!(!settings.unbuilt.grpc_server_use_tls);
+    }
+
+    #[test]
+    fn one_statistics_sink_is_chosen_like_envoy_ratelimit() {
+        if [
+            "USE_STATSD",
+            "USE_DOG_STATSD",
+            "USE_PROMETHEUS",
+            "DISABLE_STATS",
+            "USE_DOG_STATSD_MOGRIFIERS",
+        ]
+        .iter()
+        .any(|name| std::env::var_os(name).is_some())
+        {
+            return;
         }
+        let outputs = |args: &[&str]| {
+            let mut all = vec!["ratelimit"];
+            all.extend_from_slice(args);
+            Settings::load_from(all).map(|(s, w)| (s.stats.outputs().unwrap(), w))
+        };
+        let (default, warnings) = outputs(&[]).unwrap();
+        assert!(default.statsd && !default.log, "{default:?}");
+        assert!(
+            warnings[0].starts_with("USE_STATSD is true by default"),
+            "{warnings:?}"
+        );
+        let (off, warnings) = outputs(&["--use-statsd", "false"]).unwrap();
+        assert!(off.log && !off.statsd && warnings.is_empty(), "{off:?}");
+        let (prometheus, _) = outputs(&["--use-prometheus", "true"]).unwrap();
+        assert!(prometheus.prometheus && !prometheus.statsd && !prometheus.log);
+        let (both, _) = outputs(&["--use-prometheus", "true", "--use-statsd", "true"]).unwrap();
+        assert!(both.prometheus && both.statsd);
+        let (dog, _) = outputs(&["--use-dog-statsd", "true"]).unwrap();
+        assert!(dog.dog_statsd && !dog.statsd);
+        let clash = outputs(&["--use-dog-statsd", "true", "--use-statsd", "true"]).unwrap_err();
+        assert!(
+            clash.to_string().contains("USE_STATSD and USE_DOG_STATSD"),
+            "{clash}"
+        );
+        let (disabled, _) =
+            outputs(&["--disable-stats", "true", "--use-prometheus", "true"]).unwrap();
+        assert!(!disabled.prometheus && !disabled.statsd && !disabled.log);
+        let mogrifier = outputs(&[
+            "--use-dog-statsd",
+            "true",
+            "--use-dog-statsd-mogrifiers",
+            "NOPE",
+        ])
+        .unwrap_err();
+        assert!(
+            mogrifier
+                .to_string()
+                .contains("DOG_STATSD_MOGRIFIER_NOPE_PATTERN"),
+            "{mogrifier}"
+        );
+        let bad_address = outputs(&["--prometheus-addr", "9090"]).unwrap_err();
+        assert!(
+            bad_address.to_string().contains("PROMETHEUS_ADDR"),
+            "{bad_address}"
+        );
     }
 
     #[test]

@@ -12,7 +12,7 @@ use clap::{ArgAction, Args};
 
 use super::values::{StringMap, go_bool, go_duration, go_map, ratio};
 
-/// gRPC TLS, the xDS configuration source, memcached, statistics sinks and traces.
+/// gRPC TLS, the xDS configuration source, memcached and traces.
 #[derive(Clone, Debug, Args)]
 pub struct UnbuiltSettings {
     /// Serve gRPC over TLS.
@@ -150,48 +150,6 @@ pub struct UnbuiltSettings {
     /// Verify the chain but not the host name.
     #[arg(long, env, default_value = "false", value_parser = go_bool, action = ArgAction::Set)]
     pub memcache_tls_skip_hostname_verification: bool,
-    /// Push statistics to statsd.
-    #[arg(long, env, default_value = "true", value_parser = go_bool, action = ArgAction::Set)]
-    pub use_statsd: bool,
-    /// statsd host.
-    #[arg(long, env, default_value = "localhost")]
-    pub statsd_host: String,
-    /// statsd port.
-    #[arg(long, env, default_value_t = 8125)]
-    pub statsd_port: u16,
-    /// statsd protocol: tcp or udp.
-    #[arg(long, env, default_value = "tcp")]
-    pub statsd_protocol: String,
-    /// Push tagged statistics to DogStatsD (exclusive with USE_STATSD and USE_PROMETHEUS).
-    #[arg(long, env, default_value = "false", value_parser = go_bool, action = ArgAction::Set)]
-    pub use_dog_statsd: bool,
-    /// Mogrifier names; each reads DOG_STATSD_MOGRIFIER_<NAME>_PATTERN, _NAME and _TAGS.
-    #[arg(long, env, default_value = "")]
-    pub use_dog_statsd_mogrifiers: String,
-    /// Serve Prometheus metrics.
-    #[arg(long, env, default_value = "false", value_parser = go_bool, action = ArgAction::Set)]
-    pub use_prometheus: bool,
-    /// Prometheus listen address.
-    #[arg(long, env, default_value = ":9090")]
-    pub prometheus_addr: String,
-    /// Prometheus path.
-    #[arg(long, env, default_value = "/metrics")]
-    pub prometheus_path: String,
-    /// Custom statsd-to-Prometheus mapping file.
-    #[arg(long, env, default_value = "")]
-    pub prometheus_mapper_yaml: String,
-    /// Keep response times in milliseconds.
-    #[arg(long, env, default_value = "false", value_parser = go_bool, action = ArgAction::Set)]
-    pub prometheus_response_time_as_milliseconds: bool,
-    /// Tags on every statistic, `k1:v1,k2:v2`.
-    #[arg(long, env, default_value = "", value_parser = go_map)]
-    pub extra_tags: StringMap,
-    /// Flush interval.
-    #[arg(long, env, default_value = "10s", value_parser = go_duration)]
-    pub stats_flush_interval: Duration,
-    /// Disable statistics entirely.
-    #[arg(long, env, default_value = "false", value_parser = go_bool, action = ArgAction::Set)]
-    pub disable_stats: bool,
     /// Export OTLP spans.
     #[arg(long, env, default_value = "false", value_parser = go_bool, action = ArgAction::Set)]
     pub tracing_enabled: bool,
@@ -240,30 +198,13 @@ pub fn explicitly_set(settings: &UnbuiltSettings, explicit: impl Fn(&str) -> boo
         .collect()
 }
 
-/// Warnings for defaults that name a feature not built: `USE_STATSD` is true unless set.
-pub fn default_warnings(
-    settings: &UnbuiltSettings,
-    explicit: impl Fn(&str) -> bool,
-) -> Vec<String> {
-    if settings.use_statsd && !explicit("use_statsd") && !settings.disable_stats {
-        vec!["USE_STATSD is true by default, but statistics sinks are not available in this version: statistics are only on the debug server's /stats (set USE_STATSD=false to silence this)".into()]
-    } else {
-        Vec::new()
-    }
-}
-
 /// A switch set to off, which asks for nothing.
 fn asks_for_nothing(settings: &UnbuiltSettings, id: &str) -> bool {
     match id {
         "grpc_server_use_tls" => !settings.grpc_server_use_tls,
         "xds_server_use_tls" => !settings.xds_server_use_tls,
         "memcache_tls" => !settings.memcache_tls,
-        "use_statsd" => !settings.use_statsd,
-        "use_dog_statsd" => !settings.use_dog_statsd,
-        "use_prometheus" => !settings.use_prometheus,
         "tracing_enabled" => !settings.tracing_enabled,
-        // Nothing is sent either way.
-        "disable_stats" => true,
         _ => false,
     }
 }
@@ -276,9 +217,7 @@ fn feature(id: &str) -> &'static str {
         "the xDS configuration source is"
     } else if id.starts_with("memcache_") {
         "the memcached backend is"
-    } else if id.starts_with("tracing_") {
-        "OpenTelemetry tracing is"
     } else {
-        "statistics sinks (statsd, DogStatsD, Prometheus) are"
+        "OpenTelemetry tracing is"
     }
 }
