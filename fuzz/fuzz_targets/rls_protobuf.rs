@@ -11,7 +11,7 @@ use libfuzzer_sys::fuzz_target;
 use prost::Message;
 use ratelimit_core::{Limiter, MemoryStore, RequestError, Settings};
 use ratelimit_fuzz::{DECISION_CONFIG, EPOCH, check_response};
-use ratelimit_sidecar::convert::request_from_pb;
+use ratelimit_proto::envoy::request_from_pb;
 
 fuzz_target!(|data: &[u8]| {
     let Ok(request) = RateLimitRequest::decode(data) else {

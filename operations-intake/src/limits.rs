@@ -8,17 +8,11 @@
 use std::path::Path;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use envoy_types::pb::envoy::extensions::common::ratelimit::v3::{
-    RateLimitDescriptor, rate_limit_descriptor,
-};
-use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code as PbCode;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
-use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
-use envoy_types::pb::google::protobuf::UInt64Value;
 use ratelimit_core::{
-    Code, Config, CurrentLimit, Descriptor, DescriptorStatus, Limiter, MemoryStore,
-    RateLimitHeaders, Request, Settings, Unit,
+    Config, Descriptor, Limiter, MemoryStore, RateLimitHeaders, Request, Response, Retry, Settings,
 };
+use ratelimit_proto::envoy::client::{request_to_pb, response_from_pb};
 use tonic::transport::{Channel, Endpoint};
 
 use crate::batch::Batch;
@@ -28,14 +22,14 @@ use crate::batch::Batch;
 pub enum Verdict {
     /// Go ahead; the headers describe the tightest limit, when one applies.
     Allow(Option<RateLimitHeaders>),
-    /// Over a limit: 429 with these headers. `retry_after` is when every limit the batch
-    /// is over has a new window; `None` when the batch holds more operations than some
-    /// limit allows in a whole window, so no retry can pass.
+    /// Over a limit: 429 with these headers, and when the same batch may pass (the core
+    /// says: when every limit it is over has a new window, or never when it holds more
+    /// operations than some limit allows in a whole window).
     Deny {
         /// The `RateLimit-*` values.
         headers: Option<RateLimitHeaders>,
-        /// Seconds until a retry can pass.
-        retry_after: Option<u64>,
+        /// When a retry can pass.
+        retry: Retry,
     },
     /// The remote limiter could not answer and the failure mode is deny: 503.
     Unavailable,
@@ -172,7 +166,7 @@ impl Limits {
             vec![Descriptor::new([("client_id", PROBE_CLIENT)])],
         );
         let mut client = client.clone();
-        let call = client.should_rate_limit(remote_request(&probe));
+        let call = client.should_rate_limit(request_to_pb(&probe));
         match tokio::time::timeout(*timeout, call).await {
             Ok(Ok(response)) => {
                 let limited = response
@@ -211,12 +205,7 @@ impl Limits {
             } => {
                 let request = Request::new(domain.clone(), descriptors(client_id, batch));
                 match limiter.should_rate_limit(&request, store, unix_now()) {
-                    Ok(response) => verdict(
-                        response.overall_code,
-                        response.headers,
-                        &response.statuses,
-                        &request,
-                    ),
+                    Ok(response) => verdict(&response, &request),
                     Err(error) => {
                         tracing::error!(%error, "the rate limiter refused its own request");
                         Verdict::Allow(None)
@@ -231,10 +220,12 @@ impl Limits {
             } => {
                 let request = Request::new(domain.clone(), descriptors(client_id, batch));
                 let mut client = client.clone();
-                let call = client.should_rate_limit(remote_request(&request));
+                let call = client.should_rate_limit(request_to_pb(&request));
                 let answer = tokio::time::timeout(*timeout, call).await;
                 match answer {
-                    Ok(Ok(response)) => remote_verdict(&response.into_inner(), &request),
+                    Ok(Ok(response)) => {
+                        verdict(&response_from_pb(&response.into_inner()), &request)
+                    }
                     Ok(Err(status)) => remote_failed(*failure_mode_deny, &status.to_string()),
                     Err(_) => remote_failed(*failure_mode_deny, "no answer in time"),
                 }
@@ -252,89 +243,13 @@ pub fn descriptors(client_id: &str, batch: &Batch) -> Vec<Descriptor> {
     descriptors
 }
 
-fn verdict(
-    code: Code,
-    headers: Option<RateLimitHeaders>,
-    statuses: &[DescriptorStatus],
-    request: &Request,
-) -> Verdict {
-    if code == Code::Ok {
-        return Verdict::Allow(headers);
-    }
-    let mut retry_after = Some(0);
-    for (status, descriptor) in statuses.iter().zip(&request.descriptors) {
-        let (Code::OverLimit, Some(limit)) = (status.code, &status.current_limit) else {
-            continue;
-        };
-        if descriptor.hits_addend.unwrap_or(1) > u64::from(limit.requests_per_unit) {
-            retry_after = None;
-        }
-        retry_after = retry_after.map(|r: u64| r.max(status.duration_until_reset.unwrap_or(0)));
-    }
-    Verdict::Deny {
-        headers,
-        retry_after,
-    }
-}
-
-fn remote_request(request: &Request) -> RateLimitRequest {
-    RateLimitRequest {
-        domain: request.domain.clone(),
-        descriptors: request
-            .descriptors
-            .iter()
-            .map(|d| RateLimitDescriptor {
-                entries: d
-                    .entries
-                    .iter()
-                    .map(|e| rate_limit_descriptor::Entry {
-                        key: e.key.clone(),
-                        value: e.value.clone(),
-                    })
-                    .collect(),
-                hits_addend: d.hits_addend.map(|value| UInt64Value { value }),
-                ..Default::default()
-            })
-            .collect(),
-        ..Default::default()
-    }
-}
-
-/// The verdict from a sidecar's answer, with the header values chosen the way the core
-/// chooses them for its own decisions.
-fn remote_verdict(response: &RateLimitResponse, request: &Request) -> Verdict {
-    let statuses: Vec<DescriptorStatus> = response
-        .statuses
-        .iter()
-        .map(|s| DescriptorStatus {
-            code: code_from_pb(s.code),
-            current_limit: s.current_limit.as_ref().and_then(|l| {
-                Some(CurrentLimit {
-                    requests_per_unit: l.requests_per_unit,
-                    unit: Unit::parse(l.unit().as_str_name())?,
-                    name: None,
-                })
-            }),
-            limit_remaining: s.limit_remaining,
-            duration_until_reset: s
-                .duration_until_reset
-                .and_then(|d| u64::try_from(d.seconds).ok()),
-            metadata: None,
-        })
-        .collect();
-    verdict(
-        code_from_pb(response.overall_code),
-        RateLimitHeaders::for_statuses(&statuses),
-        &statuses,
-        request,
-    )
-}
-
-fn code_from_pb(code: i32) -> Code {
-    if code == PbCode::OverLimit as i32 {
-        Code::OverLimit
-    } else {
-        Code::Ok
+fn verdict(response: &Response, request: &Request) -> Verdict {
+    match response.retry(request) {
+        None => Verdict::Allow(response.headers),
+        Some(retry) => Verdict::Deny {
+            headers: response.headers,
+            retry,
+        },
     }
 }
 
@@ -396,7 +311,7 @@ mod tests {
         assert!(matches!(check(2, 3), Verdict::Allow(Some(h)) if h.remaining == 0 && h.limit == 3));
         assert!(matches!(
             check(0, 1),
-            Verdict::Deny { headers: Some(h), retry_after: Some(r) } if h.limit == 3 && (1..=3600).contains(&r)
+            Verdict::Deny { headers: Some(h), retry: Retry::After(r) } if h.limit == 3 && (1..=3600).contains(&r)
         ));
         assert!(
             matches!(check(4, 0), Verdict::Allow(Some(h)) if h.remaining == 0 && h.limit == 10)
@@ -404,7 +319,7 @@ mod tests {
         assert!(matches!(
             check(1, 0),
             Verdict::Deny {
-                retry_after: Some(_),
+                retry: Retry::After(_),
                 ..
             }
         ));
@@ -412,7 +327,7 @@ mod tests {
             matches!(
                 check(0, 4),
                 Verdict::Deny {
-                    retry_after: None,
+                    retry: Retry::Never,
                     ..
                 }
             ),

@@ -7,7 +7,7 @@ use std::time::{Instant, SystemTime};
 
 use bytes::{Buf, Bytes, BytesMut};
 use futures_util::{Stream, StreamExt};
-use ratelimit_core::RateLimitHeaders;
+use ratelimit_core::{HeaderNames, RateLimitHeaders, Retry};
 use ratelimit_sidecar::serve::Peer;
 use serde::Serialize;
 use serde_json::json;
@@ -227,13 +227,10 @@ async fn limit_and_produce(
     }
     let limit_headers = match app.limits.check(client_id, batch).await {
         Verdict::Allow(headers) => headers,
-        Verdict::Deny {
-            headers,
-            retry_after,
-        } => {
-            let text = match retry_after {
-                Some(_) => "rate limit exceeded; nothing was recorded",
-                None => {
+        Verdict::Deny { headers, retry } => {
+            let text = match retry {
+                Retry::After(_) => "rate limit exceeded; nothing was recorded",
+                Retry::Never => {
                     "the batch holds more operations than a limit allows in a whole window; split it. Nothing was recorded"
                 }
             };
@@ -241,7 +238,7 @@ async fn limit_and_produce(
             if let Some(h) = headers {
                 add_limit_headers(reply.headers_mut(), h);
             }
-            if let Some(seconds) = retry_after {
+            if let Retry::After(seconds) = retry {
                 reply.headers_mut().insert(RETRY_AFTER, seconds.into());
             }
             return reply;
@@ -370,9 +367,14 @@ pub fn client_id(headers: &HeaderMap, peer: Option<SocketAddr>) -> Result<String
 }
 
 fn add_limit_headers(headers: &mut HeaderMap, h: RateLimitHeaders) {
-    headers.insert("ratelimit-limit", h.limit.into());
-    headers.insert("ratelimit-remaining", h.remaining.into());
-    headers.insert("ratelimit-reset", h.reset.into());
+    for (name, value) in h.pairs(&HeaderNames::default()) {
+        if let (Ok(name), Ok(value)) = (
+            warp::http::HeaderName::try_from(name),
+            HeaderValue::try_from(value),
+        ) {
+            headers.insert(name, value);
+        }
+    }
 }
 
 fn invalid(problems: &[Problem]) -> Reply {

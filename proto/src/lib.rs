@@ -1,9 +1,28 @@
-//! Envoy's RLS v3 request and response as plain prost messages, wire-compatible with
+//! The one edge between the core's types and Envoy's RLS v3 messages.
+//!
+//! At the root: the request and response as plain prost messages, wire-compatible with
 //! `envoy.service.ratelimit.v3` and free of any gRPC transport, so that the proxy-wasm
-//! filter can encode its callout on wasm32.
+//! filter can encode its callout on wasm32; [`client`] converts them. With the `envoy`
+//! feature, [`envoy`] converts envoy-types' messages, for the server and for clients,
+//! with the same code.
 #![allow(missing_docs)] // generated code
 
 include!(concat!(env!("OUT_DIR"), "/envoy.service.ratelimit.v3.rs"));
+
+#[macro_use]
+mod edge;
+#[cfg(feature = "envoy")]
+pub mod envoy;
+
+/// The core's types to and from this crate's minimal messages.
+pub mod client {
+    use crate::{
+        RateLimitDescriptor, RateLimitRequest, RateLimitResponse, UInt64Value,
+        rate_limit_descriptor, rate_limit_response,
+    };
+
+    client_edge!();
+}
 
 /// The gRPC service and method the messages belong to.
 pub const SERVICE: &str = "envoy.service.ratelimit.v3.RateLimitService";
@@ -25,6 +44,8 @@ mod tests {
                     key: "user".into(),
                     value: "a".into(),
                 }],
+                limit: None,
+                hits_addend: None,
             }],
             hits_addend: 1,
         };

@@ -55,7 +55,9 @@ pub use local_cache::OverLimitCache;
 pub use memory::{DEFAULT_MAX_BYTES, MemoryStore, MemoryUsage};
 pub use plan::{Increment, Plan};
 pub use request::{Descriptor, Entry, LimitOverride, Request, RequestBounds, RequestError};
-pub use response::{Code, CurrentLimit, DescriptorStatus, RateLimitHeaders, Response};
+pub use response::{
+    Code, CurrentLimit, DescriptorStatus, HeaderNames, RateLimitHeaders, Response, Retry,
+};
 pub use settings::Settings;
 pub use store::CounterStore;
 pub use unit::{Unit, Window};

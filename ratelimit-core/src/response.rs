@@ -3,6 +3,7 @@
 use std::sync::Arc;
 
 use crate::config::Metadata;
+use crate::request::Request;
 use crate::unit::Unit;
 
 /// A decision code.
@@ -91,6 +92,71 @@ impl RateLimitHeaders {
     }
 }
 
+/// Names of the `RateLimit-*` headers (`LIMIT_LIMIT_HEADER`, `LIMIT_REMAINING_HEADER`,
+/// `LIMIT_RESET_HEADER`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HeaderNames {
+    /// The limit header.
+    pub limit: String,
+    /// The remaining header.
+    pub remaining: String,
+    /// The reset header.
+    pub reset: String,
+}
+
+impl Default for HeaderNames {
+    fn default() -> HeaderNames {
+        HeaderNames {
+            limit: "RateLimit-Limit".into(),
+            remaining: "RateLimit-Remaining".into(),
+            reset: "RateLimit-Reset".into(),
+        }
+    }
+}
+
+impl RateLimitHeaders {
+    /// The three headers, named by `names`, in limit, remaining, reset order.
+    pub fn pairs<'a>(&self, names: &'a HeaderNames) -> [(&'a str, String); 3] {
+        [
+            (names.limit.as_str(), self.limit.to_string()),
+            (names.remaining.as_str(), self.remaining.to_string()),
+            (names.reset.as_str(), self.reset.to_string()),
+        ]
+    }
+}
+
+/// When a request that was over its limit may be sent again, unchanged.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Retry {
+    /// After this many seconds, when every limit it went over has reset.
+    After(u64),
+    /// Never: it asks for more hits at once than some limit allows per window.
+    Never,
+}
+
+impl Response {
+    /// `None` when `request` was allowed; otherwise when it may be retried (the
+    /// `Retry-After` of an HTTP 429).
+    pub fn retry(&self, request: &Request) -> Option<Retry> {
+        if self.overall_code == Code::Ok {
+            return None;
+        }
+        let default_addend = u64::from(request.hits_addend.max(1));
+        let mut after = 0;
+        for (status, descriptor) in self.statuses.iter().zip(&request.descriptors) {
+            let (Code::OverLimit, Some(limit)) = (status.code, &status.current_limit) else {
+                continue;
+            };
+            if descriptor.hits_addend.unwrap_or(default_addend) > u64::from(limit.requests_per_unit)
+            {
+                return Some(Retry::Never);
+            }
+            after = after.max(status.duration_until_reset.unwrap_or(0));
+        }
+        Some(Retry::After(after))
+    }
+}
+
 /// The decision for a whole request.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Response {
@@ -101,4 +167,58 @@ pub struct Response {
     /// Header values, from the most restrictive limited descriptor; `None` when no limit
     /// applied.
     pub headers: Option<RateLimitHeaders>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::request::Descriptor;
+
+    fn over(limit: u32, reset: u64) -> DescriptorStatus {
+        DescriptorStatus {
+            code: Code::OverLimit,
+            current_limit: Some(CurrentLimit {
+                requests_per_unit: limit,
+                unit: Unit::Minute,
+                name: None,
+            }),
+            limit_remaining: 0,
+            duration_until_reset: Some(reset),
+            metadata: None,
+        }
+    }
+
+    #[test]
+    fn retry_waits_for_every_limit_or_never_comes() {
+        let request = Request::new(
+            "d",
+            vec![
+                Descriptor::new([("a", "1")]).with_hits(3),
+                Descriptor::new([("b", "1")]).with_hits(3),
+            ],
+        );
+        let mut response = Response {
+            overall_code: Code::OverLimit,
+            statuses: vec![over(5, 20), over(5, 45)],
+            headers: None,
+        };
+        assert_eq!(response.retry(&request), Some(Retry::After(45)));
+        response.statuses[1] = over(2, 45);
+        assert_eq!(
+            response.retry(&request),
+            Some(Retry::Never),
+            "3 hits can never fit in 2"
+        );
+        response.overall_code = Code::Ok;
+        assert_eq!(response.retry(&request), None);
+        let names = HeaderNames::default();
+        let pairs = RateLimitHeaders {
+            limit: 5,
+            remaining: 0,
+            reset: 9,
+        }
+        .pairs(&names);
+        assert_eq!(pairs[0], ("RateLimit-Limit", "5".to_owned()));
+        assert_eq!(pairs[2], ("RateLimit-Reset", "9".to_owned()));
+    }
 }

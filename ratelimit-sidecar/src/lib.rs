@@ -5,7 +5,6 @@
 pub mod backend;
 pub mod bounds;
 pub mod cli;
-pub mod convert;
 pub mod debug;
 pub mod grpc;
 pub mod health;

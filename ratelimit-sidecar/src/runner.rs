@@ -3,7 +3,7 @@
 use std::sync::Arc;
 
 use notify::RecommendedWatcher;
-use ratelimit_core::Limiter;
+use ratelimit_core::{HeaderNames, Limiter};
 use tokio::signal::unix::{SignalKind, signal};
 use tokio::sync::{mpsc, watch};
 use tonic_health::ServingStatus;
@@ -11,7 +11,6 @@ use tonic_health::pb::health_server::HealthServer;
 use tonic_health::server::{HealthReporter, HealthService};
 
 use crate::backend::{self, Backend, BackendError};
-use crate::convert::HeaderNames;
 use crate::health::Health;
 use crate::listeners::{self, ListenError, Shared};
 use crate::provider::{self, FileSource};

@@ -5,10 +5,10 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use ratelimit_core::stats::{Counter, Timer, names};
-use ratelimit_core::{Limiter, RequestError};
+use ratelimit_core::{HeaderNames, Limiter, RequestError};
+use ratelimit_proto::envoy::{InvalidRequest, request_from_pb, response_to_pb};
 
 use crate::backend::{Backend, BackendError};
-use crate::convert::{HeaderNames, InvalidRequest, request_from_pb, response_to_pb};
 use crate::health::Health;
 use crate::metadata::dynamic_metadata;
 

@@ -10,7 +10,7 @@ use proxy_wasm::hostcalls;
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
 use proxy_wasm::types::{Action, ContextType, LogLevel, MetricType, Status};
 use ratelimit_core::stats::{Deltas, Name, Value};
-use ratelimit_core::{Code, Descriptor, RateLimitHeaders, Request};
+use ratelimit_core::{Code, Descriptor, HeaderNames, RateLimitHeaders, Request};
 use ratelimit_proto as proto;
 
 use crate::actions;
@@ -100,24 +100,8 @@ impl Filter {
     /// Asks the sidecar tier about descriptors that passed locally; the request waits
     /// for [`Context::on_grpc_call_response`].
     fn ask_global(&mut self, global: &Global, descriptors: &[Descriptor]) -> Action {
-        let message = proto::RateLimitRequest {
-            domain: global.domain.clone(),
-            descriptors: descriptors
-                .iter()
-                .map(|d| proto::RateLimitDescriptor {
-                    entries: d
-                        .entries
-                        .iter()
-                        .map(|e| proto::rate_limit_descriptor::Entry {
-                            key: e.key.clone(),
-                            value: e.value.clone(),
-                        })
-                        .collect(),
-                })
-                .collect(),
-            hits_addend: 0,
-        }
-        .encode_to_vec();
+        let request = Request::new(global.domain.clone(), descriptors.to_vec());
+        let message = proto::client::request_to_pb(&request).encode_to_vec();
         let timeout = Duration::from_millis(global.timeout_ms);
         match self.dispatch_grpc_call(
             &global.cluster,
@@ -151,7 +135,7 @@ impl Context for Filter {
             .flatten()
             .and_then(|body| proto::RateLimitResponse::decode(body.as_slice()).ok());
         match response {
-            Some(r) if r.overall_code == proto::rate_limit_response::Code::OverLimit as i32 => {
+            Some(r) if proto::client::code_from_pb(r.overall_code) == Code::OverLimit => {
                 let mut headers = vec![("x-envoy-ratelimited".to_owned(), "true".to_owned())];
                 headers.extend(
                     r.response_headers_to_add
@@ -236,12 +220,10 @@ impl HttpContext for Filter {
     }
 }
 
+/// The `RateLimit-*` headers, named and valued by the core (Envoy lowercases names).
 fn header_values(h: RateLimitHeaders) -> [(String, String); 3] {
-    [
-        ("ratelimit-limit".to_owned(), h.limit.to_string()),
-        ("ratelimit-remaining".to_owned(), h.remaining.to_string()),
-        ("ratelimit-reset".to_owned(), h.reset.to_string()),
-    ]
+    h.pairs(&HeaderNames::default())
+        .map(|(name, value)| (name.to_owned(), value))
 }
 
 /// Envoy's shared data, common to every worker thread of the VM.
