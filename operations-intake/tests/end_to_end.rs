@@ -1,7 +1,7 @@
 //! The service against a real Kafka-compatible broker (tansu), each message read back by
 //! an independent client and compared byte for byte.
 
-mod support;
+use ratelimit_tests::intake as support;
 
 use std::collections::HashMap;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};

@@ -1,20 +1,14 @@
-//! Broker and rate-limit-service failures: librdkafka's mock cluster (served over loopback
-//! TCP to the service process) takes brokers down and fails requests on purpose; a real
-//! ratelimit sidecar is started and stopped.
+//! Broker failures: librdkafka's mock cluster (served over loopback TCP to the service
+//! process) takes brokers down and fails requests on purpose. The sidecar's failures are
+//! in the workspace's tests/intake_with_sidecar.rs.
 
-mod support;
+use ratelimit_tests::intake as support;
 
 use std::time::Duration;
 
 use rdkafka::mocking::MockCluster;
 use rdkafka::types::{RDKafkaApiKey, RDKafkaRespErr};
-use support::{Intake, Sidecar, batch, eventually, health, post};
-
-fn mock_with_topic(topic: &str) -> MockCluster<'static, rdkafka::producer::DefaultProducerContext> {
-    let mock = MockCluster::new(1).unwrap();
-    mock.create_topic(topic, 1, 1).unwrap();
-    mock
-}
+use support::{Intake, batch, health, mock_with_topic, post, wait_until};
 
 /// The service on `mock`'s topic `ops` with `KAFKA_DELIVERY_TIMEOUT=timeout`, once it
 /// has produced a first batch.
@@ -49,7 +43,7 @@ async fn a_broker_outage_answers_503_promptly_and_the_service_recovers() {
     assert_eq!(post(&service, &batch("buy", 1), &[]).await.status, 200);
 
     mock.broker_down(1).unwrap();
-    eventually("/health reports the broker down", || async {
+    wait_until("/health reports the broker down", || async {
         let answer = health(&service).await;
         answer.status == 503 && answer.body["status"] == "DOWN"
     })
@@ -85,7 +79,7 @@ async fn a_broker_outage_answers_503_promptly_and_the_service_recovers() {
     }
 
     mock.broker_up(1).unwrap();
-    eventually("/health reports the broker up again", || async {
+    wait_until("/health reports the broker up again", || async {
         health(&service).await.status == 200
     })
     .await;
@@ -152,7 +146,7 @@ async fn a_fatal_producer_error_is_reported_and_the_producer_replaced() {
     let reason = state.body["kafka"]["reason"].as_str().unwrap();
     assert!(reason.contains("OutOfOrderSequenceNumber"), "{reason}");
 
-    eventually("/health names the replacement's fatal error", || async {
+    wait_until("/health names the replacement's fatal error", || async {
         let state = health(&service).await;
         assert_eq!(state.status, 503, "never UP while fenced: {}", state.body);
         state.body["kafka"]["reason"]
@@ -172,7 +166,7 @@ async fn a_fatal_producer_error_is_reported_and_the_producer_replaced() {
     );
 
     mock.clear_request_errors(RDKafkaApiKey::InitProducerId);
-    eventually("/health is UP with a new producer", || async {
+    wait_until("/health is UP with a new producer", || async {
         health(&service).await.status == 200
     })
     .await;
@@ -215,7 +209,7 @@ async fn a_producer_whose_id_the_broker_lost_is_replaced() {
             .expect("answered before the 60 s delivery timeout");
         support::answer(response).await
     });
-    eventually("/health names the stuck producer", || async {
+    wait_until("/health names the stuck producer", || async {
         let state = health(&service).await;
         state.status == 503
             && state.body["kafka"]["reason"]
@@ -233,7 +227,7 @@ async fn a_producer_whose_id_the_broker_lost_is_replaced() {
     let id = stuck.body["id"].as_str().unwrap().to_owned();
 
     mock.clear_request_errors(RDKafkaApiKey::Produce);
-    eventually("/health is UP with a new producer", || async {
+    wait_until("/health is UP with a new producer", || async {
         health(&service).await.status == 200
     })
     .await;
@@ -254,7 +248,7 @@ async fn a_missing_topic_makes_the_service_unhealthy() {
         RDKafkaRespErr::RD_KAFKA_RESP_ERR_UNKNOWN_TOPIC_OR_PART,
     )
     .unwrap();
-    eventually("/health reports the topic missing", || async {
+    wait_until("/health reports the topic missing", || async {
         let answer = health(&service).await;
         answer.status == 503
             && answer.body["kafka"]["reason"]
@@ -264,74 +258,12 @@ async fn a_missing_topic_makes_the_service_unhealthy() {
     .await;
 }
 
-const SIDECAR_RULES: &str = "domain: operations\ndescriptors:\n  - key: client_id\n    rate_limit: {unit: hour, requests_per_unit: 5}\n";
-
-#[tokio::test(flavor = "multi_thread")]
-async fn remote_limits_are_shared_through_the_sidecar() {
-    let mock = mock_with_topic("ops");
-    let bootstrap = mock.bootstrap_servers();
-    let sidecar = Sidecar::start(SIDECAR_RULES);
-    let url = sidecar.url();
-    let env = [
-        ("KAFKA_BOOTSTRAP_SERVERS", bootstrap.as_str()),
-        ("KAFKA_TOPIC", "ops"),
-        ("RATELIMIT_GRPC_URL", url.as_str()),
-    ];
-    let replicas = [Intake::start(&env), Intake::start(&env)];
-    let first = post(&replicas[0], &batch("buy", 3), &[("x-client-id", "z")]).await;
-    assert_eq!(first.status, 200, "{}", first.body);
-    assert_eq!(first.header("ratelimit-remaining"), Some("2"));
-    let second = post(&replicas[1], &batch("buy", 3), &[("x-client-id", "z")]).await;
-    assert_eq!(
-        second.status, 429,
-        "the other replica sees the same counter: {}",
-        second.body
-    );
-    assert_eq!(second.header("ratelimit-limit"), Some("5"));
-    assert!(second.header("retry-after").is_some());
-}
-
-#[tokio::test(flavor = "multi_thread")]
-async fn a_sidecar_outage_follows_the_failure_mode() {
-    let mock = mock_with_topic("ops");
-    let bootstrap = mock.bootstrap_servers();
-    let mut sidecar = Sidecar::start(SIDECAR_RULES);
-    let url = sidecar.url();
-    sidecar.kill();
-    let open = Intake::start(&[
-        ("KAFKA_BOOTSTRAP_SERVERS", &bootstrap),
-        ("KAFKA_TOPIC", "ops"),
-        ("RATELIMIT_GRPC_URL", &url),
-    ]);
-    let allowed = post(&open, &batch("buy", 1), &[]).await;
-    assert_eq!(
-        allowed.status, 200,
-        "fail open by default: {}",
-        allowed.body
-    );
-
-    let closed = Intake::start(&[
-        ("KAFKA_BOOTSTRAP_SERVERS", &bootstrap),
-        ("KAFKA_TOPIC", "ops"),
-        ("RATELIMIT_GRPC_URL", &url),
-        ("RATELIMIT_FAILURE_MODE_DENY", "true"),
-    ]);
-    let refused = post(&closed, &batch("buy", 1), &[]).await;
-    assert_eq!(refused.status, 503, "{}", refused.body);
-    assert!(
-        refused.body["message"]
-            .as_str()
-            .unwrap()
-            .contains("rate-limit service")
-    );
-}
-
 #[tokio::test(flavor = "multi_thread")]
 async fn bad_settings_stop_start_up_with_a_message() {
     let dir = tempfile::tempdir().unwrap();
     let rules = dir.path().join("bad.yaml");
     std::fs::write(&rules, "domain: operations\ndescriptors:\n  - key: client_id\n    rate_limit: {unit: fortnight, requests_per_unit: 5}\n").unwrap();
-    let output = std::process::Command::new(env!("CARGO_BIN_EXE_operations-intake"))
+    let output = std::process::Command::new(support::binary("operations-intake"))
         .env_clear()
         .env("PORT", support::free_port().to_string())
         .env("RATELIMIT_CONFIG", &rules)
@@ -342,7 +274,7 @@ async fn bad_settings_stop_start_up_with_a_message() {
     assert!(stderr.contains("RATELIMIT_CONFIG is not valid"), "{stderr}");
     assert!(stderr.contains("fortnight"), "{stderr}");
 
-    let output = std::process::Command::new(env!("CARGO_BIN_EXE_operations-intake"))
+    let output = std::process::Command::new(support::binary("operations-intake"))
         .env_clear()
         .env("PORT", support::free_port().to_string())
         .env("KAFKA_PROPERTIES", "linger.ms=5,acks=1")
@@ -353,7 +285,7 @@ async fn bad_settings_stop_start_up_with_a_message() {
     assert!(stderr.contains("`acks` is set by the service"), "{stderr}");
 
     // The sidecar URL needs its scheme: without one every batch used to pass.
-    let output = std::process::Command::new(env!("CARGO_BIN_EXE_operations-intake"))
+    let output = std::process::Command::new(support::binary("operations-intake"))
         .env_clear()
         .env("PORT", support::free_port().to_string())
         .env("RATELIMIT_GRPC_URL", "127.0.0.1:8081")
@@ -366,36 +298,4 @@ async fn bad_settings_stop_start_up_with_a_message() {
             && stderr.contains("http://host:port"),
         "{stderr}"
     );
-}
-
-#[tokio::test(flavor = "multi_thread")]
-async fn a_sidecar_without_the_domain_stops_start_up_unless_allowed() {
-    let sidecar = Sidecar::start(
-        "domain: elsewhere\ndescriptors:\n  - key: client_id\n    rate_limit: {unit: hour, requests_per_unit: 5}\n",
-    );
-    let url = sidecar.url();
-    let output = std::process::Command::new(env!("CARGO_BIN_EXE_operations-intake"))
-        .env_clear()
-        .env("PORT", support::free_port().to_string())
-        .env("RATELIMIT_GRPC_URL", &url)
-        .output()
-        .unwrap();
-    assert!(!output.status.success());
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(
-        stderr.contains("has no limit for a client in domain `operations`")
-            && stderr.contains("RATELIMIT_ALLOW_UNKNOWN_DOMAIN=true"),
-        "{stderr}"
-    );
-    // The operator may opt in: the service starts and lets batches through.
-    let mock = mock_with_topic("ops");
-    let bootstrap = mock.bootstrap_servers();
-    let intake = Intake::start(&[
-        ("KAFKA_BOOTSTRAP_SERVERS", &bootstrap),
-        ("KAFKA_TOPIC", "ops"),
-        ("RATELIMIT_GRPC_URL", &url),
-        ("RATELIMIT_ALLOW_UNKNOWN_DOMAIN", "true"),
-    ]);
-    let allowed = post(&intake, &batch("buy", 1), &[]).await;
-    assert_eq!(allowed.status, 200, "{}", allowed.body);
 }

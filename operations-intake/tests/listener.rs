@@ -1,13 +1,13 @@
 //! The HTTP listener's bounds: idle and half-sent connections are closed and capped, so
 //! they cannot starve the service.
 
-mod support;
+use ratelimit_tests::intake as support;
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::time::Duration;
 
-use support::{Intake, batch, eventually, health, post};
+use support::{Intake, batch, health, post, wait_until};
 
 #[tokio::test(flavor = "multi_thread")]
 async fn idle_and_slow_connections_are_closed_and_capped() {
@@ -25,7 +25,7 @@ async fn idle_and_slow_connections_are_closed_and_capped() {
         }
         held.push(stream);
     }
-    eventually("/health answers behind 60 idle connections", || async {
+    wait_until("/health answers behind 60 idle connections", || async {
         health(&service).await.status == 200
     })
     .await;

@@ -2,7 +2,7 @@
 //! real broker (tansu): after a pause that leaves it fenced, and after a restart that
 //! loses its producer id. Until then `/health` is DOWN with the reason.
 
-mod support;
+use ratelimit_tests::intake as support;
 
 use std::time::{Duration, Instant};
 

@@ -2,8 +2,8 @@
 //! oversized names, malformed protobuf, memory and connection bounds, symbolic link loops
 //! and deeply nested YAML.
 
-#[macro_use]
-mod support;
+use ratelimit_tests::on_both_backends;
+use ratelimit_tests::sidecar as support;
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
@@ -42,10 +42,7 @@ fn start(redis: Option<&Redis>, env: &[(&'static str, &str)]) -> Server {
 
 /// Runs `ratelimit-config-check` on `dir`: whether it passed, and what it printed.
 fn config_check(dir: &std::path::Path) -> (bool, String) {
-    let binary = binary(
-        "ratelimit-config-check",
-        env!("CARGO_BIN_EXE_ratelimit-config-check"),
-    );
+    let binary = binary("ratelimit-config-check");
     let output = Command::new(binary)
         .arg("-config_dir")
         .arg(dir)

@@ -2,7 +2,7 @@
 //! rules, a relative RUNTIME_ROOT, a Kubernetes ConfigMap mount, upstream's Redis
 //! socket default with a host:port.
 
-mod support;
+use ratelimit_tests::sidecar as support;
 
 use std::time::Duration;
 

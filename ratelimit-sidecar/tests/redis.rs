@@ -1,6 +1,6 @@
 //! The Redis backend against real `redis-server` processes.
 
-mod support;
+use ratelimit_tests::sidecar as support;
 
 use std::time::{Duration, Instant};
 

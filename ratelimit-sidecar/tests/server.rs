@@ -1,7 +1,7 @@
 //! The `ratelimit` binary end to end: gRPC, `/json`, health, debug, reload, signals.
 
-#[macro_use]
-mod support;
+use ratelimit_tests::on_both_backends;
+use ratelimit_tests::sidecar as support;
 
 use std::time::Duration;
 

@@ -2,8 +2,7 @@
 //! test, DogStatsD with mogrifiers, Prometheus scraped and parsed, the log, and the bound
 //! on names built from request data.
 
-#[macro_use]
-mod support;
+use ratelimit_tests::sidecar as support;
 
 use std::io::{BufRead, BufReader};
 use std::net::{TcpListener, UdpSocket};

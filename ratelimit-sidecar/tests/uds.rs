@@ -2,7 +2,7 @@
 //! `:authority` by its percent-encoded path: every client Envoy or a gRPC library
 //! produces must be served, not only tonic's.
 
-mod support;
+use ratelimit_tests::sidecar as support;
 
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitResponse;
 use prost::Message;

@@ -1,8 +1,8 @@
 //! GRPC_WORKERS: one single-threaded runtime per worker, each with its own listeners on
 //! the shared ports and its own Redis connections, deciding against one set of counters.
 
-#[macro_use]
-mod support;
+use ratelimit_tests::on_both_backends;
+use ratelimit_tests::sidecar as support;
 
 use std::time::Duration;
 

@@ -4,7 +4,7 @@
 //! (`wasm-global.yaml`). `ENVOY_BIN` names the Envoy binary and `WASM_FILTER` the built
 //! filter (scripts/test.sh provides both).
 
-mod support;
+use ratelimit_tests::sidecar as support;
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};

@@ -1,8 +1,6 @@
-//! Real processes for the end-to-end tests: the intake binary, a tansu broker, a
-//! ratelimit sidecar, and a Python `confluent-kafka` reader, all on free loopback ports.
-#![allow(dead_code)]
+//! The intake's processes: the intake binary, a tansu broker and a Python
+//! `confluent-kafka` reader, all on free loopback ports.
 
-use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
@@ -12,33 +10,12 @@ use rdkafka::client::DefaultClientContext;
 use rdkafka::config::ClientConfig;
 use serde::Deserialize;
 
-/// A port nobody listens on right now.
-pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
+pub use crate::{binary, free_port, wait_for_port};
 
 fn required_env(name: &str) -> String {
     std::env::var(name).unwrap_or_else(|_| {
         panic!("{name} is not set; run the tests through scripts/test.sh, which installs and points to it")
     })
-}
-
-fn wait_for_port(port: u16, what: &str, log: &Path) {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while Instant::now() < deadline {
-        if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
-            return;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    panic!(
-        "{what} did not start; log:\n{}",
-        std::fs::read_to_string(log).unwrap_or_default()
-    );
 }
 
 /// A running `operations-intake` process.
@@ -55,7 +32,7 @@ impl Intake {
         let dir = tempfile::tempdir().unwrap();
         let port = free_port();
         let log = dir.path().join("intake.log");
-        let mut command = Command::new(env!("CARGO_BIN_EXE_operations-intake"));
+        let mut command = Command::new(binary("operations-intake"));
         command
             .env_clear()
             .env("PATH", std::env::var("PATH").unwrap_or_default())
@@ -252,7 +229,8 @@ fn hex<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<u8>, D::Error> {
 /// Every message of `topic`, read from the start of each partition by Python's
 /// `confluent-kafka` (a client independent of the service's producer code).
 pub fn read_topic(bootstrap: &str, topic: &str) -> Vec<Record> {
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/read_topic.py");
+    let script =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../operations-intake/tests/read_topic.py");
     let output = Command::new(required_env("KAFKA_PYTHON"))
         .arg(script)
         .args([bootstrap, topic])
@@ -268,72 +246,6 @@ pub fn read_topic(bootstrap: &str, topic: &str) -> Vec<Record> {
         .lines()
         .map(|line| serde_json::from_str(line).unwrap())
         .collect()
-}
-
-/// A ratelimit sidecar process (built by the same `cargo test` run) on the memory
-/// backend with one rules file.
-pub struct Sidecar {
-    child: Option<Child>,
-    pub grpc: u16,
-    _dir: tempfile::TempDir,
-}
-
-impl Sidecar {
-    pub fn start(rules: &str) -> Sidecar {
-        let dir = tempfile::tempdir().unwrap();
-        let config = dir.path().join("root/config");
-        std::fs::create_dir_all(&config).unwrap();
-        std::fs::write(config.join("rules.yaml"), rules).unwrap();
-        let binary = Path::new(env!("CARGO_BIN_EXE_operations-intake")).with_file_name("ratelimit");
-        assert!(
-            binary.exists(),
-            "{} is missing: build the workspace (cargo test --workspace builds it)",
-            binary.display()
-        );
-        let grpc = free_port();
-        let log = dir.path().join("sidecar.log");
-        let child = Command::new(binary)
-            .env_clear()
-            .env("HOST", "127.0.0.1")
-            .env("PORT", free_port().to_string())
-            .env("GRPC_HOST", "127.0.0.1")
-            .env("GRPC_PORT", grpc.to_string())
-            .env("DEBUG_HOST", "127.0.0.1")
-            .env("DEBUG_PORT", free_port().to_string())
-            .env("BACKEND_TYPE", "memory")
-            .env("USE_STATSD", "false")
-            .env("RUNTIME_ROOT", dir.path().join("root"))
-            .env("RUNTIME_SUBDIRECTORY", "")
-            .env("RUNTIME_APPDIRECTORY", "config")
-            .env("RUNTIME_WATCH_ROOT", "false")
-            .stderr(std::fs::File::create(&log).unwrap())
-            .spawn()
-            .expect("the ratelimit sidecar starts");
-        wait_for_port(grpc, "ratelimit sidecar", &log);
-        Sidecar {
-            child: Some(child),
-            grpc,
-            _dir: dir,
-        }
-    }
-
-    pub fn url(&self) -> String {
-        format!("http://127.0.0.1:{}", self.grpc)
-    }
-
-    /// Stops the sidecar for good.
-    pub fn kill(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-    }
-}
-
-impl Drop for Sidecar {
-    fn drop(&mut self) {
-        self.kill();
-    }
 }
 
 /// An HTTP answer: status, headers and the body as JSON.
@@ -381,20 +293,15 @@ pub async fn health(intake: &Intake) -> Answer {
     answer(reqwest::get(intake.url("/health")).await.unwrap()).await
 }
 
-/// Polls `check` every 100 ms for up to 20 s until it holds.
-pub async fn eventually<F, Fut>(what: &str, mut check: F)
+/// Polls `check` for up to 20 s until it holds; panics naming `what` if it never does.
+pub async fn wait_until<F, Fut>(what: &str, check: F)
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = bool>,
 {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while Instant::now() < deadline {
-        if check().await {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
+    if !crate::eventually(Duration::from_secs(20), check).await {
+        panic!("timed out waiting for: {what}");
     }
-    panic!("timed out waiting for: {what}");
 }
 
 /// One valid operation object.
@@ -405,4 +312,13 @@ pub fn operation(kind: &str, cost: &str, quantity: u64) -> String {
 /// A batch of `n` operations of `kind`.
 pub fn batch(kind: &str, n: usize) -> String {
     format!("[{}]", vec![operation(kind, "1.00", 1); n].join(","))
+}
+
+/// librdkafka's mock cluster with one broker and `topic` (one partition).
+pub fn mock_with_topic(
+    topic: &str,
+) -> rdkafka::mocking::MockCluster<'static, rdkafka::producer::DefaultProducerContext> {
+    let mock = rdkafka::mocking::MockCluster::new(1).unwrap();
+    mock.create_topic(topic, 1, 1).unwrap();
+    mock
 }

@@ -1,8 +1,6 @@
 //! Starts the real `ratelimit` binary on free loopback ports with a runtime directory of
 //! its own, and talks to it over gRPC and HTTP.
-#![allow(dead_code)] // each test binary uses part of the harness
 
-use std::net::TcpListener;
 use std::path::PathBuf;
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
@@ -12,6 +10,8 @@ use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descri
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use tonic::transport::Channel;
+
+pub use crate::{binary, eventually, free_port};
 
 /// Runs the test `$name(redis: Option<&Redis>)` once on the memory backend
 /// (`$name::memory`) and once on a real Redis (`$name::redis`); the test file imports
@@ -32,25 +32,6 @@ macro_rules! on_both_backends {
             }
         }
     };
-}
-
-/// The path of one of the workspace's binaries: `built` (this build's), or the one in
-/// `$RATELIMIT_TEST_BIN_DIR` when set, to run the same tests against another build
-/// (a regression test must fail on the build before its fix).
-pub fn binary(name: &str, built: &str) -> PathBuf {
-    match std::env::var_os("RATELIMIT_TEST_BIN_DIR") {
-        Some(dir) => PathBuf::from(dir).join(name),
-        None => PathBuf::from(built),
-    }
-}
-
-/// A free TCP port on 127.0.0.1 (free when asked; the server binds it right after).
-pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 /// A running server and its runtime directory (`root/current -> root/v1`).
@@ -126,7 +107,7 @@ impl Server {
         let (http, grpc, debug) = (free_port(), free_port(), free_port());
         let uds = options.uds.then(|| dir.path().join("grpc.sock"));
         let log = dir.path().join("server.log");
-        let binary = binary("ratelimit", env!("CARGO_BIN_EXE_ratelimit"));
+        let binary = binary("ratelimit");
         let mut command = match options.nofile {
             Some(n) => {
                 let mut command = Command::new("prlimit");
@@ -344,22 +325,6 @@ pub fn codes(response: &RateLimitResponse) -> Vec<(i32, u32)> {
         .iter()
         .map(|s| (s.code, s.limit_remaining))
         .collect()
-}
-
-/// Polls `check` until it holds or `timeout` passes.
-pub async fn eventually<F, Fut>(timeout: Duration, mut check: F) -> bool
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let deadline = Instant::now() + timeout;
-    while Instant::now() < deadline {
-        if check().await {
-            return true;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    false
 }
 
 /// A real `redis-server` (Debian's) on a free loopback port, killed when dropped.

@@ -4,7 +4,7 @@
 //! instructions one request costs.
 
 mod proxy_wasm_host;
-mod support;
+use ratelimit_tests::sidecar as support;
 
 use std::path::PathBuf;
 

@@ -1,0 +1,75 @@
+//! What every test suite of the workspace shares: launchers for the real processes (the
+//! sidecar and Redis in [`sidecar`], the intake and a tansu broker in [`intake`]), each
+//! on free loopback ports with a directory of its own, and small helpers.
+//!
+//! The workspace's binaries are found next to the test executable (`cargo test
+//! --workspace` builds them), or in `$RATELIMIT_TEST_BIN_DIR` to run the same tests
+//! against another build: a regression test must fail on the build before its fix.
+
+pub mod intake;
+pub mod sidecar;
+
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+/// The path of one of the workspace's binaries.
+pub fn binary(name: &str) -> PathBuf {
+    let path = match std::env::var_os("RATELIMIT_TEST_BIN_DIR") {
+        Some(dir) => PathBuf::from(dir).join(name),
+        None => {
+            // target/<profile>/deps/<test> -> target/<profile>/<name>
+            let exe = std::env::current_exe().expect("the test executable's path");
+            exe.parent()
+                .and_then(Path::parent)
+                .expect("a test executable in target/<profile>/deps")
+                .join(name)
+        }
+    };
+    assert!(
+        path.exists(),
+        "{} is missing: build the workspace's binaries first (cargo test --workspace builds them)",
+        path.display()
+    );
+    path
+}
+
+/// A free TCP port on 127.0.0.1 (free when asked; the process binds it right after).
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// Waits up to 30 s for something to listen on `port`; else panics with `log`.
+pub fn wait_for_port(port: u16, what: &str, log: &Path) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while Instant::now() < deadline {
+        if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    panic!(
+        "{what} did not start; log:\n{}",
+        std::fs::read_to_string(log).unwrap_or_default()
+    );
+}
+
+/// Polls `check` every 50 ms until it holds (true) or `timeout` passes (false).
+pub async fn eventually<F, Fut>(timeout: Duration, mut check: F) -> bool
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = Instant::now() + timeout;
+    while Instant::now() < deadline {
+        if check().await {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    false
+}

@@ -1,0 +1,102 @@
+//! The intake and the ratelimit sidecar together: limits shared by replicas through a
+//! real sidecar, the sidecar's outage under each failure mode, and a sidecar that does
+//! not know the intake's domain.
+
+use ratelimit_tests::intake::{Intake, batch, mock_with_topic, post};
+use ratelimit_tests::sidecar::Server;
+use ratelimit_tests::{binary, free_port};
+
+const SIDECAR_RULES: &str = "domain: operations\ndescriptors:\n  - key: client_id\n    rate_limit: {unit: hour, requests_per_unit: 5}\n";
+
+#[tokio::test(flavor = "multi_thread")]
+async fn remote_limits_are_shared_through_the_sidecar() {
+    let mock = mock_with_topic("ops");
+    let bootstrap = mock.bootstrap_servers();
+    let sidecar = Server::start(&[("rules.yaml", SIDECAR_RULES)]);
+    let url = format!("http://127.0.0.1:{}", sidecar.grpc);
+    let env = [
+        ("KAFKA_BOOTSTRAP_SERVERS", bootstrap.as_str()),
+        ("KAFKA_TOPIC", "ops"),
+        ("RATELIMIT_GRPC_URL", url.as_str()),
+    ];
+    let replicas = [Intake::start(&env), Intake::start(&env)];
+    let first = post(&replicas[0], &batch("buy", 3), &[("x-client-id", "z")]).await;
+    assert_eq!(first.status, 200, "{}", first.body);
+    assert_eq!(first.header("ratelimit-remaining"), Some("2"));
+    let second = post(&replicas[1], &batch("buy", 3), &[("x-client-id", "z")]).await;
+    assert_eq!(
+        second.status, 429,
+        "the other replica sees the same counter: {}",
+        second.body
+    );
+    assert_eq!(second.header("ratelimit-limit"), Some("5"));
+    assert!(second.header("retry-after").is_some());
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_sidecar_outage_follows_the_failure_mode() {
+    let mock = mock_with_topic("ops");
+    let bootstrap = mock.bootstrap_servers();
+    let sidecar = Server::start(&[("rules.yaml", SIDECAR_RULES)]);
+    let url = format!("http://127.0.0.1:{}", sidecar.grpc);
+    drop(sidecar);
+    let open = Intake::start(&[
+        ("KAFKA_BOOTSTRAP_SERVERS", &bootstrap),
+        ("KAFKA_TOPIC", "ops"),
+        ("RATELIMIT_GRPC_URL", &url),
+    ]);
+    let allowed = post(&open, &batch("buy", 1), &[]).await;
+    assert_eq!(
+        allowed.status, 200,
+        "fail open by default: {}",
+        allowed.body
+    );
+
+    let closed = Intake::start(&[
+        ("KAFKA_BOOTSTRAP_SERVERS", &bootstrap),
+        ("KAFKA_TOPIC", "ops"),
+        ("RATELIMIT_GRPC_URL", &url),
+        ("RATELIMIT_FAILURE_MODE_DENY", "true"),
+    ]);
+    let refused = post(&closed, &batch("buy", 1), &[]).await;
+    assert_eq!(refused.status, 503, "{}", refused.body);
+    assert!(
+        refused.body["message"]
+            .as_str()
+            .unwrap()
+            .contains("rate-limit service")
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_sidecar_without_the_domain_stops_start_up_unless_allowed() {
+    let sidecar = Server::start(&[(
+        "rules.yaml",
+        "domain: elsewhere\ndescriptors:\n  - key: client_id\n    rate_limit: {unit: hour, requests_per_unit: 5}\n",
+    )]);
+    let url = format!("http://127.0.0.1:{}", sidecar.grpc);
+    let output = std::process::Command::new(binary("operations-intake"))
+        .env_clear()
+        .env("PORT", free_port().to_string())
+        .env("RATELIMIT_GRPC_URL", &url)
+        .output()
+        .unwrap();
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("has no limit for a client in domain `operations`")
+            && stderr.contains("RATELIMIT_ALLOW_UNKNOWN_DOMAIN=true"),
+        "{stderr}"
+    );
+    // The operator may opt in: the service starts and lets batches through.
+    let mock = mock_with_topic("ops");
+    let bootstrap = mock.bootstrap_servers();
+    let intake = Intake::start(&[
+        ("KAFKA_BOOTSTRAP_SERVERS", &bootstrap),
+        ("KAFKA_TOPIC", "ops"),
+        ("RATELIMIT_GRPC_URL", &url),
+        ("RATELIMIT_ALLOW_UNKNOWN_DOMAIN", "true"),
+    ]);
+    let allowed = post(&intake, &batch("buy", 1), &[]).await;
+    assert_eq!(allowed.status, 200, "{}", allowed.body);
+}
