@@ -53,11 +53,12 @@ pub use config::{Config, ConfigError, ConfigErrorKind};
 pub use limiter::Limiter;
 pub use local_cache::OverLimitCache;
 pub use memory::{DEFAULT_MAX_BYTES, MemoryStore, MemoryUsage};
-pub use plan::{Increment, Plan};
+pub use plan::{DescriptorExplanation, Explanation, Increment, MatchedEntry, Outcome, Plan};
 pub use request::{Descriptor, Entry, LimitOverride, Request, RequestBounds, RequestError};
 pub use response::{
     Code, CurrentLimit, DescriptorStatus, HeaderNames, RateLimitHeaders, Response, Retry,
 };
+pub use rules::MatchKind;
 pub use settings::Settings;
 pub use store::CounterStore;
 pub use unit::{Unit, Window};

@@ -9,7 +9,7 @@ use smallvec::SmallVec;
 use crate::config::Config;
 use crate::engine::Engine;
 use crate::local_cache::OverLimitCache;
-use crate::plan::Plan;
+use crate::plan::{Explanation, Plan};
 use crate::request::{Request, RequestBounds, RequestError};
 use crate::response::Response;
 use crate::rules::RuleSet;
@@ -107,8 +107,19 @@ impl Limiter {
             .load_full()
             .ok_or(RequestError::NoConfiguration)?;
         check(request, &self.settings.bounds)?;
-        let body = engine.plan_body(request, now);
+        let body = engine.plan_body(request, now, false);
         Ok(Plan { engine, body })
+    }
+
+    /// Why `request` would get its answer at `now`, without counting it: read the
+    /// counters of [`Explanation::increments`] and pass them to [`Explanation::answer`].
+    pub fn explain(&self, request: &Request, now: u64) -> Result<Explanation, RequestError> {
+        let engine = self
+            .engine
+            .load_full()
+            .ok_or(RequestError::NoConfiguration)?;
+        check(request, &self.settings.bounds)?;
+        Ok(Explanation::new(engine, request, now))
     }
 
     /// Decides `request` at `now` (unix seconds) against counters in `store`.
@@ -124,7 +135,7 @@ impl Limiter {
         let guard = self.engine.load();
         let engine = guard.as_ref().ok_or(RequestError::NoConfiguration)?;
         check(request, &self.settings.bounds)?;
-        let body = engine.match_request(request, now);
+        let body = engine.match_request(request, now, false);
         let counts = KEY_BUFFER.with_borrow_mut(|buffer| {
             let increment = if engine.settings.stop_cache_key_increment_when_overlimit {
                 let mut current: SmallVec<[u64; 8]> = SmallVec::new();

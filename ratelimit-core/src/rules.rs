@@ -20,7 +20,7 @@ pub(crate) type NodeId = u32;
 
 /// How an entry matched its rule.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum MatchKind {
+pub enum MatchKind {
     /// `key` and `value` both equal.
     Exact,
     /// `value` matched a `*` pattern.
@@ -72,6 +72,8 @@ pub(crate) struct Node {
     pub stats: Option<Arc<RuleStats>>,
     /// The static statistics key (`domain.key_value.key`).
     pub full_key: Box<str>,
+    /// Where the rule is in its domain's YAML (`descriptors[0].descriptors[2]`).
+    pub yaml_path: Box<str>,
     /// Some level on the path to this node shares a counter across a wildcard, so the
     /// cache key depends on which rule matched at each level.
     pub per_level_cache_key: bool,
@@ -96,6 +98,7 @@ impl RuleSet {
         for domain in config.domains() {
             let mut path = Path {
                 full_key: domain.domain.clone(),
+                yaml: String::new(),
                 share_threshold: false,
                 value_to_metric: false,
             };
@@ -114,8 +117,8 @@ impl RuleSet {
     ) -> Level {
         let mut keys: Vec<(Box<str>, KeyRulesBuilder)> = Vec::new();
         let mut index: HashMap<&str, usize> = HashMap::new();
-        for rule in rules {
-            let id = self.compile_node(rule, path, stats);
+        for (position, rule) in rules.iter().enumerate() {
+            let id = self.compile_node(rule, position, path, stats);
             let at = *index.entry(rule.key.as_str()).or_insert_with(|| {
                 keys.push((rule.key.as_str().into(), KeyRulesBuilder::default()));
                 keys.len() - 1
@@ -148,11 +151,16 @@ impl RuleSet {
     fn compile_node(
         &mut self,
         rule: &DescriptorRule,
+        position: usize,
         path: &mut Path,
         stats: &StatsRegistry,
     ) -> NodeId {
         let saved = path.clone();
         push_key_part(&mut path.full_key, &rule.key, rule.value.as_deref());
+        if !path.yaml.is_empty() {
+            path.yaml.push('.');
+        }
+        path.yaml.push_str(&format!("descriptors[{position}]"));
         path.share_threshold |= rule.share_threshold;
         path.value_to_metric |= rule.value_to_metric;
         let limit = rule.rate_limit.as_ref().map(|r| NodeLimit {
@@ -179,6 +187,7 @@ impl RuleSet {
             metadata: rule.metadata.clone().map(Arc::new),
             stats: counted.then(|| stats.rule(&path.full_key)),
             full_key: path.full_key.as_str().into(),
+            yaml_path: path.yaml.as_str().into(),
             per_level_cache_key: path.share_threshold,
             per_level_stats_key: path.value_to_metric || rule.detailed_metric,
         };
@@ -274,6 +283,8 @@ impl Level {
 #[derive(Clone)]
 struct Path {
     full_key: String,
+    /// Where the rule is in its domain's YAML: `descriptors[0].descriptors[2]`.
+    yaml: String,
     share_threshold: bool,
     value_to_metric: bool,
 }

@@ -1,4 +1,4 @@
-//! The debug listener: `/`, `/rlconfig`, `/stats`, `/debug/pprof/`.
+//! The debug listener: `/`, `/rlconfig`, `/stats`, `POST /explain`, `/debug/pprof/`.
 //!
 //! `/stats` is streamed a few hundred statistics at a time, so a scrape holds no more
 //! than one chunk of text however many statistics there are.
@@ -8,8 +8,9 @@ use std::fmt::Write as _;
 use std::sync::Arc;
 
 use bytes::Bytes;
+use futures_util::future::BoxFuture;
 use http_body_util::combinators::BoxBody;
-use http_body_util::{BodyExt, Full, StreamBody};
+use http_body_util::{BodyExt, Full, Limited, StreamBody};
 use hyper::body::{Frame, Incoming};
 use hyper::{Request, Response, StatusCode};
 
@@ -17,13 +18,17 @@ use ratelimit_core::stats::Snapshot;
 
 use crate::service::Service;
 
-const PATHS: [(&str, &str); 4] = [
+const PATHS: [(&str, &str); 5] = [
     ("/debug/pprof/", "what profiling this server offers"),
     (
         "/rlconfig",
         "print out the currently loaded configuration for debugging",
     ),
     ("/stats", "print out every statistic and its value"),
+    (
+        "/explain",
+        "POST a request in the /json shape: which rule each descriptor meets, its counter, and the answer it would get, without counting it",
+    ),
     ("/", "this list"),
 ];
 
@@ -33,17 +38,58 @@ const LINES_PER_CHUNK: usize = 1024;
 /// A debug response body: whole, or streamed.
 pub type Body = BoxBody<Bytes, Infallible>;
 
-/// The debug routes as a service for [`crate::serve::serve`].
+/// The debug routes as a service for [`crate::serve::serve`]: the decision service, and
+/// the largest `/explain` body (MAX_JSON_BODY_BYTES).
 #[derive(Clone, Debug)]
-pub struct Debug(pub Arc<Service>);
+pub struct Debug(pub Arc<Service>, pub u64);
 
 impl hyper::service::Service<Request<Incoming>> for Debug {
     type Response = Response<Body>;
     type Error = Infallible;
-    type Future = std::future::Ready<Result<Response<Body>, Infallible>>;
+    type Future = BoxFuture<'static, Result<Response<Body>, Infallible>>;
 
     fn call(&self, request: Request<Incoming>) -> Self::Future {
-        std::future::ready(Ok(route(&self.0, request.uri().path())))
+        let (service, max_body) = (Arc::clone(&self.0), self.1);
+        Box::pin(async move {
+            if request.uri().path() == "/explain" {
+                return Ok(explain(&service, request, max_body).await);
+            }
+            Ok(route(&service, request.uri().path()))
+        })
+    }
+}
+
+/// `POST /explain`: the body is read up to `max_body` bytes.
+async fn explain(service: &Service, request: Request<Incoming>, max_body: u64) -> Response<Body> {
+    if request.method() != hyper::Method::POST {
+        return text(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "POST a request in the /json shape to /explain\n".to_owned(),
+        );
+    }
+    let limit = usize::try_from(max_body).unwrap_or(usize::MAX);
+    let body = match Limited::new(request.into_body(), limit).collect().await {
+        Ok(body) => body.to_bytes(),
+        Err(_) => {
+            return text(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "Payload Too Large: the body exceeds MAX_JSON_BODY_BYTES\n".to_owned(),
+            );
+        }
+    };
+    match crate::explain::explain(service, &body).await {
+        Ok(json) => {
+            let mut response = text(StatusCode::OK, json);
+            response.headers_mut().insert(
+                hyper::header::CONTENT_TYPE,
+                hyper::header::HeaderValue::from_static("application/json"),
+            );
+            response
+        }
+        Err((status, message)) => text(
+            StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR),
+            message,
+        ),
     }
 }
 

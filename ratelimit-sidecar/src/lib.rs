@@ -6,6 +6,7 @@ pub mod backend;
 pub mod bounds;
 pub mod cli;
 pub mod debug;
+pub mod explain;
 pub mod grpc;
 pub mod health;
 pub mod http;

@@ -74,7 +74,7 @@ pub async fn run(settings: Settings) -> Result<(), StartError> {
     }
     let debug = tokio::spawn(serve::serve(
         opened.debug,
-        debug::Debug(Arc::clone(&service)),
+        debug::Debug(Arc::clone(&service), server.max_json_body_bytes),
         shared.limits,
         settings.bounds.http.connection_slots(),
         shared.stopped(),

@@ -5,7 +5,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use ratelimit_core::stats::{Counter, Timer, names};
-use ratelimit_core::{HeaderNames, Limiter, RequestError};
+use ratelimit_core::{CounterStore, Explanation, HeaderNames, Limiter, RequestError, Response};
 use ratelimit_proto::envoy::{InvalidRequest, request_from_pb, response_to_pb};
 
 use crate::backend::{Backend, BackendError};
@@ -103,6 +103,29 @@ impl Service {
             answer.dynamic_metadata = Some(dynamic_metadata(&request, &response));
         }
         Ok(answer)
+    }
+}
+
+impl Service {
+    /// Why `request` would get its answer, the counters' current values, and that
+    /// answer, without counting anything.
+    pub async fn explain(
+        &self,
+        request: RateLimitRequest,
+    ) -> Result<(Explanation, Vec<u64>, Response), ServiceError> {
+        let request = request_from_pb(request)?;
+        let now = unix_now();
+        let explanation = self.limiter.explain(&request, now)?;
+        let current = match &self.backend {
+            Backend::Memory(store) => explanation
+                .increments()
+                .iter()
+                .map(|increment| store.get(&increment.key, now))
+                .collect(),
+            Backend::Remote(remote) => remote.current(explanation.increments()).await?,
+        };
+        let answer = explanation.answer(&current);
+        Ok((explanation, current, answer))
     }
 }
 

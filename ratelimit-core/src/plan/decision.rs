@@ -86,6 +86,7 @@ impl PlanBody {
                         if let (Some(cache), Some(counter)) =
                             (&engine.local_cache, self.increments.get(limited.increment))
                             && after > u64::from(applied.requests_per_unit)
+                            && !self.dry
                         {
                             cache.insert(&counter.key, counter.window_end, self.now);
                         }
@@ -111,7 +112,9 @@ impl PlanBody {
             Code::Ok
         };
         if overall == Code::OverLimit && engine.settings.shadow_mode {
-            engine.global_shadow.add(1);
+            if !self.dry {
+                engine.global_shadow.add(1);
+            }
             overall = Code::Ok;
         }
         Response {

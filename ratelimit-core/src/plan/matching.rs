@@ -7,14 +7,18 @@ use super::{Applied, Increment, Item, Limited, PlanBody, Source};
 use crate::config::Limit;
 use crate::engine::Engine;
 use crate::request::Request;
-use crate::stats::names;
+use crate::stats::{RuleStats, names};
+
+/// Where an explanation's decision counts: nobody reads it.
+static DISCARDED: RuleStats = RuleStats::new();
 use crate::unit::Window;
 
 impl Engine {
     /// Matches `request`: what applies to each descriptor, and which counters it needs.
-    pub(crate) fn match_request(&self, request: &Request, now: u64) -> PlanBody {
+    /// A `dry` match (an explanation) counts no statistic and creates no statistic name.
+    pub(crate) fn match_request(&self, request: &Request, now: u64, dry: bool) -> PlanBody {
         let root = self.rules.domain(&request.domain);
-        if root.is_none() {
+        if root.is_none() && !dry {
             self.stats
                 .request_counter(
                     &names::domain_not_found(&request.domain),
@@ -37,9 +41,10 @@ impl Engine {
                     return Item::Limited(Limited {
                         source: Source::Override(limit),
                         addend,
-                        stats: Some(self.stats.request_rule(&key, &request.domain)),
+                        stats: (!dry).then(|| self.stats.request_rule(&key, &request.domain)),
                         increment: 0,
                         cached: false,
+                        dry,
                     });
                 }
                 let Some(id) = self.rules.find(root, &descriptor.entries, |_, _, _| {}) else {
@@ -55,13 +60,14 @@ impl Engine {
                     Limit::Fixed { .. } => Item::Limited(Limited {
                         source: Source::Node(id),
                         addend,
-                        stats: node.per_level_stats_key.then(|| {
+                        stats: (node.per_level_stats_key && !dry).then(|| {
                             let key =
                                 self.runtime_stats_key(&request.domain, root, descriptor, node);
                             self.stats.request_rule(&key, &node.full_key)
                         }),
                         increment: 0,
                         cached: false,
+                        dry,
                     }),
                 }
             })
@@ -77,6 +83,7 @@ impl Engine {
             }
         }
         PlanBody {
+            dry,
             now,
             items,
             increments: Vec::new(),
@@ -85,8 +92,8 @@ impl Engine {
 
     /// Matches `request` and lists its counters with their keys, leaving out those the
     /// local over-limit cache already knows about.
-    pub(crate) fn plan_body(&self, request: &Request, now: u64) -> PlanBody {
-        let mut body = self.match_request(request, now);
+    pub(crate) fn plan_body(&self, request: &Request, now: u64, dry: bool) -> PlanBody {
+        let mut body = self.match_request(request, now, dry);
         let mut increments = Vec::with_capacity(body.items.len());
         let mut key = String::new();
         self.for_each_counter(&body, request, &mut key, |key, hits, window, window_end| {
@@ -98,7 +105,7 @@ impl Engine {
             });
         });
         body.increments = increments;
-        if let Some(cache) = &self.local_cache {
+        if let Some(cache) = self.local_cache.as_ref().filter(|_| !dry) {
             body.skip_cached(cache, self.settings.stop_cache_key_increment_when_overlimit);
         }
         body
@@ -146,10 +153,13 @@ impl Engine {
                 name: None,
                 shadow: false,
                 quota: global_quota,
-                stats: limited
-                    .stats
-                    .as_deref()
-                    .expect("override limits carry their statistics"),
+                stats: match limited.dry {
+                    true => &DISCARDED,
+                    false => limited
+                        .stats
+                        .as_deref()
+                        .expect("override limits carry their statistics"),
+                },
             },
             Source::Node(id) => {
                 let node = self.rules.node(id);
@@ -170,11 +180,14 @@ impl Engine {
                     name: limit.name.as_ref(),
                     shadow: node.shadow_mode,
                     quota: node.quota_mode || global_quota,
-                    stats: limited
-                        .stats
-                        .as_deref()
-                        .or(node.stats.as_deref())
-                        .expect("nodes with a fixed limit have statistics"),
+                    stats: match limited.dry {
+                        true => &DISCARDED,
+                        false => limited
+                            .stats
+                            .as_deref()
+                            .or(node.stats.as_deref())
+                            .expect("nodes with a fixed limit have statistics"),
+                    },
                 }
             }
         }

@@ -8,8 +8,11 @@
 //! statistics from the totals). The compiled rules they work on are [`Engine`].
 
 mod decision;
+mod explain;
 mod keys;
 mod matching;
+
+pub use explain::{DescriptorExplanation, Explanation, MatchedEntry, Outcome};
 
 use std::sync::Arc;
 
@@ -98,6 +101,8 @@ impl Plan {
 
 #[derive(Debug)]
 pub(crate) struct PlanBody {
+    /// An explanation's plan: no statistic, no local cache.
+    dry: bool,
     now: u64,
     items: SmallVec<[Item; 4]>,
     /// Only the remote path fills it; in process it stays empty and unallocated.
@@ -121,6 +126,8 @@ struct Limited {
     increment: usize,
     /// The local cache knows the counter is over its limit: the store is not asked.
     cached: bool,
+    /// Part of an explanation: counts no statistic.
+    dry: bool,
 }
 
 #[derive(Debug, Clone, Copy)]

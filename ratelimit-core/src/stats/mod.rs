@@ -26,6 +26,11 @@ pub const DEFAULT_MAX_STAT_KEYS: usize = 10_000;
 pub struct Counter(AtomicU64);
 
 impl Counter {
+    /// A counter at zero.
+    pub const fn new() -> Counter {
+        Counter(AtomicU64::new(0))
+    }
+
     /// Adds `n`.
     pub fn add(&self, n: u64) {
         if n != 0 {
@@ -57,6 +62,18 @@ pub struct RuleStats {
 }
 
 impl RuleStats {
+    /// Counters at zero.
+    pub const fn new() -> RuleStats {
+        RuleStats {
+            total_hits: Counter::new(),
+            over_limit: Counter::new(),
+            near_limit: Counter::new(),
+            within_limit: Counter::new(),
+            shadow_mode: Counter::new(),
+            over_limit_with_local_cache: Counter::new(),
+        }
+    }
+
     /// The counter of `stat`.
     pub fn get(&self, stat: RuleStat) -> &Counter {
         match stat {

@@ -147,6 +147,19 @@ impl Remote {
         result
     }
 
+    /// The counters' current totals, in order, without adding to them (an explanation).
+    pub async fn current(&self, increments: &[Increment]) -> Result<Vec<u64>, BackendError> {
+        let read = self.routed(increments, |store, items| store.current(items));
+        tokio::time::timeout(self.deadline, read)
+            .await
+            .unwrap_or_else(|_| {
+                Err(BackendError::Unavailable(format!(
+                    "no answer within {} ({:?})",
+                    self.deadline_setting, self.deadline
+                )))
+            })
+    }
+
     /// Whether the main store answers, within the deadline.
     pub async fn ping(&self) -> bool {
         let answer = tokio::time::timeout(self.deadline, self.main.get().ping());

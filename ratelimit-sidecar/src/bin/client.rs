@@ -1,7 +1,9 @@
 //! `ratelimit-client`: sends one ShouldRateLimit request and prints the response.
 //!
 //! `ratelimit-client -dial_string localhost:8081 -domain edge -descriptors user=alice,method=POST`
-//! (`-descriptors` may be repeated: one descriptor each).
+//! (`-descriptors` may be repeated: one descriptor each). With `-explain`, asks the debug
+//! server's `/explain` instead: which rule each descriptor meets, its counter, and the
+//! answer it would get, without counting it.
 
 use std::process::ExitCode;
 
@@ -12,10 +14,13 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::R
 use ratelimit_sidecar::cli::Flags;
 use ratelimit_sidecar::json::render_response;
 
-const USAGE: &str = "usage: ratelimit-client [-dial_string host:port] -domain DOMAIN -descriptors k=v[,k2=v2] [-descriptors ...]
-  -dial_string  the server's gRPC address (default localhost:8081)
-  -domain       the rate limit domain (required)
-  -descriptors  one descriptor: its entries as k=v pairs joined by commas; repeat for more
+const USAGE: &str = "usage: ratelimit-client [-dial_string host:port] -domain DOMAIN -descriptors k=v[,k2=v2] [-descriptors ...] [-explain [-debug_address host:port]]
+  -dial_string    the server's gRPC address (default localhost:8081)
+  -domain         the rate limit domain (required)
+  -descriptors    one descriptor: its entries as k=v pairs joined by commas; repeat for more
+  -explain        ask the debug server why, without counting: the rule each descriptor
+                  meets, its counter now, and the answer the request would get
+  -debug_address  the debug server for -explain (default localhost:6070)
 Flags take one dash or two (-domain, --domain), and their value after a space or '='.";
 
 #[tokio::main(flavor = "current_thread")]
@@ -30,12 +35,19 @@ async fn main() -> ExitCode {
 }
 
 async fn run() -> Result<(), String> {
-    let flags = Flags::parse(std::env::args().skip(1), &[]).map_err(|e| format!("{e}\n{USAGE}"))?;
+    let flags = Flags::parse(std::env::args().skip(1), &["explain"])
+        .map_err(|e| format!("{e}\n{USAGE}"))?;
     if flags.wants_help() {
         println!("{USAGE}");
         return Ok(());
     }
-    if let Some(flag) = flags.unknown(&["dial_string", "domain", "descriptors"]) {
+    if let Some(flag) = flags.unknown(&[
+        "dial_string",
+        "domain",
+        "descriptors",
+        "explain",
+        "debug_address",
+    ]) {
         return Err(format!("flag provided but not defined: -{flag}\n{USAGE}"));
     }
     let dial = flags.get("dial_string").unwrap_or("localhost:8081");
@@ -55,6 +67,18 @@ async fn run() -> Result<(), String> {
     println!("dial_string: {dial}\ndomain: {domain}");
     for d in flags.all("descriptors") {
         println!("descriptor: {d}");
+    }
+    if flags.get("explain").is_some_and(|v| v != "false") {
+        let debug = flags.get("debug_address").unwrap_or("localhost:6070");
+        let body = serde_json::json!({
+            "domain": domain,
+            "descriptors": descriptors.iter().map(|d| serde_json::json!({
+                "entries": d.entries.iter().map(|e| serde_json::json!({"key": e.key, "value": e.value})).collect::<Vec<_>>(),
+            })).collect::<Vec<_>>(),
+        });
+        let answer = post(debug, "/explain", &body.to_string())?;
+        print!("{answer}");
+        return Ok(());
     }
     let url = if dial.contains("://") {
         dial.to_owned()
@@ -94,4 +118,29 @@ fn descriptor(text: &str) -> Result<RateLimitDescriptor, String> {
         entries,
         ..RateLimitDescriptor::default()
     })
+}
+
+/// POSTs `body` to `http://address/path` over plain HTTP/1.1 and returns the response
+/// body; a status other than 200 is an error carrying the body.
+fn post(address: &str, path: &str, body: &str) -> Result<String, String> {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(address)
+        .map_err(|e| format!("error connecting to the debug server {address}: {e}"))?;
+    let request = format!(
+        "POST {path} HTTP/1.1\r\nHost: {address}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    let mut answer = String::new();
+    stream
+        .write_all(request.as_bytes())
+        .and_then(|()| stream.read_to_string(&mut answer))
+        .map_err(|e| format!("request error: {e}"))?;
+    let (head, body) = answer.split_once("\r\n\r\n").unwrap_or((&answer, ""));
+    match head.split_whitespace().nth(1) {
+        Some("200") => Ok(body.to_owned()),
+        status => Err(format!(
+            "request error: {} {body}",
+            status.unwrap_or("no status")
+        )),
+    }
 }
