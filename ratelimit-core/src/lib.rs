@@ -34,6 +34,7 @@
 #![warn(missing_docs)]
 
 pub mod config;
+mod counting;
 mod engine;
 mod keymap;
 mod limiter;

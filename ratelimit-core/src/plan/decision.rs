@@ -3,7 +3,7 @@
 
 use smallvec::SmallVec;
 
-use super::{Applied, Item, PlanBody, Source};
+use super::{Applied, Increment, Item, PlanBody, Source};
 use crate::engine::Engine;
 use crate::local_cache::OverLimitCache;
 use crate::response::{Code, DescriptorStatus, RateLimitHeaders, Response};
@@ -22,9 +22,14 @@ impl PlanBody {
             if let Item::Limited(limited) = item
                 && !limited.cached
             {
-                let count = current.get(limited.increment).copied().unwrap_or(0);
-                let limit = u64::from(engine.applied(limited).requests_per_unit);
-                exceeds.push(count.saturating_add(limited.addend) > limit);
+                let applied = engine.applied(limited);
+                let totals = current
+                    .get(limited.increment..limited.increment + limited.counters)
+                    .unwrap_or_default();
+                let used = applied.counting.used(totals);
+                let limit = u64::from(applied.requests_per_unit);
+                let over = used.saturating_add(limited.addend) > limit;
+                exceeds.extend(std::iter::repeat_n(over, limited.counters));
             }
         }
         exceeds.contains(&true).then_some(exceeds)
@@ -40,13 +45,18 @@ impl PlanBody {
         let mut increments = increments.into_iter();
         for item in &mut self.items {
             if let Item::Limited(limited) = item {
-                let increment = increments.next().expect("one increment per limited item");
-                if cache.contains(&increment.key, self.now) {
+                let own: SmallVec<[Increment; 2]> =
+                    increments.by_ref().take(limited.counters).collect();
+                // The local cache knows a limit by its first counter.
+                if own
+                    .first()
+                    .is_some_and(|first| cache.contains(&first.key, self.now))
+                {
                     limited.cached = true;
                     any_cached = true;
                 } else {
                     limited.increment = kept.len();
-                    kept.push(increment);
+                    kept.extend(own);
                 }
             }
         }
@@ -77,11 +87,13 @@ impl PlanBody {
                 ),
                 Item::Limited(limited) => {
                     let applied = engine.applied(limited);
-                    let reset = applied.window.until_reset(self.now);
+                    let reset = applied.counting.until_reset(self.now);
                     let mut status = if limited.cached {
                         cached_over_limit(&applied, limited.addend, reset)
                     } else {
-                        let after = counts[limited.increment];
+                        let totals =
+                            &counts[limited.increment..limited.increment + limited.counters];
+                        let after = applied.counting.used(totals);
                         let status = count_hits(&applied, limited.addend, after, ratio, reset);
                         if let (Some(cache), Some(counter)) =
                             (&engine.local_cache, self.increments.get(limited.increment))

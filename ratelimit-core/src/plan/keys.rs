@@ -21,18 +21,18 @@ impl Engine {
         let root = self.rules.domain(&request.domain);
         for (item, descriptor) in body.items.iter().zip(&request.descriptors) {
             if let Item::Limited(limited) = item {
-                let window = self.applied(limited).window;
-                buffer.clear();
-                let start = window.start(body.now);
-                self.cache_key(
-                    buffer,
-                    &request.domain,
-                    root,
-                    descriptor,
-                    limited.source,
-                    start,
-                );
-                f(buffer, limited.addend, window, start + window.seconds());
+                for span in self.applied(limited).counting.counters(body.now) {
+                    buffer.clear();
+                    self.cache_key(
+                        buffer,
+                        &request.domain,
+                        root,
+                        descriptor,
+                        limited.source,
+                        span.start,
+                    );
+                    f(buffer, limited.addend, span.window, span.end());
+                }
             }
         }
     }

@@ -11,6 +11,7 @@ use crate::stats::{RuleStats, names};
 
 /// Where an explanation's decision counts: nobody reads it.
 static DISCARDED: RuleStats = RuleStats::new();
+use crate::counting::Counting;
 use crate::unit::Window;
 
 impl Engine {
@@ -43,6 +44,7 @@ impl Engine {
                         addend,
                         stats: (!dry).then(|| self.stats.request_rule(&key, &request.domain)),
                         increment: 0,
+                        counters: 0,
                         cached: false,
                         dry,
                     });
@@ -66,6 +68,7 @@ impl Engine {
                             self.stats.request_rule(&key, &node.full_key)
                         }),
                         increment: 0,
+                        counters: 0,
                         cached: false,
                         dry,
                     }),
@@ -79,7 +82,8 @@ impl Engine {
         for item in items.iter_mut() {
             if let Item::Limited(limited) = item {
                 limited.increment = counters;
-                counters += 1;
+                limited.counters = self.applied(limited).counting.counters(now).len();
+                counters += limited.counters;
             }
         }
         PlanBody {
@@ -150,6 +154,7 @@ impl Engine {
             Source::Override(limit) => Applied {
                 requests_per_unit: limit.requests_per_unit,
                 window: Window::of(limit.unit),
+                counting: Counting::FixedWindow(Window::of(limit.unit)),
                 name: None,
                 shadow: false,
                 quota: global_quota,
@@ -177,6 +182,7 @@ impl Engine {
                 Applied {
                     requests_per_unit,
                     window,
+                    counting: Counting::FixedWindow(window),
                     name: limit.name.as_ref(),
                     shadow: node.shadow_mode,
                     quota: node.quota_mode || global_quota,

@@ -4,8 +4,10 @@
 //! to [`Plan::decide`]; the in-process [`crate::Limiter::should_rate_limit`] does the same
 //! against a [`crate::CounterStore`]. Matching, windows, replaces, shadow and quota modes
 //! and statistics all happen here, once, by concern: `matching` (which rule applies to
-//! each descriptor), `keys` (counter and statistic keys) and `decision` (codes, counts and
-//! statistics from the totals). The compiled rules they work on are [`Engine`].
+//! each descriptor), `keys` (counter and statistic keys), `decision` (codes, counts and
+//! statistics from the totals) and `explain` (the same, dry). Which counters a limit
+//! needs, and what their totals mean, is its [`Counting`]. The compiled rules they work
+//! on are [`Engine`].
 
 mod decision;
 mod explain;
@@ -18,6 +20,7 @@ use std::sync::Arc;
 
 use smallvec::SmallVec;
 
+use crate::counting::Counting;
 use crate::engine::Engine;
 use crate::request::LimitOverride;
 use crate::response::{Code, CurrentLimit, DescriptorStatus, Response};
@@ -122,8 +125,10 @@ struct Limited {
     addend: u64,
     /// Statistics whose key depends on the request; otherwise the node's own.
     stats: Option<Arc<RuleStats>>,
-    /// Index of its counter in the plan's increments (unused when `cached`).
+    /// Index of its first counter in the plan's increments (unused when `cached`).
     increment: usize,
+    /// How many counters its limit needs ([`Counting::counters`]).
+    counters: usize,
     /// The local cache knows the counter is over its limit: the store is not asked.
     cached: bool,
     /// Part of an explanation: counts no statistic.
@@ -139,6 +144,7 @@ enum Source {
 struct Applied<'a> {
     requests_per_unit: u32,
     window: Window,
+    counting: Counting,
     name: Option<&'a Arc<str>>,
     shadow: bool,
     quota: bool,
