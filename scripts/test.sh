@@ -97,6 +97,7 @@ ensure_apt openssl openssl
 # The README's commands (scripts/readme.sh) use curl, and setsid to stop what they start.
 ensure_apt curl curl
 ensure_apt setsid util-linux
+ensure_apt chromium chromium
 # librdkafka is built from source by rdkafka's cmake-build feature.
 ensure_apt cmake cmake
 ensure_apt g++ g++

@@ -59,7 +59,7 @@ pub use request::{Descriptor, Entry, LimitOverride, Request, RequestBounds, Requ
 pub use response::{
     Code, CurrentLimit, DescriptorStatus, HeaderNames, RateLimitHeaders, Response, Retry,
 };
-pub use rules::MatchKind;
+pub use rules::{MatchKind, RuleView};
 pub use settings::Settings;
 pub use store::CounterStore;
 pub use unit::{Unit, Window};

@@ -12,7 +12,7 @@ use crate::local_cache::OverLimitCache;
 use crate::plan::{Explanation, Plan};
 use crate::request::{Request, RequestBounds, RequestError};
 use crate::response::Response;
-use crate::rules::RuleSet;
+use crate::rules::{RuleSet, RuleView};
 use crate::settings::Settings;
 use crate::stats::{Counter, StatsRegistry, names};
 use crate::store::CounterStore;
@@ -100,6 +100,15 @@ impl Limiter {
             .unwrap_or_default()
     }
 
+    /// Every loaded rule, for display, domain by domain in file order, depth first.
+    pub fn rules(&self) -> Vec<RuleView> {
+        self.engine
+            .load()
+            .as_ref()
+            .map(|e| e.rules.views())
+            .unwrap_or_default()
+    }
+
     /// Plans `request` at `now` (unix seconds) for a remote counter store.
     pub fn plan(&self, request: &Request, now: u64) -> Result<Plan, RequestError> {
         let engine = self
@@ -139,7 +148,7 @@ impl Limiter {
         let counts = KEY_BUFFER.with_borrow_mut(|buffer| {
             let increment = if engine.settings.stop_cache_key_increment_when_overlimit {
                 let mut current: SmallVec<[u64; 8]> = SmallVec::new();
-                engine.for_each_counter(&body, request, buffer, |key, _, _, _| {
+                engine.for_each_counter(&body, request, buffer, |key, _, _, _, _| {
                     current.push(store.get(key, now))
                 });
                 body.counters_to_increment(engine, &current)
@@ -147,9 +156,11 @@ impl Limiter {
                 None
             };
             let mut counts: SmallVec<[u64; 8]> = SmallVec::new();
-            engine.for_each_counter(&body, request, buffer, |key, hits, _, end| {
+            engine.for_each_counter(&body, request, buffer, |key, hits, _, end, limit| {
                 let included = increment.as_ref().is_none_or(|inc| inc[counts.len()]);
-                counts.push(store.increment(key, if included { hits } else { 0 }, end, now));
+                let count = store.increment(key, if included { hits } else { 0 }, end, now);
+                engine.stats.nearest().observe(key, count, limit, end);
+                counts.push(count);
             });
             counts
         });

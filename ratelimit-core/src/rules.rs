@@ -34,6 +34,29 @@ pub enum MatchKind {
 pub(crate) struct RuleSet {
     domains: KeyMap<Level>,
     nodes: Vec<Node>,
+    /// Each domain and the id of its first node: nodes are in file order, depth first.
+    domain_starts: Vec<(Box<str>, NodeId)>,
+}
+
+/// One loaded rule, for display: the rules of a domain in file order, depth first.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RuleView {
+    /// Its domain.
+    pub domain: String,
+    /// 0 for a top-level rule, 1 for its children, ...
+    pub depth: usize,
+    /// Where it is in the domain's YAML.
+    pub yaml_path: String,
+    /// `key`.
+    pub key: String,
+    /// `value`, when it has one.
+    pub value: Option<String>,
+    /// `5/MINUTE`, `unlimited`, or empty when the rule has no `rate_limit`.
+    pub limit: String,
+    /// `shadow_mode`.
+    pub shadow: bool,
+    /// Its statistics key (`domain.key_value`).
+    pub stats_key: String,
 }
 
 #[derive(Debug, Default)]
@@ -58,6 +81,8 @@ struct KeyRules {
 /// One compiled descriptor rule.
 #[derive(Debug)]
 pub(crate) struct Node {
+    /// The configured key.
+    pub key: Box<str>,
     /// The configured value or pattern.
     pub value: Option<Box<str>>,
     pub limit: Option<NodeLimit>,
@@ -102,6 +127,9 @@ impl RuleSet {
                 share_threshold: false,
                 value_to_metric: false,
             };
+            let first = NodeId::try_from(set.nodes.len()).expect("fewer than 2^32 rules");
+            set.domain_starts
+                .push((domain.domain.as_str().into(), first));
             let level = set.compile_level(&domain.descriptors, &mut path, stats);
             domains.push((domain.domain.as_str().into(), level));
         }
@@ -176,6 +204,7 @@ impl RuleSet {
             })
         );
         let node = Node {
+            key: rule.key.as_str().into(),
             value: rule.value.as_deref().map(Into::into),
             limit,
             children: None,
@@ -232,6 +261,44 @@ impl RuleSet {
             found = Some(id);
         }
         found
+    }
+
+    /// Every rule, domain by domain, in file order, depth first.
+    pub fn views(&self) -> Vec<RuleView> {
+        let mut out = Vec::with_capacity(self.nodes.len());
+        for (i, (domain, first)) in self.domain_starts.iter().enumerate() {
+            let end = self
+                .domain_starts
+                .get(i + 1)
+                .map_or(self.nodes.len(), |(_, next)| *next as usize);
+            for node in &self.nodes[*first as usize..end] {
+                let limit = match node.limit.as_ref().map(|l| l.limit) {
+                    None => String::new(),
+                    Some(Limit::Unlimited) => "unlimited".into(),
+                    Some(Limit::Fixed {
+                        window,
+                        requests_per_unit,
+                    }) => {
+                        format!("{requests_per_unit}/{}", window.unit())
+                    }
+                };
+                out.push(RuleView {
+                    domain: domain.to_string(),
+                    depth: node
+                        .yaml_path
+                        .matches("descriptors[")
+                        .count()
+                        .saturating_sub(1),
+                    yaml_path: node.yaml_path.to_string(),
+                    key: node.key.to_string(),
+                    value: node.value.as_deref().map(str::to_owned),
+                    limit,
+                    shadow: node.shadow_mode,
+                    stats_key: node.full_key.to_string(),
+                });
+            }
+        }
+        out
     }
 
     /// One line per rule with a limit, as envoyproxy/ratelimit's `/rlconfig` prints them,

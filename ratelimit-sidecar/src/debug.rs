@@ -1,4 +1,5 @@
-//! The debug listener: `/`, `/rlconfig`, `/stats`, `POST /explain`, `/debug/pprof/`.
+//! The debug listener: `/` (the live dashboard for browsers, the list of paths for
+//! others), `/rlconfig`, `/stats`, `POST /explain`, `/dashboard.json`, `/debug/pprof/`.
 //!
 //! `/stats` is streamed a few hundred statistics at a time, so a scrape holds no more
 //! than one chunk of text however many statistics there are.
@@ -18,7 +19,7 @@ use ratelimit_core::stats::Snapshot;
 
 use crate::service::Service;
 
-const PATHS: [(&str, &str); 5] = [
+const PATHS: [(&str, &str); 6] = [
     ("/debug/pprof/", "what profiling this server offers"),
     (
         "/rlconfig",
@@ -29,7 +30,14 @@ const PATHS: [(&str, &str); 5] = [
         "/explain",
         "POST a request in the /json shape: which rule each descriptor meets, its counter, and the answer it would get, without counting it",
     ),
-    ("/", "this list"),
+    (
+        "/dashboard.json",
+        "what the dashboard shows: health, the last load, rules, counters, the counters nearest their limits",
+    ),
+    (
+        "/",
+        "this list; a browser (Accept: text/html) gets the live dashboard",
+    ),
 ];
 
 /// Statistics rendered into one chunk of the `/stats` body.
@@ -53,6 +61,19 @@ impl hyper::service::Service<Request<Incoming>> for Debug {
         Box::pin(async move {
             if request.uri().path() == "/explain" {
                 return Ok(explain(&service, request, max_body).await);
+            }
+            let browser = request
+                .headers()
+                .get(hyper::header::ACCEPT)
+                .and_then(|accept| accept.to_str().ok())
+                .is_some_and(|accept| accept.contains("text/html"));
+            if request.uri().path() == "/" && browser {
+                let mut page = text(StatusCode::OK, crate::dashboard::PAGE.to_owned());
+                page.headers_mut().insert(
+                    hyper::header::CONTENT_TYPE,
+                    hyper::header::HeaderValue::from_static("text/html; charset=utf-8"),
+                );
+                return Ok(page);
             }
             Ok(route(&service, request.uri().path()))
         })
@@ -109,6 +130,14 @@ fn route(service: &Service, path: &str) -> Response<Body> {
         }
         "/rlconfig" => text(StatusCode::OK, service.limiter.describe()),
         "/stats" => stats(service),
+        "/dashboard.json" => {
+            let mut response = text(StatusCode::OK, crate::dashboard::data(service));
+            response.headers_mut().insert(
+                hyper::header::CONTENT_TYPE,
+                hyper::header::HeaderValue::from_static("application/json"),
+            );
+            response
+        }
         _ if path == "/debug/pprof" || path.starts_with("/debug/pprof/") => text(
             StatusCode::OK,
             "No profiles are built into this server. For a CPU profile in pprof-compatible form, run\n\

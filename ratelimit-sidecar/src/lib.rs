@@ -5,6 +5,7 @@
 pub mod backend;
 pub mod bounds;
 pub mod cli;
+pub mod dashboard;
 pub mod debug;
 pub mod explain;
 pub mod grpc;

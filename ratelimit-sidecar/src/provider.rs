@@ -16,7 +16,7 @@ use ratelimit_core::stats::names;
 use ratelimit_core::{Config, ConfigError};
 use tokio::sync::mpsc;
 
-use crate::service::Service;
+use crate::service::{LoadResult, Service, unix_now};
 use crate::settings::ConfigSettings;
 
 /// Changes arriving within this window cause one reload: editors and `cp` write in steps.
@@ -249,13 +249,27 @@ pub async fn apply(service: &Service, directory: &Path, result: Result<Config, L
             for line in service.limiter.describe().lines() {
                 tracing::info!("rule {line}");
             }
+            let loaded = domains.iter().map(|d| d.to_string()).collect();
+            record(service, Ok(loaded));
             service.health.config_loaded(domains.len()).await;
         }
         Err(error) => {
             stats.counter(names::CONFIG_LOAD_ERROR).add(1);
+            record(service, Err(error.to_string()));
             tracing::error!(error = %error, "rate limit configuration rejected; the previous configuration stays in use");
         }
     }
+}
+
+fn record(service: &Service, outcome: Result<Vec<String>, String>) {
+    let result = LoadResult {
+        at: unix_now(),
+        outcome,
+    };
+    *service
+        .last_load
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner()) = Some(result);
 }
 
 /// Reloads after each burst of changes until the sender side closes.

@@ -26,6 +26,15 @@ pub enum ServiceError {
     Backend(#[from] BackendError),
 }
 
+/// What the last configuration load did.
+#[derive(Clone, Debug)]
+pub struct LoadResult {
+    /// Unix seconds.
+    pub at: u64,
+    /// The domains loaded, or the error that kept the previous rules.
+    pub outcome: Result<Vec<String>, String>,
+}
+
 /// The gRPC method whose statistics the service keeps, as envoyproxy/ratelimit names it.
 const METHOD: &str = "ShouldRateLimit";
 
@@ -42,6 +51,8 @@ pub struct Service {
     pub headers: Option<HeaderNames>,
     /// RESPONSE_DYNAMIC_METADATA.
     pub dynamic_metadata: bool,
+    /// The result of the last configuration load.
+    pub last_load: std::sync::Mutex<Option<LoadResult>>,
     response_time: Arc<Timer>,
     total_requests: Arc<Counter>,
     service_errors: Arc<Counter>,
@@ -66,6 +77,7 @@ impl Service {
             health,
             headers,
             dynamic_metadata,
+            last_load: std::sync::Mutex::new(None),
         }
     }
 

@@ -46,6 +46,7 @@ pub struct Server {
 }
 
 /// How to start a server.
+#[derive(Clone)]
 pub struct Options {
     pub files: Vec<(&'static str, String)>,
     pub env: Vec<(&'static str, String)>,
@@ -83,9 +84,18 @@ impl Server {
     }
 
     pub fn start_with(options: Options) -> Server {
-        let server = Server::spawn(options);
-        server.wait_ready();
-        server
+        // A port found free can be taken before the server binds it (another test's
+        // outgoing connection gets it as its own port): start again on fresh ports when
+        // that is why the server stopped.
+        for _ in 0..3 {
+            let mut server = Server::spawn(options.clone());
+            match server.wait_ready() {
+                Ok(()) => return server,
+                Err(log) if log.contains("cannot listen") => continue,
+                Err(log) => panic!("server did not start; log:\n{log}"),
+            }
+        }
+        panic!("server could not listen on free ports three times");
     }
 
     /// Starts without waiting (for start-up failures).
@@ -170,18 +180,26 @@ impl Server {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
-    fn wait_ready(&self) {
+    /// Waits for the listeners; the log when the server exits or takes over 20 s.
+    fn wait_ready(&mut self) -> Result<(), String> {
         let deadline = Instant::now() + Duration::from_secs(20);
         while Instant::now() < deadline {
             if std::net::TcpStream::connect(("127.0.0.1", self.http)).is_ok()
                 && (self.uds.is_some()
                     || std::net::TcpStream::connect(("127.0.0.1", self.grpc)).is_ok())
             {
-                return;
+                return Ok(());
+            }
+            let exited = self
+                .child
+                .as_mut()
+                .and_then(|c| c.try_wait().ok().flatten());
+            if exited.is_some() {
+                return Err(self.log());
             }
             std::thread::sleep(Duration::from_millis(20));
         }
-        panic!("server did not start; log:\n{}", self.log());
+        Err(self.log())
     }
 
     /// Waits for the process to exit by itself.

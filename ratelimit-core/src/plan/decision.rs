@@ -95,6 +95,16 @@ impl PlanBody {
                             &counts[limited.increment..limited.increment + limited.counters];
                         let after = applied.counting.used(totals);
                         let status = count_hits(&applied, limited.addend, after, ratio, reset);
+                        if let Some(counter) = self.increments.get(limited.increment)
+                            && !self.dry
+                        {
+                            engine.stats.nearest().observe(
+                                &counter.key,
+                                after,
+                                applied.requests_per_unit,
+                                counter.window_end,
+                            );
+                        }
                         if let (Some(cache), Some(counter)) =
                             (&engine.local_cache, self.increments.get(limited.increment))
                             && after > u64::from(applied.requests_per_unit)

@@ -8,7 +8,7 @@ use crate::stats::names::push_key_part;
 use crate::unit::Window;
 
 impl Engine {
-    /// Calls `f(cache key, hits, window, window end)` for each counter of `body`, in counter order,
+    /// Calls `f(cache key, hits, window, window end, limit)` for each counter of `body`, in counter order,
     /// building each key in `buffer`: the in-process path reuses one buffer and allocates
     /// no key, a plan takes each key out of it.
     pub(crate) fn for_each_counter(
@@ -16,12 +16,13 @@ impl Engine {
         body: &PlanBody,
         request: &Request,
         buffer: &mut String,
-        mut f: impl FnMut(&mut String, u64, Window, u64),
+        mut f: impl FnMut(&mut String, u64, Window, u64, u32),
     ) {
         let root = self.rules.domain(&request.domain);
         for (item, descriptor) in body.items.iter().zip(&request.descriptors) {
             if let Item::Limited(limited) = item {
-                for span in self.applied(limited).counting.counters(body.now) {
+                let applied = self.applied(limited);
+                for span in applied.counting.counters(body.now) {
                     buffer.clear();
                     self.cache_key(
                         buffer,
@@ -31,7 +32,13 @@ impl Engine {
                         limited.source,
                         span.start,
                     );
-                    f(buffer, limited.addend, span.window, span.end());
+                    f(
+                        buffer,
+                        limited.addend,
+                        span.window,
+                        span.end(),
+                        applied.requests_per_unit,
+                    );
                 }
             }
         }

@@ -100,14 +100,19 @@ impl Engine {
         let mut body = self.match_request(request, now, dry);
         let mut increments = Vec::with_capacity(body.items.len());
         let mut key = String::new();
-        self.for_each_counter(&body, request, &mut key, |key, hits, window, window_end| {
-            increments.push(Increment {
-                key: std::mem::take(key),
-                hits,
-                window,
-                window_end,
-            });
-        });
+        self.for_each_counter(
+            &body,
+            request,
+            &mut key,
+            |key, hits, window, window_end, _| {
+                increments.push(Increment {
+                    key: std::mem::take(key),
+                    hits,
+                    window,
+                    window_end,
+                });
+            },
+        );
         body.increments = increments;
         if let Some(cache) = self.local_cache.as_ref().filter(|_| !dry) {
             body.skip_cached(cache, self.settings.stop_cache_key_increment_when_overlimit);

@@ -7,6 +7,7 @@
 //! [`names::STATS_OVERFLOW`].
 
 pub mod names;
+mod nearest;
 mod snapshot;
 mod timer;
 
@@ -15,6 +16,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, RwLock};
 
 pub use names::RuleStat;
+pub use nearest::{NEAREST_KEPT, Near, Nearest};
 pub use snapshot::{Deltas, Name, Sample, Snapshot, Value};
 pub use timer::{BUCKET_BOUNDS_US, Timer, TimerReading};
 
@@ -102,6 +104,7 @@ pub struct StatsRegistry {
     dynamic: AtomicUsize,
     max_dynamic_keys: usize,
     overflow: Arc<Counter>,
+    nearest: Nearest,
 }
 
 impl std::fmt::Debug for StatsRegistry {
@@ -132,7 +135,13 @@ impl StatsRegistry {
             dynamic: AtomicUsize::new(0),
             max_dynamic_keys,
             overflow,
+            nearest: Nearest::default(),
         }
+    }
+
+    /// The counters nearest their limits.
+    pub fn nearest(&self) -> &Nearest {
+        &self.nearest
     }
 
     /// How many names from requests this registry keeps before folding.
