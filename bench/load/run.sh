@@ -4,8 +4,9 @@
 # The ceiling is rls-ceiling: a tonic RateLimitService that answers OK without deciding,
 # on a single-threaded runtime (the fastest tonic can serve on one core). The servers
 # under test are the sidecar on the memory backend and on Redis, each pinned to CPU 0 (so
-# one worker), and the sidecar on memory with GRPC_WORKERS=2 unpinned (scaling across
-# cores). The load generators run on CPU 1: h2load (Debian's nghttp2-client, when
+# one worker), the same memory sidecar with every statistics output on (statsd over UDP
+# flushed every second, Prometheus scraped every 2 s; the other has DISABLE_STATS=true),
+# and the sidecar on memory with GRPC_WORKERS=2 unpinned (scaling across cores). The load generators run on CPU 1: h2load (Debian's nghttp2-client, when
 # installed) for one hot key, then rls-load (this folder) for 1 and 10 000 keys with p50
 # and p99. Every server is started once; the measurements alternate between them, round
 # after round, so that drift of the machine hits all of them alike. Each measurement also
@@ -56,9 +57,15 @@ start() { # name cpus command... (@PORT@ in the command is the gRPC port, @FREE@
 SIDECAR=(env RUNTIME_ROOT="$WORK/current" RUNTIME_SUBDIRECTORY= USE_STATSD=false LOG_LEVEL=error
 	HOST=127.0.0.1 PORT=@FREE@ DEBUG_HOST=127.0.0.1 DEBUG_PORT=@FREE@ GRPC_HOST=127.0.0.1 GRPC_PORT=@PORT@)
 start ceiling 0 "$BIN/rls-ceiling" 127.0.0.1:@PORT@
-start memory 0 "${SIDECAR[@]}" BACKEND_TYPE=memory "$BIN/ratelimit"
+start memory 0 "${SIDECAR[@]}" BACKEND_TYPE=memory DISABLE_STATS=true "$BIN/ratelimit"
+prometheus_port=$(free_port)
+# Nothing listens on the statsd port: UDP datagrams are sent and dropped, as to a collector.
+start sinks 0 "${SIDECAR[@]}" BACKEND_TYPE=memory USE_STATSD=true STATSD_PROTOCOL=udp \
+	STATSD_HOST=127.0.0.1 STATSD_PORT=@FREE@ STATS_FLUSH_INTERVAL=1s USE_PROMETHEUS=true \
+	PROMETHEUS_ADDR="127.0.0.1:$prometheus_port" "$BIN/ratelimit"
+(while sleep 2; do curl -s "http://127.0.0.1:$prometheus_port/metrics" >/dev/null || true; done) &
 start memory-2w "" "${SIDECAR[@]}" BACKEND_TYPE=memory GRPC_WORKERS=2 "$BIN/ratelimit"
-SERVERS=(ceiling memory memory-2w)
+SERVERS=(ceiling memory sinks memory-2w)
 if command -v redis-server >/dev/null; then
 	redis_port=$(free_port)
 	# redis-server shares CPU 1 with the generators.
@@ -110,7 +117,7 @@ for r, server, tool, keys, requests, errors, secs, p50, p99, ticks in rows:
 print(f"{'load':<16} {'server':<10} {'req/s':>8} {'vs ceiling':>10} {'CPU us/req':>10} {'x ceiling':>9} {'p50 us':>7} {'p99 us':>7} {'errors':>6}")
 for tool, keys in sorted({(t, k) for t, k, _ in by}, key=lambda x: (x[0], int(x[1]))):
     ceiling = {r: (n / s, t / tick * 1e6 / max(n, 1)) for r, n, _, s, _, _, t in by[(tool, keys, "ceiling")]}
-    for server in ["ceiling", "memory", "redis", "memory-2w"]:
+    for server in ["ceiling", "memory", "sinks", "redis", "memory-2w"]:
         runs = by.get((tool, keys, server))
         if not runs:
             continue
