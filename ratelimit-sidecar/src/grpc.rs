@@ -66,7 +66,7 @@ impl UnaryService<RateLimitRequest> for ShouldRateLimit {
         let service = Arc::clone(&self.0);
         Box::pin(async move {
             service
-                .should_rate_limit(request.into_inner())
+                .should_rate_limit_grpc(request.into_inner())
                 .await
                 .map(Response::new)
                 .map_err(|error| status(&error))

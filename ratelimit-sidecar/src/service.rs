@@ -81,13 +81,25 @@ impl Service {
         }
     }
 
-    /// Decides one request.
-    pub async fn should_rate_limit(
+    /// Decides one request from gRPC, counted in `ratelimit_server.ShouldRateLimit.*`
+    /// as upstream's gRPC interceptor counts every call.
+    pub async fn should_rate_limit_grpc(
         &self,
         request: RateLimitRequest,
     ) -> Result<RateLimitResponse, ServiceError> {
         let started = std::time::Instant::now();
         self.total_requests.add(1);
+        let result = self.should_rate_limit(request).await;
+        self.response_time.record(started.elapsed());
+        result
+    }
+
+    /// Decides one request (`/json` comes here directly, not counted as a gRPC call, as
+    /// upstream's handler does).
+    pub async fn should_rate_limit(
+        &self,
+        request: RateLimitRequest,
+    ) -> Result<RateLimitResponse, ServiceError> {
         let result = self.decide(request).await;
         if matches!(
             result,
@@ -95,7 +107,6 @@ impl Service {
         ) {
             self.service_errors.add(1);
         }
-        self.response_time.record(started.elapsed());
         result
     }
 

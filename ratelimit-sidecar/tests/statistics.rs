@@ -131,6 +131,25 @@ async fn statsd_over_udp_receives_upstream_names_as_differences() {
         collector.counter("ratelimit.service.rate_limit.s.user.over_limit"),
         1
     );
+    // `/json` is not a gRPC call: upstream's interceptor does not count it.
+    reqwest::Client::new()
+        .post(server.http_url("/json"))
+        .body(r#"{"domain":"s","descriptors":[{"entries":[{"key":"user","value":"bob"}]}]}"#)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        server
+            .stat("ratelimit_server.ShouldRateLimit.total_requests")
+            .await,
+        Some(3)
+    );
+    assert_eq!(
+        server
+            .stat("ratelimit.service.rate_limit.s.user.total_hits")
+            .await,
+        Some(4)
+    );
     let lines = collector.lines();
     assert!(
         lines.iter().any(
