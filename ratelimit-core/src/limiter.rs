@@ -111,11 +111,7 @@ impl Limiter {
 
     /// Plans `request` at `now` (unix seconds) for a remote counter store.
     pub fn plan(&self, request: &Request, now: u64) -> Result<Plan, RequestError> {
-        let engine = self
-            .engine
-            .load_full()
-            .ok_or(RequestError::NoConfiguration)?;
-        check(request, &self.settings.bounds)?;
+        let engine = self.engine_for(request)?;
         let body = engine.plan_body(request, now, false);
         Ok(Plan { engine, body })
     }
@@ -123,12 +119,17 @@ impl Limiter {
     /// Why `request` would get its answer at `now`, without counting it: read the
     /// counters of [`Explanation::increments`] and pass them to [`Explanation::answer`].
     pub fn explain(&self, request: &Request, now: u64) -> Result<Explanation, RequestError> {
+        Ok(Explanation::new(self.engine_for(request)?, request, now))
+    }
+
+    /// The configuration a plan keeps alive, once `request` is known to be valid.
+    fn engine_for(&self, request: &Request) -> Result<Arc<Engine>, RequestError> {
         let engine = self
             .engine
             .load_full()
             .ok_or(RequestError::NoConfiguration)?;
         check(request, &self.settings.bounds)?;
-        Ok(Explanation::new(engine, request, now))
+        Ok(engine)
     }
 
     /// Decides `request` at `now` (unix seconds) against counters in `store`.

@@ -68,12 +68,7 @@ impl hyper::service::Service<Request<Incoming>> for Debug {
                 .and_then(|accept| accept.to_str().ok())
                 .is_some_and(|accept| accept.contains("text/html"));
             if request.uri().path() == "/" && browser {
-                let mut page = text(StatusCode::OK, crate::dashboard::PAGE.to_owned());
-                page.headers_mut().insert(
-                    hyper::header::CONTENT_TYPE,
-                    hyper::header::HeaderValue::from_static("text/html; charset=utf-8"),
-                );
-                return Ok(page);
+                return Ok(typed(HTML, crate::dashboard::PAGE.to_owned()));
             }
             Ok(route(&service, request.uri().path()))
         })
@@ -99,14 +94,7 @@ async fn explain(service: &Service, request: Request<Incoming>, max_body: u64) -
         }
     };
     match crate::explain::explain(service, &body).await {
-        Ok(json) => {
-            let mut response = text(StatusCode::OK, json);
-            response.headers_mut().insert(
-                hyper::header::CONTENT_TYPE,
-                hyper::header::HeaderValue::from_static("application/json"),
-            );
-            response
-        }
+        Ok(json) => typed(JSON, json),
         Err((status, message)) => text(
             StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR),
             message,
@@ -130,14 +118,7 @@ fn route(service: &Service, path: &str) -> Response<Body> {
         }
         "/rlconfig" => text(StatusCode::OK, service.limiter.describe()),
         "/stats" => stats(service),
-        "/dashboard.json" => {
-            let mut response = text(StatusCode::OK, crate::dashboard::data(service));
-            response.headers_mut().insert(
-                hyper::header::CONTENT_TYPE,
-                hyper::header::HeaderValue::from_static("application/json"),
-            );
-            response
-        }
+        "/dashboard.json" => typed(JSON, crate::dashboard::data(service)),
         _ if path == "/debug/pprof" || path.starts_with("/debug/pprof/") => text(
             StatusCode::OK,
             "No profiles are built into this server. For a CPU profile in pprof-compatible form, run\n\
@@ -149,12 +130,25 @@ fn route(service: &Service, path: &str) -> Response<Body> {
     }
 }
 
+const JSON: &str = "application/json";
+const HTML: &str = "text/html; charset=utf-8";
+
 fn text(status: StatusCode, body: String) -> Response<Body> {
     let mut response = Response::new(Full::new(Bytes::from(body)).boxed());
     *response.status_mut() = status;
     response.headers_mut().insert(
         hyper::header::CONTENT_TYPE,
         hyper::header::HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
+    response
+}
+
+/// A 200 of `content_type`.
+fn typed(content_type: &'static str, body: String) -> Response<Body> {
+    let mut response = text(StatusCode::OK, body);
+    response.headers_mut().insert(
+        hyper::header::CONTENT_TYPE,
+        hyper::header::HeaderValue::from_static(content_type),
     );
     response
 }

@@ -95,22 +95,17 @@ impl PlanBody {
                             &counts[limited.increment..limited.increment + limited.counters];
                         let after = applied.counting.used(totals);
                         let status = count_hits(&applied, limited.addend, after, ratio, reset);
+                        let limit = applied.requests_per_unit;
                         if let Some(counter) = self.increments.get(limited.increment)
                             && !self.dry
                         {
-                            engine.stats.nearest().observe(
-                                &counter.key,
-                                after,
-                                applied.requests_per_unit,
-                                counter.window_end,
-                            );
-                        }
-                        if let (Some(cache), Some(counter)) =
-                            (&engine.local_cache, self.increments.get(limited.increment))
-                            && after > u64::from(applied.requests_per_unit)
-                            && !self.dry
-                        {
-                            cache.insert(&counter.key, counter.window_end, self.now);
+                            let nearest = engine.stats.nearest();
+                            nearest.observe(&counter.key, after, limit, counter.window_end);
+                            if let Some(cache) = &engine.local_cache
+                                && after > u64::from(limit)
+                            {
+                                cache.insert(&counter.key, counter.window_end, self.now);
+                            }
                         }
                         status
                     };

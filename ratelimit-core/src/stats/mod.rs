@@ -159,14 +159,7 @@ impl StatsRegistry {
     /// The counters of a rule key built from request data: past the bound, those of
     /// `fold`'s `_overflow` key instead.
     pub fn request_rule(&self, key: &str, fold: &str) -> Arc<RuleStats> {
-        let key = names::sanitize(key);
-        if let Some(found) = read(&self.rules).get(key.as_ref()) {
-            return Arc::clone(found);
-        }
-        match self.admit() {
-            true => get_or_insert(&self.rules, &key),
-            false => self.rule(&names::overflow_key(fold)),
-        }
+        self.bounded(&self.rules, key, &names::overflow_key(fold))
     }
 
     /// A counter with a full statistic name from [`names`] (sanitized like
@@ -177,13 +170,18 @@ impl StatsRegistry {
 
     /// A counter whose name was built from request data: past the bound, `fold` instead.
     pub fn request_counter(&self, name: &str, fold: &str) -> Arc<Counter> {
+        self.bounded(&self.counters, name, fold)
+    }
+
+    /// `name`'s entry of `map` when kept or when it fits the bound; else `fold`'s.
+    fn bounded<T: Default>(&self, map: &Map<T>, name: &str, fold: &str) -> Arc<T> {
         let name = names::sanitize(name);
-        if let Some(found) = read(&self.counters).get(name.as_ref()) {
+        if let Some(found) = read(map).get(name.as_ref()) {
             return Arc::clone(found);
         }
         match self.admit() {
-            true => get_or_insert(&self.counters, &name),
-            false => self.counter(fold),
+            true => get_or_insert(map, &name),
+            false => get_or_insert(map, &names::sanitize(fold)),
         }
     }
 

@@ -133,14 +133,7 @@ impl Remote {
 
     /// Runs the plan's counters and returns their totals, in plan order.
     pub async fn run(&self, plan: &mut Plan) -> Result<Vec<u64>, BackendError> {
-        let result = tokio::time::timeout(self.deadline, self.exchange(plan))
-            .await
-            .unwrap_or_else(|_| {
-                Err(BackendError::Unavailable(format!(
-                    "no answer within {} ({:?})",
-                    self.deadline_setting, self.deadline
-                )))
-            });
+        let result = self.within_deadline(self.exchange(plan)).await;
         if result.is_err() {
             self.errors.add(1);
         }
@@ -150,7 +143,15 @@ impl Remote {
     /// The counters' current totals, in order, without adding to them (an explanation).
     pub async fn current(&self, increments: &[Increment]) -> Result<Vec<u64>, BackendError> {
         let read = self.routed(increments, |store, items| store.current(items));
-        tokio::time::timeout(self.deadline, read)
+        self.within_deadline(read).await
+    }
+
+    /// `call`'s result, or `Unavailable` naming the deadline's setting when it takes longer.
+    async fn within_deadline(
+        &self,
+        call: impl Future<Output = Result<Vec<u64>, BackendError>>,
+    ) -> Result<Vec<u64>, BackendError> {
+        tokio::time::timeout(self.deadline, call)
             .await
             .unwrap_or_else(|_| {
                 Err(BackendError::Unavailable(format!(
