@@ -4,7 +4,6 @@
 use ratelimit_core::stats::{Name, RuleStat, Value as Stat};
 use serde_json::{Map, Value, json};
 
-use crate::backend::Backend;
 use crate::service::{Service, unix_now};
 
 /// The page.
@@ -53,10 +52,7 @@ pub fn data(service: &Service) -> String {
     let body = json!({
         "now": now,
         "health": service.health.failing().unwrap_or("ok"),
-        "backend": match service.backend {
-            Backend::Memory(_) => "memory",
-            Backend::Remote(_) => "redis",
-        },
+        "backend": service.backend.name(),
         "lastLoad": last_load,
         "rules": rules,
         "stats": rule_stats(service),

@@ -65,8 +65,9 @@ impl UnaryService<RateLimitRequest> for ShouldRateLimit {
     fn call(&mut self, request: Request<RateLimitRequest>) -> Self::Future {
         let service = Arc::clone(&self.0);
         Box::pin(async move {
+            let (metadata, _, request) = request.into_parts();
             service
-                .should_rate_limit_grpc(request.into_inner())
+                .should_rate_limit_grpc(request, &metadata.into_headers())
                 .await
                 .map(Response::new)
                 .map_err(|error| status(&error))

@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
-use warp::http::StatusCode;
+use warp::http::{HeaderMap, StatusCode};
 use warp::reply::{Reply, Response, with_header, with_status};
 use warp::{Filter, Rejection};
 
@@ -21,20 +21,25 @@ pub fn routes(
     let json = warp::path!("json")
         .and(warp::body::content_length_limit(max_body))
         .and(warp::body::bytes())
+        .and(warp::header::headers_cloned())
         .and(with_service.clone())
-        .then(|body: Bytes, service: Arc<Service>| async move { json(&service, &body).await });
+        .then(
+            |body: Bytes, headers: HeaderMap, service: Arc<Service>| async move {
+                json(&service, &body, &headers).await
+            },
+        );
     let health = warp::path!("healthcheck")
         .and(with_service)
         .map(|service: Arc<Service>| healthcheck(&service));
     json.or(health).unify().recover(rejection).unify()
 }
 
-async fn json(service: &Service, body: &[u8]) -> Response {
+async fn json(service: &Service, body: &[u8], headers: &HeaderMap) -> Response {
     let request = match parse_request(body) {
         Ok(request) => request,
         Err(e) => return text(StatusCode::BAD_REQUEST, format!("Bad Request: {e}\n")),
     };
-    match service.should_rate_limit(request).await {
+    match service.should_rate_limit_json(request, headers).await {
         Ok(response) => {
             let status = if response.overall_code == Code::OverLimit as i32 {
                 StatusCode::TOO_MANY_REQUESTS

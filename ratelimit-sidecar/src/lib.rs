@@ -21,5 +21,6 @@ pub mod serve;
 pub mod service;
 pub mod settings;
 pub mod sinks;
+pub mod traces;
 pub mod uds;
 pub mod workers;

@@ -18,6 +18,7 @@ use crate::service::Service;
 use crate::settings::Settings;
 use crate::sinks::prometheus::Prometheus;
 use crate::sinks::{self, Flusher};
+use crate::traces::Traces;
 use crate::workers::{self, Pool};
 use crate::{debug, serve};
 
@@ -36,6 +37,9 @@ pub enum StartError {
     /// A statistics output is misconfigured (a bad PROMETHEUS_MAPPER_YAML).
     #[error("statistics: {0}")]
     Stats(String),
+    /// The trace exporter cannot be built.
+    #[error("traces: {0}")]
+    Traces(String),
 }
 
 /// Runs until SIGTERM, SIGINT or SIGHUP, then drains and returns. `settings` come from
@@ -50,7 +54,8 @@ pub async fn run(settings: Settings) -> Result<(), StartError> {
     );
     let limiter = Limiter::without_config(settings.core());
     let backend = backend::open(&settings, &pool, limiter.stats()).await?;
-    let (service, health) = service(&settings, limiter, backend).await;
+    let traces = Traces::start(&settings.tracing).map_err(StartError::Traces)?;
+    let (service, health) = service(&settings, limiter, backend, traces).await;
     let _watcher = load_rules(&settings, &service).await;
     if matches!(service.backend, Backend::Remote(_))
         && settings.redis.redis_health_check_active_connection
@@ -110,6 +115,9 @@ pub async fn run(settings: Settings) -> Result<(), StartError> {
     if let Some(flusher) = flusher {
         let _ = tokio::task::spawn_blocking(move || flusher.stop()).await;
     }
+    if let Some(traces) = &service.traces {
+        traces.shutdown().await;
+    }
     if !server.grpc_uds.is_empty() {
         let _ = std::fs::remove_file(&server.grpc_uds);
     }
@@ -152,6 +160,7 @@ async fn service(
     settings: &Settings,
     limiter: Limiter,
     backend: Backend,
+    traces: Option<Traces>,
 ) -> (Arc<Service>, HealthServer<HealthService>) {
     let headers = settings
         .limiter
@@ -176,6 +185,7 @@ async fn service(
         health,
         headers,
         settings.limiter.response_dynamic_metadata,
+        traces,
     );
     (Arc::new(service), health_server)
 }

@@ -4,6 +4,7 @@ use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
+use http::HeaderMap;
 use ratelimit_core::stats::{Counter, Timer, names};
 use ratelimit_core::{CounterStore, Explanation, HeaderNames, Limiter, RequestError, Response};
 use ratelimit_proto::envoy::{InvalidRequest, request_from_pb, response_to_pb};
@@ -11,6 +12,7 @@ use ratelimit_proto::envoy::{InvalidRequest, request_from_pb, response_to_pb};
 use crate::backend::{Backend, BackendError};
 use crate::health::Health;
 use crate::metadata::dynamic_metadata;
+use crate::traces::{self, RequestSpan, Traces};
 
 /// Why a request got no decision.
 #[derive(Debug, thiserror::Error)]
@@ -38,6 +40,11 @@ pub struct LoadResult {
 /// The gRPC method whose statistics the service keeps, as envoyproxy/ratelimit names it.
 const METHOD: &str = "ShouldRateLimit";
 
+/// The span of a gRPC decision, named as OpenTelemetry names RPC spans.
+const GRPC_SPAN: &str = "envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit";
+/// The span of a `/json` decision.
+const JSON_SPAN: &str = "POST /json";
+
 /// The running service: rules, counters, health and statistics.
 #[derive(Debug)]
 pub struct Service {
@@ -53,6 +60,8 @@ pub struct Service {
     pub dynamic_metadata: bool,
     /// The result of the last configuration load.
     pub last_load: std::sync::Mutex<Option<LoadResult>>,
+    /// The span exporter, when TRACING_ENABLED.
+    pub traces: Option<Traces>,
     response_time: Arc<Timer>,
     total_requests: Arc<Counter>,
     service_errors: Arc<Counter>,
@@ -66,6 +75,7 @@ impl Service {
         health: Health,
         headers: Option<HeaderNames>,
         dynamic_metadata: bool,
+        traces: Option<Traces>,
     ) -> Service {
         let stats = limiter.stats();
         Service {
@@ -78,6 +88,7 @@ impl Service {
             headers,
             dynamic_metadata,
             last_load: std::sync::Mutex::new(None),
+            traces,
         }
     }
 
@@ -86,38 +97,68 @@ impl Service {
     pub async fn should_rate_limit_grpc(
         &self,
         request: RateLimitRequest,
+        headers: &HeaderMap,
     ) -> Result<RateLimitResponse, ServiceError> {
         let started = std::time::Instant::now();
         self.total_requests.add(1);
-        let result = self.should_rate_limit(request).await;
+        let result = self.traced(GRPC_SPAN, request, headers).await;
         self.response_time.record(started.elapsed());
         result
     }
 
-    /// Decides one request (`/json` comes here directly, not counted as a gRPC call, as
-    /// upstream's handler does).
-    pub async fn should_rate_limit(
+    /// Decides one request from `/json`, not counted as a gRPC call (as upstream's
+    /// handler does).
+    pub async fn should_rate_limit_json(
         &self,
         request: RateLimitRequest,
+        headers: &HeaderMap,
     ) -> Result<RateLimitResponse, ServiceError> {
-        let result = self.decide(request).await;
+        self.traced(JSON_SPAN, request, headers).await
+    }
+
+    /// Decides one request, in a span named `span` when tracing, child of the trace
+    /// `headers` carry.
+    async fn traced(
+        &self,
+        span: &'static str,
+        request: RateLimitRequest,
+        headers: &HeaderMap,
+    ) -> Result<RateLimitResponse, ServiceError> {
+        let span = self
+            .traces
+            .as_ref()
+            .map(|traces| traces.request(span, headers, &request));
+        let result = self.decide(request, span.as_ref()).await;
         if matches!(
             result,
             Err(ServiceError::Invalid(_) | ServiceError::Request(_))
         ) {
             self.service_errors.add(1);
         }
+        if let Some(span) = span {
+            span.finish(&result);
+        }
         result
     }
 
-    async fn decide(&self, request: RateLimitRequest) -> Result<RateLimitResponse, ServiceError> {
+    async fn decide(
+        &self,
+        request: RateLimitRequest,
+        span: Option<&RequestSpan>,
+    ) -> Result<RateLimitResponse, ServiceError> {
         let request = request_from_pb(request)?;
         let now = unix_now();
+        let backend = self.backend.name();
         let response = match &self.backend {
-            Backend::Memory(store) => self.limiter.should_rate_limit(&request, &**store, now)?,
+            Backend::Memory(store) => {
+                let decide = async { self.limiter.should_rate_limit(&request, &**store, now) };
+                traces::backend(span, backend, None, decide).await?
+            }
             Backend::Remote(remote) => {
                 let mut plan = self.limiter.plan(&request, now)?;
-                let counts = remote.run(&mut plan).await?;
+                let counters = Some(plan.increments().len());
+                let counts =
+                    traces::backend(span, backend, counters, remote.run(&mut plan)).await?;
                 plan.decide(&counts)
             }
         };

@@ -476,8 +476,6 @@ fn settings_of_features_not_built_stop_start_up_naming_them() {
         // Must never become a server that speaks plaintext without saying so.
         ("GRPC_SERVER_USE_TLS", "true"),
         ("GRPC_SERVER_TLS_CERT", "/nonexistent/cert.pem"),
-        ("TRACING_ENABLED", "true"),
-        ("TRACING_SERVICE_NAME", "edge"),
         ("MEMCACHE_HOST_PORT", "127.0.0.1:11211"),
         ("CONFIG_GRPC_XDS_SERVER_URL", "127.0.0.1:18000"),
         ("CONFIG_TYPE", "GRPC_XDS_SOTW"),
@@ -501,7 +499,7 @@ fn settings_of_features_not_built_stop_start_up_naming_them() {
         env: vec![
             ("GRPC_SERVER_USE_TLS", "false".into()),
             ("USE_PROMETHEUS", "false".into()),
-            ("TRACING_ENABLED", "false".into()),
+            ("MEMCACHE_TLS", "false".into()),
             ("DISABLE_STATS", "true".into()),
         ],
         ..Options::default()

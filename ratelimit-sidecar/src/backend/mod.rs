@@ -101,6 +101,16 @@ pub enum Backend {
     Remote(Remote),
 }
 
+impl Backend {
+    /// The store's name, as the dashboard and trace spans show it.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Backend::Memory(_) => "memory",
+            Backend::Remote(_) => "redis",
+        }
+    }
+}
+
 /// A remote store, with the per-second one when configured, and what bounds a call.
 #[derive(Debug)]
 pub struct Remote {

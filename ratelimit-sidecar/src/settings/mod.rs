@@ -9,6 +9,7 @@ mod limiter;
 mod redis;
 mod server;
 mod stats;
+mod traces;
 mod unbuilt;
 pub mod values;
 
@@ -20,6 +21,7 @@ pub use self::limiter::{BackendType, LimiterSettings};
 pub use self::redis::{RedisSettings, RedisType};
 pub use self::server::{LogFormat, ServerSettings};
 pub use self::stats::{Outputs, StatsSettings};
+pub use self::traces::TracingSettings;
 pub use self::unbuilt::{MEMCACHE_BACKEND, UnbuiltSettings};
 pub use self::values::{StringMap, go_bool, go_duration, go_map};
 pub use crate::bounds::BoundsSettings;
@@ -44,6 +46,8 @@ pub struct Settings {
     pub bounds: BoundsSettings,
     #[command(flatten, next_help_heading = "Statistics")]
     pub stats: StatsSettings,
+    #[command(flatten, next_help_heading = "Traces")]
+    pub tracing: TracingSettings,
     #[command(
         flatten,
         next_help_heading = "Not available in this version (setting one stops start-up)"
@@ -221,20 +225,20 @@ mod tests {
         };
         let message = refused(&[
             "ratelimit",
-            "--tracing-enabled",
-            "true",
+            "--memcache-host-port",
+            "127.0.0.1:11211",
             "--grpc-server-tls-cert",
             "/x",
         ]);
         assert!(
-            message.contains("TRACING_ENABLED: OpenTelemetry tracing"),
+            message.contains("MEMCACHE_HOST_PORT: the memcached backend"),
             "{message}"
         );
         assert!(message.contains("GRPC_SERVER_TLS_CERT"), "{message}");
         assert!(refused(&["ratelimit", "--grpc-server-use-tls", "true"]).contains("gRPC TLS"));
         let (settings, _) = Settings::load_from([
             "ratelimit",
-            "--tracing-enabled",
+            "--memcache-tls",
             "false",
             "--grpc-server-use-tls",
             "false",

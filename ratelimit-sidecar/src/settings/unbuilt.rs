@@ -10,9 +10,9 @@ use std::time::Duration;
 
 use clap::{ArgAction, Args};
 
-use super::values::{StringMap, go_bool, go_duration, go_map, ratio};
+use super::values::{StringMap, go_bool, go_duration, go_map};
 
-/// gRPC TLS, the xDS configuration source, memcached and traces.
+/// gRPC TLS, the xDS configuration source, and memcached.
 #[derive(Clone, Debug, Args)]
 pub struct UnbuiltSettings {
     /// Serve gRPC over TLS.
@@ -150,24 +150,6 @@ pub struct UnbuiltSettings {
     /// Verify the chain but not the host name.
     #[arg(long, env, default_value = "false", value_parser = go_bool, action = ArgAction::Set)]
     pub memcache_tls_skip_hostname_verification: bool,
-    /// Export OTLP spans.
-    #[arg(long, env, default_value = "false", value_parser = go_bool, action = ArgAction::Set)]
-    pub tracing_enabled: bool,
-    /// Service name in spans.
-    #[arg(long, env, default_value = "RateLimit")]
-    pub tracing_service_name: String,
-    /// Service namespace in spans.
-    #[arg(long, env, default_value = "")]
-    pub tracing_service_namespace: String,
-    /// Instance id in spans (default: a random UUID).
-    #[arg(long, env, default_value = "")]
-    pub tracing_service_instance_id: String,
-    /// http or grpc.
-    #[arg(long, env, default_value = "http", value_parser = ["http", "grpc"])]
-    pub tracing_exporter_protocol: String,
-    /// Share of requests traced, 0 to 1.
-    #[arg(long, env, default_value = "1", value_parser = ratio)]
-    pub tracing_sampling_rate: f32,
 }
 
 /// `BACKEND_TYPE=memcache`, refused.
@@ -204,7 +186,6 @@ fn asks_for_nothing(settings: &UnbuiltSettings, id: &str) -> bool {
         "grpc_server_use_tls" => !settings.grpc_server_use_tls,
         "xds_server_use_tls" => !settings.xds_server_use_tls,
         "memcache_tls" => !settings.memcache_tls,
-        "tracing_enabled" => !settings.tracing_enabled,
         _ => false,
     }
 }
@@ -215,9 +196,7 @@ fn feature(id: &str) -> &'static str {
         "gRPC TLS is"
     } else if id.starts_with("xds_") || id == "force_start_without_initial_config" {
         "the xDS configuration source is"
-    } else if id.starts_with("memcache_") {
-        "the memcached backend is"
     } else {
-        "OpenTelemetry tracing is"
+        "the memcached backend is"
     }
 }
