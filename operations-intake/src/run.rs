@@ -136,6 +136,7 @@ pub async fn run(settings: Settings) -> Result<(), StartError> {
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
     let server = serve::serve(
         listener,
+        None,
         serve::warp_filter(routes(app)),
         settings.http.connection_limits(),
         settings.http.connection_slots(),

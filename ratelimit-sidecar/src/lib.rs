@@ -21,6 +21,7 @@ pub mod serve;
 pub mod service;
 pub mod settings;
 pub mod sinks;
+pub mod tls;
 pub mod traces;
 pub mod uds;
 pub mod workers;

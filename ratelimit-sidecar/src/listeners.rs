@@ -1,7 +1,7 @@
 //! The listeners: opening them (TCP ports shared by the workers, the unix socket, the
 //! debug port), and what each worker serves on them: gRPC (TCP, or connections handed
 //! over from the unix socket) and the HTTP front end, until the stop signal, then
-//! draining. TLS listeners come in here.
+//! draining, over TLS when configured ([`crate::tls`]).
 
 use std::future::Future;
 use std::net::TcpListener as StdTcpListener;
@@ -20,6 +20,7 @@ use crate::grpc::Grpc;
 use crate::serve::{self, ConnectionLimits, ConnectionSlots};
 use crate::service::Service;
 use crate::settings::ServerSettings;
+use crate::tls::{self, ServerTls};
 use crate::uds::AuthorityFix;
 use crate::{http, workers};
 
@@ -54,6 +55,8 @@ pub struct Shared {
     pub slots: ConnectionSlots,
     /// Turns true when the server stops.
     pub stop: watch::Receiver<bool>,
+    /// The listeners' TLS, when GRPC_SERVER_USE_TLS.
+    pub tls: Option<Arc<ServerTls>>,
 }
 
 impl Shared {
@@ -159,8 +162,10 @@ pub async fn serve_worker(shared: Shared, listeners: WorkerListeners) {
         eprintln!("ratelimit: a worker cannot take its listeners: {error}");
         std::process::exit(1)
     });
+    let http_tls = shared.tls.as_ref().and_then(|tls| tls.http.clone());
     let http = tokio::spawn(serve::serve(
         http,
+        http_tls,
         serve::warp_filter(http::routes(
             Arc::clone(&shared.service),
             shared.server.max_json_body_bytes,
@@ -175,11 +180,18 @@ pub async fn serve_worker(shared: Shared, listeners: WorkerListeners) {
         .add_service(Grpc(Arc::clone(&shared.service)))
         .add_service(shared.health.clone());
     let served = match grpc_source {
-        Registered::Tcp(listener) => {
-            let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
-            grpc.serve_with_incoming_shutdown(incoming, shared.stopped())
-                .await
-        }
+        Registered::Tcp(listener) => match &shared.tls {
+            Some(tls) => {
+                let incoming = tls::incoming(listener, Arc::clone(&tls.grpc));
+                grpc.serve_with_incoming_shutdown(incoming, shared.stopped())
+                    .await
+            }
+            None => {
+                let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
+                grpc.serve_with_incoming_shutdown(incoming, shared.stopped())
+                    .await
+            }
+        },
         Registered::Unix(connections) => {
             let incoming = UnboundedReceiverStream::new(connections)
                 .map(|stream| UnixStream::from_std(stream).map(AuthorityFix::new));

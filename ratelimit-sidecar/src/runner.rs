@@ -18,6 +18,7 @@ use crate::service::Service;
 use crate::settings::Settings;
 use crate::sinks::prometheus::Prometheus;
 use crate::sinks::{self, Flusher};
+use crate::tls::ServerTls;
 use crate::traces::Traces;
 use crate::workers::{self, Pool};
 use crate::{debug, serve};
@@ -37,6 +38,9 @@ pub enum StartError {
     /// A statistics output is misconfigured (a bad PROMETHEUS_MAPPER_YAML).
     #[error("statistics: {0}")]
     Stats(String),
+    /// A TLS file is missing or unusable.
+    #[error("TLS: {0}")]
+    Tls(String),
     /// The trace exporter cannot be built.
     #[error("traces: {0}")]
     Traces(String),
@@ -64,6 +68,7 @@ pub async fn run(settings: Settings) -> Result<(), StartError> {
     }
 
     let server = &settings.server;
+    let tls = ServerTls::load(&settings.tls).map_err(StartError::Tls)?;
     let opened = listeners::open(server, pool.workers())?;
     let (stop_tx, stop_rx) = watch::channel(false);
     let shared = Shared {
@@ -73,12 +78,14 @@ pub async fn run(settings: Settings) -> Result<(), StartError> {
         limits: settings.bounds.http.connection_limits(),
         slots: settings.bounds.http.connection_slots(),
         stop: stop_rx,
+        tls: tls.map(Arc::new),
     };
     if let Some((listener, workers)) = opened.uds {
         tokio::spawn(listeners::hand_out(listener, workers, shared.stopped()));
     }
     let debug = tokio::spawn(serve::serve(
         opened.debug,
+        None,
         debug::Debug(Arc::clone(&service), server.max_json_body_bytes),
         shared.limits,
         settings.bounds.http.connection_slots(),
@@ -141,6 +148,7 @@ fn statistics(settings: &Settings, shared: &Shared) -> Result<Option<Flusher>, S
         };
         tokio::spawn(serve::serve(
             listener,
+            None,
             endpoint,
             shared.limits,
             settings.bounds.http.connection_slots(),

@@ -22,7 +22,7 @@ use hyper::body::Incoming;
 use hyper::server::conn::http1;
 use hyper::service::{Service as HyperService, service_fn};
 use hyper_util::rt::{TokioIo, TokioTimer};
-use hyper_util::server::graceful::GracefulShutdown;
+use hyper_util::server::graceful::{GracefulShutdown, Watcher};
 use hyper_util::service::TowerToHyperService;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpListener;
@@ -88,10 +88,13 @@ where
 
 /// Serves `service` (a clone per connection) on `listener` within `limits` and `slots`
 /// (a client accepted past the cap waits, unserved, until a slot frees; further clients
-/// wait in the listen backlog) until `stop` completes, then waits for the open connections to finish their requests. Each request
-/// carries the client's address as a [`Peer`] extension.
+/// wait in the listen backlog) until `stop` completes, then waits for the open
+/// connections to finish their requests. With `tls`, each connection first completes a
+/// handshake within the header read timeout. Each request carries the client's address
+/// as a [`Peer`] extension.
 pub async fn serve<S, B>(
     listener: TcpListener,
+    tls: Option<Arc<rustls::ServerConfig>>,
     service: S,
     limits: ConnectionLimits,
     slots: ConnectionSlots,
@@ -139,32 +142,56 @@ pub async fn serve<S, B>(
         };
         at_cap = permits.available_permits() == 0;
         let _ = stream.set_nodelay(true);
-        let (stream, activity) = Watched::new(stream);
         let inner = service.clone();
         let service = service_fn(move |mut request: Request<Incoming>| {
             request.extensions_mut().insert(Peer(peer));
             inner.call(request)
         });
-        let connection = http1::Builder::new()
-            .timer(TokioTimer::new())
-            .header_read_timeout(limits.header_read_timeout)
-            .title_case_headers(true)
-            .serve_connection(TokioIo::new(stream), service);
-        let connection = graceful.watch(connection);
+        let watcher = graceful.watcher();
+        let tls = tls.clone().map(tokio_rustls::TlsAcceptor::from);
         tokio::spawn(async move {
             let _permit = permit;
-            tokio::select! {
-                result = connection => if let Err(error) = result {
-                    tracing::debug!(%error, "HTTP connection ended with an error");
-                },
-                () = activity.stalled(limits.idle_timeout) => {
-                    tracing::debug!(timeout = ?limits.idle_timeout, "closing an HTTP connection that made no progress");
-                }
+            let Some(tls) = tls else {
+                return connection(stream, service, limits, watcher).await;
+            };
+            match tokio::time::timeout(limits.header_read_timeout, tls.accept(stream)).await {
+                Ok(Ok(stream)) => connection(stream, service, limits, watcher).await,
+                Ok(Err(error)) => tracing::debug!(%peer, %error, "TLS handshake failed"),
+                Err(_) => tracing::debug!(%peer, "TLS handshake timed out"),
             }
         });
     }
     drop(listener);
     graceful.shutdown().await;
+}
+
+/// Serves one connection's requests until it closes, stalls past the idle timeout, or
+/// the server shuts down.
+async fn connection<IO, S, B>(io: IO, service: S, limits: ConnectionLimits, watcher: Watcher)
+where
+    IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    S: HyperService<Request<Incoming>, Response = hyper::Response<B>> + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    B: hyper::body::Body + Send + 'static,
+    B::Data: Send,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    let (stream, activity) = Watched::new(io);
+    let connection = http1::Builder::new()
+        .timer(TokioTimer::new())
+        .header_read_timeout(limits.header_read_timeout)
+        .title_case_headers(true)
+        .serve_connection(TokioIo::new(stream), service);
+    let connection = watcher.watch(connection);
+    tokio::select! {
+        result = connection => if let Err(error) = result {
+            tracing::debug!(%error, "HTTP connection ended with an error");
+        },
+        () = activity.stalled(limits.idle_timeout) => {
+            tracing::debug!(timeout = ?limits.idle_timeout, "closing an HTTP connection that made no progress");
+        }
+    }
 }
 
 /// When a connection last moved a byte, in milliseconds since it opened.

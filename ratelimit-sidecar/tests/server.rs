@@ -473,9 +473,6 @@ fn bad_settings_stop_start_up_naming_the_variable() {
 #[test]
 fn settings_of_features_not_built_stop_start_up_naming_them() {
     for (key, value) in [
-        // Must never become a server that speaks plaintext without saying so.
-        ("GRPC_SERVER_USE_TLS", "true"),
-        ("GRPC_SERVER_TLS_CERT", "/nonexistent/cert.pem"),
         ("MEMCACHE_HOST_PORT", "127.0.0.1:11211"),
         ("CONFIG_GRPC_XDS_SERVER_URL", "127.0.0.1:18000"),
         ("CONFIG_TYPE", "GRPC_XDS_SOTW"),

@@ -9,6 +9,7 @@ mod limiter;
 mod redis;
 mod server;
 mod stats;
+mod tls;
 mod traces;
 mod unbuilt;
 pub mod values;
@@ -21,6 +22,7 @@ pub use self::limiter::{BackendType, LimiterSettings};
 pub use self::redis::{RedisSettings, RedisType};
 pub use self::server::{LogFormat, ServerSettings};
 pub use self::stats::{Outputs, StatsSettings};
+pub use self::tls::TlsSettings;
 pub use self::traces::TracingSettings;
 pub use self::unbuilt::{MEMCACHE_BACKEND, UnbuiltSettings};
 pub use self::values::{StringMap, go_bool, go_duration, go_map};
@@ -46,6 +48,8 @@ pub struct Settings {
     pub bounds: BoundsSettings,
     #[command(flatten, next_help_heading = "Statistics")]
     pub stats: StatsSettings,
+    #[command(flatten, next_help_heading = "TLS")]
+    pub tls: TlsSettings,
     #[command(flatten, next_help_heading = "Traces")]
     pub tracing: TracingSettings,
     #[command(
@@ -85,6 +89,10 @@ impl Settings {
             .load_mogrifiers(|name| std::env::var(name).ok())
             .map_err(LoadError::Invalid)?;
         let outputs = stats.outputs().map_err(LoadError::Invalid)?;
+        settings
+            .tls
+            .check(&settings.server.grpc_uds)
+            .map_err(LoadError::Invalid)?;
         let mut warnings = Vec::new();
         if outputs.statsd && !stats.use_statsd_explicit {
             warnings.push(format!(
@@ -227,24 +235,58 @@ mod tests {
             "ratelimit",
             "--memcache-host-port",
             "127.0.0.1:11211",
-            "--grpc-server-tls-cert",
-            "/x",
+            "--xds-server-url",
+            "127.0.0.1:18000",
         ]);
         assert!(
             message.contains("MEMCACHE_HOST_PORT: the memcached backend"),
             "{message}"
         );
-        assert!(message.contains("GRPC_SERVER_TLS_CERT"), "{message}");
-        assert!(refused(&["ratelimit", "--grpc-server-use-tls", "true"]).contains("gRPC TLS"));
-        let (settings, _) = Settings::load_from([
-            "ratelimit",
-            "--memcache-tls",
-            "false",
-            "--grpc-server-use-tls",
-            "false",
-        ])
-        .unwrap();
-        assert!(!settings.unbuilt.grpc_server_use_tls);
+        assert!(message.contains("CONFIG_GRPC_XDS_SERVER_URL"), "{message}");
+        let (settings, _) = Settings::load_from(["ratelimit", "--memcache-tls", "false"]).unwrap();
+        assert!(!settings.unbuilt.memcache_tls);
+    }
+
+    #[test]
+    fn contradictory_tls_settings_stop_start_up() {
+        let invalid = |args: &[&str]| match Settings::load_from(args) {
+            Err(LoadError::Invalid(error)) => error,
+            other => panic!("{args:?} was accepted: {other:?}"),
+        };
+        for (args, names) in [
+            (
+                &["--grpc-server-use-tls", "true"][..],
+                "GRPC_SERVER_TLS_CERT",
+            ),
+            (
+                &["--grpc-client-tls-cacert", "/ca.pem"],
+                "GRPC_SERVER_USE_TLS",
+            ),
+            (
+                &["--grpc-client-tls-san", "client.test"],
+                "GRPC_CLIENT_TLS_CACERT",
+            ),
+            (&["--http-server-use-tls", "true"], "GRPC_SERVER_USE_TLS"),
+            (
+                &[
+                    "--grpc-server-use-tls",
+                    "true",
+                    "--grpc-server-tls-cert",
+                    "c",
+                    "--grpc-server-tls-key",
+                    "k",
+                    "--grpc-uds",
+                    "/s",
+                ],
+                "GRPC_UDS",
+            ),
+        ] {
+            let all: Vec<&str> = std::iter::once("ratelimit")
+                .chain(args.iter().copied())
+                .collect();
+            let error = invalid(&all);
+            assert!(error.contains(names), "{args:?}: {error}");
+        }
     }
 
     #[test]

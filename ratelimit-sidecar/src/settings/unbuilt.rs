@@ -12,24 +12,9 @@ use clap::{ArgAction, Args};
 
 use super::values::{StringMap, go_bool, go_duration, go_map};
 
-/// gRPC TLS, the xDS configuration source, and memcached.
+/// The xDS configuration source and memcached.
 #[derive(Clone, Debug, Args)]
 pub struct UnbuiltSettings {
-    /// Serve gRPC over TLS.
-    #[arg(long, env, default_value = "false", value_parser = go_bool, action = ArgAction::Set)]
-    pub grpc_server_use_tls: bool,
-    /// Certificate chain of the gRPC server (watched and reloaded).
-    #[arg(long, env, default_value = "")]
-    pub grpc_server_tls_cert: String,
-    /// Private key of the gRPC server.
-    #[arg(long, env, default_value = "")]
-    pub grpc_server_tls_key: String,
-    /// CA that client certificates must chain to (enables mTLS).
-    #[arg(long, env, default_value = "")]
-    pub grpc_client_tls_cacert: String,
-    /// DNS name the client certificate must carry.
-    #[arg(long, env, default_value = "")]
-    pub grpc_client_tls_san: String,
     /// Open the listeners before the first configuration is loaded.
     #[arg(long, env, default_value = "false", value_parser = go_bool, action = ArgAction::Set)]
     pub force_start_without_initial_config: bool,
@@ -183,7 +168,6 @@ pub fn explicitly_set(settings: &UnbuiltSettings, explicit: impl Fn(&str) -> boo
 /// A switch set to off, which asks for nothing.
 fn asks_for_nothing(settings: &UnbuiltSettings, id: &str) -> bool {
     match id {
-        "grpc_server_use_tls" => !settings.grpc_server_use_tls,
         "xds_server_use_tls" => !settings.xds_server_use_tls,
         "memcache_tls" => !settings.memcache_tls,
         _ => false,
@@ -192,9 +176,7 @@ fn asks_for_nothing(settings: &UnbuiltSettings, id: &str) -> bool {
 
 /// What a setting belongs to, by its id.
 fn feature(id: &str) -> &'static str {
-    if id.starts_with("grpc_") {
-        "gRPC TLS is"
-    } else if id.starts_with("xds_") || id == "force_start_without_initial_config" {
+    if id.starts_with("xds_") || id == "force_start_without_initial_config" {
         "the xDS configuration source is"
     } else {
         "the memcached backend is"

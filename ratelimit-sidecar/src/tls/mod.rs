@@ -1,0 +1,190 @@
+//! Server TLS for the gRPC listener (and, with HTTP_SERVER_USE_TLS, the HTTP one): the
+//! certificate is reloaded when its files change, and client certificates are checked
+//! against GRPC_CLIENT_TLS_CACERT (and GRPC_CLIENT_TLS_SAN) when mutual TLS is on.
+//!
+//! The certificate and key are read at start-up (a bad or missing file stops it, naming
+//! the file) and again whenever their directories change. A reload that fails is
+//! logged and the previous certificate stays; new connections get the new one, and
+//! established connections keep theirs.
+
+mod accept;
+mod client_auth;
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use arc_swap::ArcSwap;
+use notify::{RecommendedWatcher, RecursiveMode, Watcher};
+use rustls::crypto::CryptoProvider;
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use rustls::server::{ClientHello, ResolvesServerCert, WebPkiClientVerifier};
+use rustls::sign::CertifiedKey;
+use rustls::{RootCertStore, ServerConfig};
+
+pub use self::accept::incoming;
+use crate::settings::TlsSettings;
+
+/// The listeners' TLS: one configuration per protocol, sharing the reloaded
+/// certificate and the client check.
+#[derive(Debug)]
+pub struct ServerTls {
+    /// For gRPC (ALPN `h2`).
+    pub grpc: Arc<ServerConfig>,
+    /// For the HTTP listener (ALPN `http/1.1`), when HTTP_SERVER_USE_TLS.
+    pub http: Option<Arc<ServerConfig>>,
+    _watcher: Option<RecommendedWatcher>,
+}
+
+impl ServerTls {
+    /// The TLS the settings ask for, or nothing when GRPC_SERVER_USE_TLS is off.
+    pub fn load(settings: &TlsSettings) -> Result<Option<ServerTls>, String> {
+        if !settings.grpc_server_use_tls {
+            return Ok(None);
+        }
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let files = KeyFiles {
+            cert: PathBuf::from(&settings.grpc_server_tls_cert),
+            key: PathBuf::from(&settings.grpc_server_tls_key),
+            provider: Arc::clone(&provider),
+        };
+        let current = Arc::new(Current(ArcSwap::new(files.read()?)));
+        let clients = match settings.grpc_client_tls_cacert.as_str() {
+            "" => WebPkiClientVerifier::no_client_auth(),
+            ca => client_auth::verifier(ca, &settings.grpc_client_tls_san, &provider)?,
+        };
+        let config = |alpn: &[u8]| -> Result<Arc<ServerConfig>, String> {
+            let mut config = ServerConfig::builder_with_provider(Arc::clone(&provider))
+                .with_safe_default_protocol_versions()
+                .map_err(|e| format!("TLS: {e}"))?
+                .with_client_cert_verifier(Arc::clone(&clients))
+                .with_cert_resolver(Arc::clone(&current) as Arc<dyn ResolvesServerCert>);
+            config.alpn_protocols = vec![alpn.to_vec()];
+            Ok(Arc::new(config))
+        };
+        let grpc = config(b"h2")?;
+        let http = settings
+            .http_server_use_tls
+            .then(|| config(b"http/1.1"))
+            .transpose()?;
+        let watcher = files.watch(current);
+        tracing::warn!(
+            cert = %settings.grpc_server_tls_cert,
+            mutual = !settings.grpc_client_tls_cacert.is_empty(),
+            http = settings.http_server_use_tls,
+            "serving gRPC over TLS"
+        );
+        Ok(Some(ServerTls {
+            grpc,
+            http,
+            _watcher: watcher,
+        }))
+    }
+}
+
+/// The certificate handed to every new connection.
+#[derive(Debug)]
+struct Current(ArcSwap<CertifiedKey>);
+
+impl ResolvesServerCert for Current {
+    fn resolve(&self, _: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
+        Some(self.0.load_full())
+    }
+}
+
+/// Where the certificate and key are read from.
+struct KeyFiles {
+    cert: PathBuf,
+    key: PathBuf,
+    provider: Arc<CryptoProvider>,
+}
+
+impl KeyFiles {
+    /// The certificate chain and its key, checked to belong together.
+    fn read(&self) -> Result<Arc<CertifiedKey>, String> {
+        let chain = read_certificates(&self.cert, "GRPC_SERVER_TLS_CERT")?;
+        let key = PrivateKeyDer::from_pem_file(&self.key).map_err(|error| {
+            format!(
+                "GRPC_SERVER_TLS_KEY={}: no usable private key: {error}",
+                self.key.display()
+            )
+        })?;
+        let certified = CertifiedKey::from_der(chain, key, &self.provider).map_err(|error| {
+            format!(
+                "GRPC_SERVER_TLS_CERT={} and GRPC_SERVER_TLS_KEY={}: {error}",
+                self.cert.display(),
+                self.key.display()
+            )
+        })?;
+        Ok(Arc::new(certified))
+    }
+
+    /// Reloads into `current` whenever the files' directories change, while the
+    /// returned watcher lives (none, with a warning, when they cannot be watched).
+    fn watch(self, current: Arc<Current>) -> Option<RecommendedWatcher> {
+        let mut directories: Vec<PathBuf> = [&self.cert, &self.key]
+            .iter()
+            .map(|file| directory_of(file))
+            .collect();
+        directories.dedup();
+        let reload = move |event: notify::Result<notify::Event>| {
+            if event.is_err() {
+                return;
+            }
+            match self.read() {
+                Ok(next) if next.cert != current.0.load().cert => {
+                    current.0.store(next);
+                    tracing::warn!(cert = %self.cert.display(), "loaded a new TLS certificate for new connections");
+                }
+                Ok(_) => {}
+                Err(error) => {
+                    tracing::error!(%error, "cannot reload the TLS certificate; keeping the previous one");
+                }
+            }
+        };
+        let watched = notify::recommended_watcher(reload).and_then(|mut watcher| {
+            for directory in &directories {
+                watcher.watch(directory, RecursiveMode::NonRecursive)?;
+            }
+            Ok(watcher)
+        });
+        match watched {
+            Ok(watcher) => Some(watcher),
+            Err(error) => {
+                tracing::warn!(%error, "cannot watch the TLS certificate; a new one needs a restart");
+                None
+            }
+        }
+    }
+}
+
+fn directory_of(file: &Path) -> PathBuf {
+    match file.parent() {
+        Some(parent) if !parent.as_os_str().is_empty() => parent.to_path_buf(),
+        _ => PathBuf::from("."),
+    }
+}
+
+/// Every certificate in a PEM file, at least one; `setting` names the file in errors.
+fn read_certificates(file: &Path, setting: &str) -> Result<Vec<CertificateDer<'static>>, String> {
+    let bad = |error: &dyn std::fmt::Display| format!("{setting}={}: {error}", file.display());
+    let certificates = CertificateDer::pem_file_iter(file)
+        .map_err(|e| bad(&e))?
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| bad(&e))?;
+    if certificates.is_empty() {
+        return Err(bad(&"no PEM certificate in the file"));
+    }
+    Ok(certificates)
+}
+
+/// A store of the certificates in `file`.
+fn roots(file: &Path, setting: &str) -> Result<RootCertStore, String> {
+    let mut store = RootCertStore::empty();
+    for certificate in read_certificates(file, setting)? {
+        store
+            .add(certificate)
+            .map_err(|error| format!("{setting}={}: {error}", file.display()))?;
+    }
+    Ok(store)
+}
