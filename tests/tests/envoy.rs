@@ -47,6 +47,17 @@ fn start_envoy(upstream: u16, ratelimit: u16, deny: bool) -> Envoy {
 /// Starts Envoy on `envoy/<file>` with the placeholders filled in (`WASM_FILE` from
 /// `WASM_FILTER`, when the file has it).
 fn start_envoy_on(file: &str, upstream: u16, ratelimit: u16, deny: bool) -> Envoy {
+    start_envoy_with(file, upstream, ratelimit, deny, &[])
+}
+
+/// [`start_envoy_on`] with more placeholders filled in.
+fn start_envoy_with(
+    file: &str,
+    upstream: u16,
+    ratelimit: u16,
+    deny: bool,
+    more: &[(&str, String)],
+) -> Envoy {
     let dir = tempfile::tempdir().unwrap();
     let (port, admin) = (free_port(), free_port());
     let mut template = std::fs::read_to_string(repo().join("envoy").join(file)).unwrap();
@@ -54,6 +65,9 @@ fn start_envoy_on(file: &str, upstream: u16, ratelimit: u16, deny: bool) -> Envo
         let wasm = std::env::var("WASM_FILTER")
             .expect("WASM_FILTER must name the built filter: run scripts/test.sh");
         template = template.replace("${WASM_FILE}", &wasm);
+    }
+    for (name, value) in more {
+        template = template.replace(&format!("${{{name}}}"), value);
     }
     let config = template
         .replace("${LISTEN_PORT}", &port.to_string())
@@ -174,6 +188,47 @@ async fn envoy_enforces_the_sidecars_decisions_and_passes_its_headers() {
     assert_eq!(get(envoy.port, "/slow/a", None).await.status(), 200);
     assert_eq!(get(envoy.port, "/slow/a", None).await.status(), 429);
     assert_eq!(get(envoy.port, "/slow/b", None).await.status(), 200);
+}
+
+#[tokio::test]
+async fn envoy_asks_the_sidecar_over_mutual_tls() {
+    let pki = tempfile::tempdir().unwrap();
+    ratelimit_tests::pki::make_pki(pki.path());
+    let file = |name: &str| pki.path().join(name).display().to_string();
+    let upstream = upstream().await;
+    let sidecar = Server::start_with(Options {
+        files: vec![(
+            "rules.yaml",
+            std::fs::read_to_string(repo().join("envoy/rules.yaml")).unwrap(),
+        )],
+        env: vec![
+            ("GRPC_SERVER_USE_TLS", "true".into()),
+            ("GRPC_SERVER_TLS_CERT", file("server.crt")),
+            ("GRPC_SERVER_TLS_KEY", file("server.key")),
+            ("GRPC_CLIENT_TLS_CACERT", file("ca.crt")),
+            (
+                "GRPC_CLIENT_TLS_SAN",
+                ratelimit_tests::pki::CLIENT_NAME.into(),
+            ),
+        ],
+        ..Options::default()
+    });
+    let tls_dir = pki.path().display().to_string();
+    // failure_mode_deny: a handshake that failed would answer 500, never 200 or 429.
+    let envoy = start_envoy_with(
+        "sidecar-mtls.yaml",
+        upstream,
+        sidecar.grpc,
+        true,
+        &[("TLS_DIR", tls_dir)],
+    );
+    let statuses = [
+        get(envoy.port, "/", Some("carol")).await.status(),
+        get(envoy.port, "/", Some("carol")).await.status(),
+        get(envoy.port, "/", Some("carol")).await.status(),
+        get(envoy.port, "/", Some("carol")).await.status(),
+    ];
+    assert_eq!(statuses, [200, 200, 200, 429]);
 }
 
 #[tokio::test]
