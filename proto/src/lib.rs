@@ -13,6 +13,8 @@ include!(concat!(env!("OUT_DIR"), "/envoy.service.ratelimit.v3.rs"));
 mod edge;
 #[cfg(feature = "envoy")]
 pub mod envoy;
+#[cfg(feature = "xds")]
+pub mod xds;
 
 /// The core's types to and from this crate's minimal messages.
 pub mod client {

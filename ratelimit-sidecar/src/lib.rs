@@ -25,3 +25,4 @@ pub mod tls;
 pub mod traces;
 pub mod uds;
 pub mod workers;
+pub mod xds;

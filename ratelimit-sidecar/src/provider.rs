@@ -221,10 +221,28 @@ fn io(path: &Path, error: std::io::Error) -> LoadError {
     }
 }
 
-/// Applies a load result from `directory`: swap the rules and count
-/// `config_load_success` (warning when no domain was found: every request is then
-/// allowed), or keep the old rules, log the error and count `config_load_error`.
+/// Applies a load result from the files in `directory`.
 pub async fn apply(service: &Service, directory: &Path, result: Result<Config, LoadError>) {
+    let why = if directory.is_dir() {
+        "it holds no .yaml or .yml file with a domain"
+    } else {
+        "it does not exist"
+    };
+    let source = directory.display().to_string();
+    let result = result.map_err(|error| error.to_string());
+    apply_from(service, &source, why, result).await;
+}
+
+/// Applies a load result from `source` (files or xDS): swap the rules and count
+/// `config_load_success` (warning, with `why_empty`, when no domain was found: every
+/// request is then allowed), or keep the old rules, log the error and count
+/// `config_load_error`.
+pub async fn apply_from(
+    service: &Service,
+    source: &str,
+    why_empty: &str,
+    result: Result<Config, String>,
+) {
     let stats = service.limiter.stats();
     match result {
         Ok(config) => {
@@ -236,14 +254,9 @@ pub async fn apply(service: &Service, directory: &Path, result: Result<Config, L
                 tracing::warn!("{warning}");
             }
             if domains.is_empty() {
-                let why = if directory.is_dir() {
-                    "it holds no .yaml or .yml file with a domain"
-                } else {
-                    "it does not exist"
-                };
                 tracing::warn!(
-                    directory = %directory.display(),
-                    "no rate limit domain loaded ({why}): every request will be allowed"
+                    source,
+                    "no rate limit domain loaded ({why_empty}): every request will be allowed"
                 );
             }
             for line in service.limiter.describe().lines() {
@@ -255,7 +268,7 @@ pub async fn apply(service: &Service, directory: &Path, result: Result<Config, L
         }
         Err(error) => {
             stats.counter(names::CONFIG_LOAD_ERROR).add(1);
-            record(service, Err(error.to_string()));
+            record(service, Err(error.clone()));
             tracing::error!(error = %error, "rate limit configuration rejected; the previous configuration stays in use");
         }
     }

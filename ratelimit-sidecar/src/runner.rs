@@ -5,7 +5,7 @@ use std::sync::Arc;
 use notify::RecommendedWatcher;
 use ratelimit_core::{HeaderNames, Limiter};
 use tokio::signal::unix::{SignalKind, signal};
-use tokio::sync::{mpsc, watch};
+use tokio::sync::{mpsc, oneshot, watch};
 use tonic_health::ServingStatus;
 use tonic_health::pb::health_server::HealthServer;
 use tonic_health::server::{HealthReporter, HealthService};
@@ -15,13 +15,13 @@ use crate::health::Health;
 use crate::listeners::{self, ListenError, Shared};
 use crate::provider::{self, FileSource};
 use crate::service::Service;
-use crate::settings::Settings;
+use crate::settings::{ConfigType, Settings};
 use crate::sinks::prometheus::Prometheus;
 use crate::sinks::{self, Flusher};
 use crate::tls::ServerTls;
 use crate::traces::Traces;
 use crate::workers::{self, Pool};
-use crate::{debug, serve};
+use crate::{debug, serve, xds};
 
 /// Why the server could not start.
 #[derive(Debug, thiserror::Error)]
@@ -38,6 +38,9 @@ pub enum StartError {
     /// A statistics output is misconfigured (a bad PROMETHEUS_MAPPER_YAML).
     #[error("statistics: {0}")]
     Stats(String),
+    /// The xDS client's settings are unusable.
+    #[error("xDS: {0}")]
+    Xds(String),
     /// A TLS file is missing or unusable.
     #[error("TLS: {0}")]
     Tls(String),
@@ -60,7 +63,13 @@ pub async fn run(settings: Settings) -> Result<(), StartError> {
     let backend = backend::open(&settings, &pool, limiter.stats()).await?;
     let traces = Traces::start(&settings.tracing).map_err(StartError::Traces)?;
     let (service, health) = service(&settings, limiter, backend, traces).await;
-    let _watcher = load_rules(&settings, &service).await;
+    let _watcher = match settings.config.config_type {
+        ConfigType::File => load_rules(&settings, &service).await,
+        ConfigType::GrpcXdsSotw => {
+            follow_xds(&settings, &service).await?;
+            None
+        }
+    };
     if matches!(service.backend, Backend::Remote(_))
         && settings.redis.redis_health_check_active_connection
     {
@@ -219,6 +228,29 @@ async fn load_rules(settings: &Settings, service: &Arc<Service>) -> Option<Recom
     ));
     service.health.publish().await;
     watcher
+}
+
+/// Starts the xDS client and, unless FORCE_START_WITHOUT_INITIAL_CONFIG, waits for its
+/// first response (applied or rejected) before the listeners open, as upstream does.
+async fn follow_xds(settings: &Settings, service: &Arc<Service>) -> Result<(), StartError> {
+    let connection = xds::Connection::new(&settings.xds).map_err(StartError::Xds)?;
+    let (first_tx, first_rx) = oneshot::channel();
+    tokio::spawn(xds::run(
+        connection,
+        settings.config.merge_domain_config,
+        Arc::clone(service),
+        first_tx,
+    ));
+    if settings.xds.force_start_without_initial_config {
+        tracing::warn!(
+            "FORCE_START_WITHOUT_INITIAL_CONFIG: serving before the first xDS configuration; requests fail until it arrives"
+        );
+    } else {
+        tracing::info!("waiting for the first configuration from the xDS server");
+        let _ = first_rx.await;
+    }
+    service.health.publish().await;
+    Ok(())
 }
 
 /// Backend health follows whether the remote store answers, checked every second.

@@ -474,8 +474,6 @@ fn bad_settings_stop_start_up_naming_the_variable() {
 fn settings_of_features_not_built_stop_start_up_naming_them() {
     for (key, value) in [
         ("MEMCACHE_HOST_PORT", "127.0.0.1:11211"),
-        ("CONFIG_GRPC_XDS_SERVER_URL", "127.0.0.1:18000"),
-        ("CONFIG_TYPE", "GRPC_XDS_SOTW"),
         ("BACKEND_TYPE", "memcache"),
     ] {
         let mut server = Server::spawn(Options {

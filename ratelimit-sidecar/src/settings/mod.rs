@@ -13,6 +13,7 @@ mod tls;
 mod traces;
 mod unbuilt;
 pub mod values;
+mod xds;
 
 use clap::parser::ValueSource;
 use clap::{ArgMatches, CommandFactory, FromArgMatches, Parser};
@@ -26,6 +27,7 @@ pub use self::tls::TlsSettings;
 pub use self::traces::TracingSettings;
 pub use self::unbuilt::{MEMCACHE_BACKEND, UnbuiltSettings};
 pub use self::values::{StringMap, go_bool, go_duration, go_map};
+pub use self::xds::XdsSettings;
 pub use crate::bounds::BoundsSettings;
 
 /// The sidecar's settings.
@@ -40,6 +42,8 @@ pub struct Settings {
     pub server: ServerSettings,
     #[command(flatten, next_help_heading = "Configuration source")]
     pub config: ConfigSettings,
+    #[command(flatten, next_help_heading = "xDS configuration source")]
+    pub xds: XdsSettings,
     #[command(flatten, next_help_heading = "Limiter")]
     pub limiter: LimiterSettings,
     #[command(flatten, next_help_heading = "Redis backend")]
@@ -94,6 +98,11 @@ impl Settings {
             .check(&settings.server.grpc_uds)
             .map_err(LoadError::Invalid)?;
         let mut warnings = Vec::new();
+        if settings.xds.force_start_without_initial_config
+            && settings.config.config_type == ConfigType::File
+        {
+            warnings.push("FORCE_START_WITHOUT_INITIAL_CONFIG applies to CONFIG_TYPE=GRPC_XDS_SOTW only; files are always read before the listeners open".into());
+        }
         if outputs.statsd && !stats.use_statsd_explicit {
             warnings.push(format!(
                 "USE_STATSD is true by default: statistics are pushed to {}:{} over {} every {:?}; set USE_STATSD=false to log them instead",
@@ -111,9 +120,6 @@ impl Settings {
             )
         };
         let mut refused = unbuilt::explicitly_set(&self.unbuilt, explicit);
-        if self.config.config_type == ConfigType::GrpcXdsSotw {
-            refused.push(unbuilt::XDS_CONFIG.into());
-        }
         if self.backend() == BackendType::Memcache {
             refused.push(unbuilt::MEMCACHE_BACKEND.into());
         }
@@ -235,14 +241,14 @@ mod tests {
             "ratelimit",
             "--memcache-host-port",
             "127.0.0.1:11211",
-            "--xds-server-url",
-            "127.0.0.1:18000",
+            "--memcache-srv",
+            "_memcache._tcp.example",
         ]);
         assert!(
             message.contains("MEMCACHE_HOST_PORT: the memcached backend"),
             "{message}"
         );
-        assert!(message.contains("CONFIG_GRPC_XDS_SERVER_URL"), "{message}");
+        assert!(message.contains("MEMCACHE_SRV"), "{message}");
         let (settings, _) = Settings::load_from(["ratelimit", "--memcache-tls", "false"]).unwrap();
         assert!(!settings.unbuilt.memcache_tls);
     }
