@@ -1,20 +1,21 @@
 #!/usr/bin/env bash
 # Runs the README's command blocks marked `<!-- test: NAME -->`, as written, so that they
-# cannot rot: the sidecar and its client, the intake with the mock broker and its curl
-# examples, and the Envoy and wasm walkthroughs (their `--demo` lines) up to the 429.
+# cannot rot: the sidecar and its client, the sidecar following the example xDS control
+# plane, the intake with the mock broker and its curl examples, and the Envoy and wasm
+# walkthroughs (their `--demo` lines) up to the 429.
 #
 # They use the README's default ports (8080, 8081, 6070, 3000, 10000, 9901, 18000), which
 # must be free. scripts/test.sh runs this after the tests, with ENVOY_BIN set.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 WORK="$(mktemp -d)"
-SERVER=
+SERVERS=()
 stop() {
-	if [ -n "$SERVER" ]; then
-		kill -- "-$SERVER" 2>/dev/null || true
-		wait "$SERVER" 2>/dev/null || true
-		SERVER=
-	fi
+	for server in "${SERVERS[@]}"; do
+		kill -- "-$server" 2>/dev/null || true
+		wait "$server" 2>/dev/null || true
+	done
+	SERVERS=()
 }
 trap 'stop; rm -rf "$WORK"' EXIT
 
@@ -45,14 +46,14 @@ wait_port() { # port what
 		sleep 0.1
 	done
 	echo "$2 did not open port $1; its output:" >&2
-	cat "$WORK/server.log" >&2
+	cat "$WORK/$2.log" >&2
 	exit 1
 }
 
 # Starts a block in its own process group (cargo run and what it runs stop together).
 serve() { # name port
-	setsid bash -c "$(block "$1")" >"$WORK/server.log" 2>&1 &
-	SERVER=$!
+	setsid bash -c "$(block "$1")" >"$WORK/$1.log" 2>&1 &
+	SERVERS+=("$!")
 	wait_port "$2" "$1"
 }
 
@@ -69,6 +70,7 @@ expect() { # what output pattern
 log "building what the README's commands run"
 cargo build -p ratelimit-sidecar --bins
 cargo build -p operations-intake
+cargo build -p ratelimit-xds-example
 
 log "the sidecar on the example rules, then its client commands"
 serve sidecar 8081
@@ -76,6 +78,14 @@ out=$(bash -euo pipefail -c "$(block sidecar-client)")
 expect "sidecar-client" "$out" '"overallCode":"OK"'
 expect "sidecar-client" "$out" 'response: {"overallCode":"OK"'
 expect "sidecar-client" "$out" 'edge'
+stop
+
+log "the sidecar following the example xDS control plane"
+serve xds-server 18000
+serve xds-sidecar 8081
+out=$(bash -euo pipefail -c "$(block xds-client)")
+expect "xds-client" "$out" '"overallCode":"OVER_LIMIT"'
+expect "xds-client" "$out" 'edge'
 stop
 
 log "the intake with the mock broker, then its curl examples"
