@@ -93,6 +93,7 @@ ensure_grpc_python() {
 ensure_rust_target wasm32-unknown-unknown
 ensure_apt redis-server redis-server
 ensure_apt redis-cli redis-tools
+ensure_apt memcached memcached
 ensure_apt openssl openssl
 # The README's commands (scripts/readme.sh) use curl, and setsid to stop what they start.
 ensure_apt curl curl
@@ -127,6 +128,9 @@ if [ -x "$CONFORMANCE/run.sh" ]; then
 	# The suite starts a throwaway redis-server on this free port and stops it after.
 	log "running the public conformance suite against the sidecar (Redis backend)"
 	RL_SERVER_CMD="$ROOT/target/debug/ratelimit" ACCEPT_BACKEND=redis ACCEPT_REDIS_URL="127.0.0.1:$(free_port)" \
+		ACCEPT_VENV="$CACHE/conformance-venv" "$CONFORMANCE/run.sh" -q
+	log "running the public conformance suite against the sidecar (memcached backend)"
+	RL_SERVER_CMD="$ROOT/target/debug/ratelimit" ACCEPT_BACKEND=memcache ACCEPT_MEMCACHE_HOST_PORT="127.0.0.1:$(free_port)" \
 		ACCEPT_VENV="$CACHE/conformance-venv" "$CONFORMANCE/run.sh" -q
 else
 	log "no conformance suite at $CONFORMANCE: skipped"

@@ -4,6 +4,7 @@
 use ratelimit_core::{Code, Explanation, Response};
 use serde_json::{Map, Value, json};
 
+use crate::backend::BackendError;
 use crate::json::parse_request;
 use crate::service::{Service, ServiceError};
 
@@ -12,6 +13,9 @@ pub async fn explain(service: &Service, body: &[u8]) -> Result<String, (u16, Str
     let request = parse_request(body).map_err(|e| (400, format!("Bad Request: {e}\n")))?;
     match service.explain(request).await {
         Ok((explanation, current, answer)) => Ok(render(&explanation, &current, &answer)),
+        Err(ServiceError::Backend(e @ BackendError::Key(_))) => {
+            Err((400, format!("Bad Request: {e}\n")))
+        }
         Err(ServiceError::Backend(e)) => Err((500, format!("Internal Server Error: {e}\n"))),
         Err(e) => Err((400, format!("Bad Request: {e}\n"))),
     }

@@ -15,6 +15,7 @@ use tonic::codegen::{Body, BoxFuture, Service, StdError, http};
 use tonic::server::{NamedService, UnaryService};
 use tonic::{Request, Response, Status};
 
+use crate::backend::BackendError;
 use crate::service::{Service as Decider, ServiceError};
 
 const SHOULD_RATE_LIMIT: &str = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit";
@@ -86,6 +87,7 @@ fn status(error: &ServiceError) -> Status {
             Status::invalid_argument(e.to_string())
         }
         ServiceError::Request(e) => Status::unknown(e.to_string()),
+        ServiceError::Backend(e @ BackendError::Key(_)) => Status::invalid_argument(e.to_string()),
         ServiceError::Backend(e) => Status::unavailable(e.to_string()),
     }
 }

@@ -9,6 +9,7 @@ use warp::http::{HeaderMap, StatusCode};
 use warp::reply::{Reply, Response, with_header, with_status};
 use warp::{Filter, Rejection};
 
+use crate::backend::BackendError;
 use crate::json::{parse_request, render_response};
 use crate::service::{Service, ServiceError};
 
@@ -52,6 +53,9 @@ async fn json(service: &Service, body: &[u8], headers: &HeaderMap) -> Response {
                 "application/json",
             );
             with_status(body, status).into_response()
+        }
+        Err(ServiceError::Backend(e @ BackendError::Key(_))) => {
+            text(StatusCode::BAD_REQUEST, format!("Bad Request: {e}\n"))
         }
         Err(ServiceError::Backend(e)) => text(
             StatusCode::INTERNAL_SERVER_ERROR,

@@ -473,8 +473,8 @@ fn bad_settings_stop_start_up_naming_the_variable() {
 #[test]
 fn settings_of_features_not_built_stop_start_up_naming_them() {
     for (key, value) in [
-        ("MEMCACHE_HOST_PORT", "127.0.0.1:11211"),
-        ("BACKEND_TYPE", "memcache"),
+        ("MEMCACHE_SRV", "_memcache._tcp.example"),
+        ("MEMCACHE_TLS", "true"),
     ] {
         let mut server = Server::spawn(Options {
             env: vec![(key, value.to_owned())],

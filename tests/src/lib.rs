@@ -7,6 +7,7 @@
 //! against another build: a regression test must fail on the build before its fix.
 
 pub mod intake;
+pub mod memcached;
 pub mod pki;
 pub mod sidecar;
 

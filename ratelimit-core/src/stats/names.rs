@@ -15,6 +15,8 @@ pub const GLOBAL_SHADOW_MODE: &str = "ratelimit.service.global_shadow_mode";
 pub const STATS_OVERFLOW: &str = "ratelimit.service.stats_overflow";
 /// Requests that failed because the counter store failed.
 pub const REDIS_ERROR: &str = "ratelimit.service.call.should_rate_limit.redis_error";
+/// A memcached call that failed, or a counter key memcached cannot hold.
+pub const MEMCACHE_ERROR: &str = "ratelimit.service.call.should_rate_limit.memcache_error";
 /// Requests that failed for any other reason.
 pub const SERVICE_ERROR: &str = "ratelimit.service.call.should_rate_limit.service_error";
 /// Over-limit keys answered from the local cache.

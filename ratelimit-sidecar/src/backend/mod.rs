@@ -1,11 +1,12 @@
 //! Where counters live: this process's memory, or a remote store behind
-//! [`RemoteCounters`] (Redis today; memcached comes in as one more module).
+//! [`RemoteCounters`] (Redis and memcached, one module each).
 //!
 //! Running a plan remotely is written once, in [`Remote::run`]: the deadline, the error
 //! statistic, the routing of per-second counters to their own store, and the
 //! current-counts step of STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT (whose rule the core
 //! owns: [`Plan::needs_current_counts`] and [`Plan::apply_current`]).
 
+pub mod memcache;
 pub mod redis;
 
 use std::sync::Arc;
@@ -15,7 +16,7 @@ use futures_util::future::BoxFuture;
 use ratelimit_core::stats::{Counter, StatsRegistry, names};
 use ratelimit_core::{Increment, MemoryStore, MemoryUsage, Plan};
 
-use crate::settings::{BackendType, MEMCACHE_BACKEND, Settings};
+use crate::settings::{BackendType, Settings};
 use crate::workers::{PerWorker, Pool};
 
 /// Why a store gave no answer.
@@ -27,6 +28,9 @@ pub enum BackendError {
     /// The store failed or did not answer in time.
     #[error("{0}")]
     Unavailable(String),
+    /// A counter's key cannot be stored there (the request's fault).
+    #[error("{0}")]
+    Key(String),
 }
 
 /// A store of counters in another process.
@@ -82,13 +86,30 @@ pub async fn open(
             let (main, per_second) = redis::per_worker(pool, settings).await?;
             tracing::warn!(redis_type = %settings.redis.redis_type, per_second = settings.redis.redis_persecond, "using the redis backend");
             Ok(Backend::Remote(Remote::new(
+                "redis",
                 main,
                 per_second,
                 (settings.redis.redis_timeout, "REDIS_TIMEOUT"),
                 stats.counter(names::REDIS_ERROR),
             )))
         }
-        BackendType::Memcache => Err(BackendError::Settings(MEMCACHE_BACKEND.into())),
+        BackendType::Memcache => {
+            let jitter = settings.limiter.expiration_jitter_max_seconds;
+            let workers = (0..pool.workers())
+                .map(|_| {
+                    memcache::MemcacheCounters::new(&settings.memcache, jitter)
+                        .map(|c| Box::new(c) as Box<dyn RemoteCounters>)
+                })
+                .collect::<Result<Vec<_>, _>>()?;
+            tracing::warn!(nodes = %settings.memcache.memcache_host_port, "using the memcache backend");
+            Ok(Backend::Remote(Remote::new(
+                "memcache",
+                PerWorker::new(workers),
+                None,
+                (settings.memcache.memcache_timeout, "MEMCACHE_TIMEOUT"),
+                stats.counter(names::MEMCACHE_ERROR),
+            )))
+        }
     }
 }
 
@@ -106,7 +127,7 @@ impl Backend {
     pub fn name(&self) -> &'static str {
         match self {
             Backend::Memory(_) => "memory",
-            Backend::Remote(_) => "redis",
+            Backend::Remote(remote) => remote.name,
         }
     }
 }
@@ -114,6 +135,8 @@ impl Backend {
 /// A remote store, with the per-second one when configured, and what bounds a call.
 #[derive(Debug)]
 pub struct Remote {
+    /// The store's name: `redis` or `memcache`.
+    pub name: &'static str,
     main: PerWorkerStore,
     per_second: Option<PerWorkerStore>,
     deadline: Duration,
@@ -127,12 +150,14 @@ impl Remote {
     /// when there is one. Every call gets at most `deadline` (named by the setting
     /// `deadline_setting`); `errors` counts the calls that fail.
     pub fn new(
+        name: &'static str,
         main: PerWorkerStore,
         per_second: Option<PerWorkerStore>,
         deadline: (Duration, &'static str),
         errors: Arc<Counter>,
     ) -> Remote {
         Remote {
+            name,
             main,
             per_second,
             deadline: deadline.0,

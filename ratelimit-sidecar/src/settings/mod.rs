@@ -6,6 +6,7 @@
 
 mod config;
 mod limiter;
+mod memcache;
 mod redis;
 mod server;
 mod stats;
@@ -20,12 +21,13 @@ use clap::{ArgMatches, CommandFactory, FromArgMatches, Parser};
 
 pub use self::config::{ConfigSettings, ConfigType};
 pub use self::limiter::{BackendType, LimiterSettings};
+pub use self::memcache::MemcacheSettings;
 pub use self::redis::{RedisSettings, RedisType};
 pub use self::server::{LogFormat, ServerSettings};
 pub use self::stats::{Outputs, StatsSettings};
 pub use self::tls::TlsSettings;
 pub use self::traces::TracingSettings;
-pub use self::unbuilt::{MEMCACHE_BACKEND, UnbuiltSettings};
+pub use self::unbuilt::UnbuiltSettings;
 pub use self::values::{StringMap, go_bool, go_duration, go_map};
 pub use self::xds::XdsSettings;
 pub use crate::bounds::BoundsSettings;
@@ -48,6 +50,8 @@ pub struct Settings {
     pub limiter: LimiterSettings,
     #[command(flatten, next_help_heading = "Redis backend")]
     pub redis: RedisSettings,
+    #[command(flatten, next_help_heading = "memcached backend")]
+    pub memcache: MemcacheSettings,
     #[command(flatten, next_help_heading = "Bounds")]
     pub bounds: BoundsSettings,
     #[command(flatten, next_help_heading = "Statistics")]
@@ -119,10 +123,7 @@ impl Settings {
                 Some(ValueSource::EnvVariable | ValueSource::CommandLine)
             )
         };
-        let mut refused = unbuilt::explicitly_set(&self.unbuilt, explicit);
-        if self.backend() == BackendType::Memcache {
-            refused.push(unbuilt::MEMCACHE_BACKEND.into());
-        }
+        let refused = unbuilt::explicitly_set(&self.unbuilt, explicit);
         match refused.is_empty() {
             true => Ok(()),
             false => Err(Unavailable(refused)),
@@ -239,16 +240,19 @@ mod tests {
         };
         let message = refused(&[
             "ratelimit",
-            "--memcache-host-port",
-            "127.0.0.1:11211",
+            "--memcache-tls-cacert",
+            "/ca.pem",
             "--memcache-srv",
             "_memcache._tcp.example",
         ]);
         assert!(
-            message.contains("MEMCACHE_HOST_PORT: the memcached backend"),
+            message.contains("MEMCACHE_TLS_CACERT: memcached TLS is not available"),
             "{message}"
         );
-        assert!(message.contains("MEMCACHE_SRV"), "{message}");
+        assert!(
+            message.contains("MEMCACHE_SRV: memcached SRV discovery is not available"),
+            "{message}"
+        );
         let (settings, _) = Settings::load_from(["ratelimit", "--memcache-tls", "false"]).unwrap();
         assert!(!settings.unbuilt.memcache_tls);
     }

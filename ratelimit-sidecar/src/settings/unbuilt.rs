@@ -11,21 +11,15 @@ use clap::{ArgAction, Args};
 
 use super::values::{go_bool, go_duration};
 
-/// The memcached backend.
+/// The memcached backend's SRV discovery and TLS.
 #[derive(Clone, Debug, Args)]
 pub struct UnbuiltSettings {
-    /// `host:port,...` of every node (same list on every instance).
-    #[arg(long, env, default_value = "")]
-    pub memcache_host_port: String,
     /// SRV record listing the nodes (exclusive with MEMCACHE_HOST_PORT).
     #[arg(long, env, default_value = "")]
     pub memcache_srv: String,
     /// How often to look the SRV record up again (0: never).
     #[arg(long, env, default_value = "0", value_parser = go_duration)]
     pub memcache_srv_refresh: Duration,
-    /// Idle connections kept per node.
-    #[arg(long, env, default_value_t = 2)]
-    pub memcache_max_idle_conns: usize,
     /// Connect with TLS.
     #[arg(long, env, default_value = "false", value_parser = go_bool, action = ArgAction::Set)]
     pub memcache_tls: bool,
@@ -43,10 +37,6 @@ pub struct UnbuiltSettings {
     pub memcache_tls_skip_hostname_verification: bool,
 }
 
-/// `BACKEND_TYPE=memcache`, refused.
-pub const MEMCACHE_BACKEND: &str =
-    "BACKEND_TYPE=memcache: this backend is not available in this version; use redis or memory";
-
 /// One message for each setting given a value (by `explicit`, which says whether the
 /// setting with that id came from the environment or the command line), except switches
 /// set to off.
@@ -61,9 +51,21 @@ pub fn explicitly_set(settings: &UnbuiltSettings, explicit: impl Fn(&str) -> boo
             let name = arg
                 .get_env()
                 .map_or_else(|| id.to_owned(), |env| env.to_string_lossy().into_owned());
-            format!("{name}: the memcached backend is not available in this version; unset it")
+            format!(
+                "{name}: {} is not available in this version; unset it",
+                feature(id)
+            )
         })
         .collect()
+}
+
+/// What a setting belongs to, by its id.
+fn feature(id: &str) -> &'static str {
+    if id.starts_with("memcache_srv") {
+        "memcached SRV discovery"
+    } else {
+        "memcached TLS"
+    }
 }
 
 /// A switch set to off, which asks for nothing.

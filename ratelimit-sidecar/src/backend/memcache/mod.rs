@@ -1,0 +1,310 @@
+//! The memcached backend: counters under envoyproxy/ratelimit's keys, each on the node
+//! its client would pick (CRC-32 of the key modulo the node count, in
+//! `MEMCACHE_HOST_PORT` order), so a mixed fleet shares them.
+//!
+//! Upstream reads the counters, answers, then increments in the background, so
+//! simultaneous requests can all pass on the same reading. Here the increment comes
+//! first and its result is the total the decision uses, as with Redis: `incr` is atomic
+//! and returns the new value; a missing counter is created with `add` (the hits, with
+//! the window's expiry), and when another client created it first, `incr` again. The
+//! keys and values are upstream's, so both kinds of server can share a memcached.
+
+mod protocol;
+
+use std::sync::Mutex;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use futures_util::future::{BoxFuture, try_join_all};
+use ratelimit_core::Increment;
+
+use self::protocol::{Added, Connection, Incremented, key_problem};
+use super::{BackendError, RemoteCounters};
+use crate::settings::MemcacheSettings;
+
+/// memcached takes an expiry above 30 days as a unix time, not a duration.
+const LONGEST_RELATIVE_EXPIRY: u64 = 30 * 24 * 3600;
+/// How often `add` may lose to another client's before the counter is given up.
+const RACE_ATTEMPTS: usize = 3;
+
+/// Counters spread over memcached nodes.
+#[derive(Debug)]
+pub struct MemcacheCounters {
+    nodes: Vec<Node>,
+    jitter_max: u64,
+}
+
+/// One node and its idle connections.
+#[derive(Debug)]
+struct Node {
+    address: String,
+    idle: Mutex<Vec<Connection>>,
+    max_idle: usize,
+}
+
+impl MemcacheCounters {
+    /// The nodes `MEMCACHE_HOST_PORT` lists. `jitter_max` is EXPIRATION_JITTER_MAX_SECONDS.
+    pub fn new(
+        settings: &MemcacheSettings,
+        jitter_max: u64,
+    ) -> Result<MemcacheCounters, BackendError> {
+        let addresses: Vec<String> = settings
+            .memcache_host_port
+            .split(',')
+            .map(str::trim)
+            .filter(|a| !a.is_empty())
+            .map(str::to_owned)
+            .collect();
+        if addresses.is_empty() {
+            return Err(BackendError::Settings(
+                "BACKEND_TYPE=memcache needs MEMCACHE_HOST_PORT (host:port,host:port)".into(),
+            ));
+        }
+        let max_idle = settings.memcache_max_idle_conns.max(1);
+        let nodes = addresses
+            .into_iter()
+            .map(|address| Node {
+                address,
+                idle: Mutex::new(Vec::new()),
+                max_idle,
+            })
+            .collect();
+        Ok(MemcacheCounters { nodes, jitter_max })
+    }
+
+    /// The node a key lives on, by upstream's client's rule.
+    fn node_of(&self, key: &str) -> usize {
+        match self.nodes.len() {
+            1 => 0,
+            n => crc32fast::hash(key.as_bytes()) as usize % n,
+        }
+    }
+
+    /// The items' indexes grouped by node.
+    fn by_node(&self, items: &[&Increment]) -> Result<Vec<Vec<usize>>, BackendError> {
+        let mut groups = vec![Vec::new(); self.nodes.len()];
+        for (index, item) in items.iter().enumerate() {
+            if let Some(problem) = key_problem(&item.key) {
+                let error = format!(
+                    "descriptor {index}: its counter key cannot be stored in memcached: {problem}"
+                );
+                tracing::warn!(%error, "request refused");
+                return Err(BackendError::Key(error));
+            }
+            groups[self.node_of(&item.key)].push(index);
+        }
+        Ok(groups)
+    }
+
+    async fn incr(&self, items: &[&Increment]) -> Result<Vec<u64>, BackendError> {
+        let groups = self.by_node(items)?;
+        let work = groups
+            .iter()
+            .enumerate()
+            .filter(|(_, g)| !g.is_empty())
+            .map(|(node, group)| {
+                let items: Vec<&Increment> = group.iter().map(|&i| items[i]).collect();
+                async move {
+                    let node = &self.nodes[node];
+                    let mut connection = node.connection().await?;
+                    let totals = count(&mut connection, &items, self.jitter_max).await;
+                    node.release(connection, totals)
+                }
+            });
+        let totals = try_join_all(work).await?;
+        Ok(reassemble(items.len(), &groups, totals))
+    }
+
+    async fn get(&self, items: &[&Increment]) -> Result<Vec<u64>, BackendError> {
+        let groups = self.by_node(items)?;
+        let work = groups
+            .iter()
+            .enumerate()
+            .filter(|(_, g)| !g.is_empty())
+            .map(|(node, group)| {
+                let keys: Vec<&str> = group.iter().map(|&i| items[i].key.as_str()).collect();
+                async move {
+                    let node = &self.nodes[node];
+                    let mut connection = node.connection().await?;
+                    let values = connection.get(&keys).await;
+                    node.release(connection, values)
+                }
+            });
+        let values = try_join_all(work).await?;
+        Ok(reassemble(items.len(), &groups, values))
+    }
+}
+
+/// Puts per-node results back in item order.
+fn reassemble(len: usize, groups: &[Vec<usize>], results: Vec<Vec<u64>>) -> Vec<u64> {
+    let mut out = vec![0; len];
+    let filled = groups.iter().filter(|g| !g.is_empty());
+    for (group, values) in filled.zip(results) {
+        for (&index, value) in group.iter().zip(values) {
+            out[index] = value;
+        }
+    }
+    out
+}
+
+/// Adds each item's hits on one connection and returns the totals.
+async fn count(
+    connection: &mut Connection,
+    items: &[&Increment],
+    jitter_max: u64,
+) -> std::io::Result<Vec<u64>> {
+    let mut totals = vec![0; items.len()];
+    let mut pending: Vec<usize> = (0..items.len()).collect();
+    for _ in 0..RACE_ATTEMPTS {
+        let asks: Vec<(&str, u64)> = pending
+            .iter()
+            .map(|&i| (items[i].key.as_str(), items[i].hits))
+            .collect();
+        let replies = connection.incr(&asks).await?;
+        let mut missing = Vec::new();
+        for (&i, reply) in pending.iter().zip(replies) {
+            match reply {
+                Incremented::To(total) => totals[i] = total,
+                Incremented::Missing => missing.push(i),
+            }
+        }
+        if missing.is_empty() {
+            return Ok(totals);
+        }
+        let now = unix_now();
+        let adds: Vec<(&str, u64, u64)> = missing
+            .iter()
+            .map(|&i| {
+                let jitter = if jitter_max > 0 {
+                    fastrand::u64(0..jitter_max)
+                } else {
+                    0
+                };
+                (
+                    items[i].key.as_str(),
+                    items[i].hits,
+                    expiry(items[i].expiry_seconds(jitter), now),
+                )
+            })
+            .collect();
+        let added = connection.add(&adds).await?;
+        pending = Vec::new();
+        for (&i, reply) in missing.iter().zip(added) {
+            match reply {
+                Added::Stored => totals[i] = items[i].hits,
+                Added::Exists => pending.push(i),
+            }
+        }
+        if pending.is_empty() {
+            return Ok(totals);
+        }
+    }
+    Err(std::io::Error::other(
+        "a counter kept appearing and disappearing between incr and add",
+    ))
+}
+
+/// The expiry field for a counter living `seconds`: relative up to 30 days, an
+/// absolute unix time beyond (memcached's rule; upstream sends the duration, so its
+/// month and year counters expire at once).
+fn expiry(seconds: u64, now: u64) -> u64 {
+    if seconds > LONGEST_RELATIVE_EXPIRY {
+        now + seconds
+    } else {
+        seconds
+    }
+}
+
+fn unix_now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+impl Node {
+    /// An idle connection, or a new one.
+    async fn connection(&self) -> Result<Connection, BackendError> {
+        let idle = self.idle.lock().unwrap_or_else(|p| p.into_inner()).pop();
+        match idle {
+            Some(connection) => Ok(connection),
+            None => Connection::open(&self.address)
+                .await
+                .map_err(|e| self.failed(&e)),
+        }
+    }
+
+    /// `result` of work on `connection`, which is kept for the next call when the work
+    /// succeeded and fewer than `max_idle` are idle. After a failure it is dropped (its
+    /// replies may be out of step): the next call opens another.
+    fn release<T>(
+        &self,
+        connection: Connection,
+        result: std::io::Result<T>,
+    ) -> Result<T, BackendError> {
+        let result = result.map_err(|e| self.failed(&e))?;
+        let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
+        if idle.len() < self.max_idle {
+            idle.push(connection);
+        }
+        Ok(result)
+    }
+
+    fn failed(&self, error: &std::io::Error) -> BackendError {
+        BackendError::Unavailable(format!("memcached {}: {error}", self.address))
+    }
+}
+
+impl RemoteCounters for MemcacheCounters {
+    fn increment<'a>(
+        &'a self,
+        increments: &'a [&'a Increment],
+    ) -> BoxFuture<'a, Result<Vec<u64>, BackendError>> {
+        Box::pin(self.incr(increments))
+    }
+
+    fn current<'a>(
+        &'a self,
+        increments: &'a [&'a Increment],
+    ) -> BoxFuture<'a, Result<Vec<u64>, BackendError>> {
+        Box::pin(self.get(increments))
+    }
+
+    /// Every node answers `version`.
+    fn ping(&self) -> BoxFuture<'_, bool> {
+        Box::pin(async move {
+            let checks = self.nodes.iter().map(|node| async move {
+                let mut connection = node.connection().await?;
+                let answered = connection.version().await;
+                node.release(connection, answered)
+            });
+            try_join_all(checks).await.is_ok()
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn long_expiries_become_unix_times() {
+        assert_eq!(expiry(60, 1_700_000_000), 60);
+        assert_eq!(
+            expiry(LONGEST_RELATIVE_EXPIRY, 1_700_000_000),
+            LONGEST_RELATIVE_EXPIRY
+        );
+        assert_eq!(expiry(31_536_000, 1_700_000_000), 1_731_536_000);
+    }
+
+    #[test]
+    fn keys_go_to_upstreams_node() {
+        let settings = MemcacheSettings {
+            memcache_host_port: "a:1,b:2,c:3".into(),
+            memcache_max_idle_conns: 2,
+            memcache_timeout: std::time::Duration::from_millis(500),
+        };
+        let counters = MemcacheCounters::new(&settings, 0).unwrap();
+        // crc32("foo") = 0x8c736521 = 2356372769; mod 3 = 2.
+        assert_eq!(counters.node_of("foo"), 2);
+        assert_eq!(crc32fast::hash(b"foo"), 0x8c73_6521);
+    }
+}

@@ -1,0 +1,178 @@
+//! memcached's text protocol, as far as counters need it: `incr`, `add`, `get` and
+//! `version`, pipelined on one connection (every command written, then every reply
+//! read in order).
+
+use std::io;
+
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::net::TcpStream;
+
+/// The longest key memcached takes.
+pub const MAX_KEY_BYTES: usize = 250;
+
+/// Why a key cannot be sent: it would be refused, or break the command line.
+pub fn key_problem(key: &str) -> Option<String> {
+    if key.len() > MAX_KEY_BYTES {
+        return Some(format!(
+            "{} bytes long; memcached takes at most {MAX_KEY_BYTES}",
+            key.len()
+        ));
+    }
+    key.bytes().position(|b| b <= b' ' || b == 0x7f).map(|at| {
+        format!("byte {at} is a space or a control character, which memcached keys cannot hold")
+    })
+}
+
+/// A reply to `incr`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Incremented {
+    /// The counter's value after the addition.
+    To(u64),
+    /// No such counter.
+    Missing,
+}
+
+/// A reply to `add`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Added {
+    /// Created.
+    Stored,
+    /// Another client created it first.
+    Exists,
+}
+
+/// One connection.
+#[derive(Debug)]
+pub struct Connection {
+    stream: BufReader<TcpStream>,
+    line: String,
+}
+
+impl Connection {
+    /// Connects to `address`.
+    pub async fn open(address: &str) -> io::Result<Connection> {
+        let stream = TcpStream::connect(address).await?;
+        stream.set_nodelay(true)?;
+        Ok(Connection {
+            stream: BufReader::new(stream),
+            line: String::new(),
+        })
+    }
+
+    /// `incr key by` for each pair.
+    pub async fn incr(&mut self, items: &[(&str, u64)]) -> io::Result<Vec<Incremented>> {
+        let mut commands = Vec::new();
+        for (key, by) in items {
+            commands.extend_from_slice(format!("incr {key} {by}\r\n").as_bytes());
+        }
+        self.stream.get_mut().write_all(&commands).await?;
+        let mut replies = Vec::with_capacity(items.len());
+        for _ in items {
+            let line = self.reply_line().await?;
+            let reply = match line {
+                "NOT_FOUND" => Incremented::Missing,
+                number => Incremented::To(number.parse().map_err(|_| unexpected("incr", number))?),
+            };
+            replies.push(reply);
+        }
+        Ok(replies)
+    }
+
+    /// `add key 0 expiry` with `value`, for each triple.
+    pub async fn add(&mut self, items: &[(&str, u64, u64)]) -> io::Result<Vec<Added>> {
+        let mut commands = Vec::new();
+        for (key, value, expiry) in items {
+            let value = value.to_string();
+            let command = format!("add {key} 0 {expiry} {}\r\n{value}\r\n", value.len());
+            commands.extend_from_slice(command.as_bytes());
+        }
+        self.stream.get_mut().write_all(&commands).await?;
+        let mut replies = Vec::with_capacity(items.len());
+        for _ in items {
+            let reply = match self.reply_line().await? {
+                "STORED" => Added::Stored,
+                "NOT_STORED" => Added::Exists,
+                other => return Err(unexpected("add", other)),
+            };
+            replies.push(reply);
+        }
+        Ok(replies)
+    }
+
+    /// The values of `keys` (0 for a missing or non-numeric one), in order.
+    pub async fn get(&mut self, keys: &[&str]) -> io::Result<Vec<u64>> {
+        let command = format!("get {}\r\n", keys.join(" "));
+        self.stream.get_mut().write_all(command.as_bytes()).await?;
+        let mut values = vec![0; keys.len()];
+        loop {
+            let line = self.reply_line().await?.to_owned();
+            if line == "END" {
+                return Ok(values);
+            }
+            let mut fields = line.split(' ');
+            let (Some("VALUE"), Some(key), Some(_flags), Some(length)) =
+                (fields.next(), fields.next(), fields.next(), fields.next())
+            else {
+                return Err(unexpected("get", &line));
+            };
+            let length: usize = length.parse().map_err(|_| unexpected("get", &line))?;
+            let mut data = vec![0; length + 2];
+            self.stream.read_exact(&mut data).await?;
+            let value = std::str::from_utf8(&data[..length])
+                .ok()
+                .and_then(|text| text.trim().parse().ok())
+                .unwrap_or(0);
+            for (slot, _) in keys.iter().enumerate().filter(|(_, k)| **k == key) {
+                values[slot] = value;
+            }
+        }
+    }
+
+    /// Whether the server answers `version`.
+    pub async fn version(&mut self) -> io::Result<()> {
+        self.stream.get_mut().write_all(b"version\r\n").await?;
+        match self.reply_line().await? {
+            line if line.starts_with("VERSION ") => Ok(()),
+            other => Err(unexpected("version", other)),
+        }
+    }
+
+    /// The next reply line, without its line end; an error reply is an error.
+    async fn reply_line(&mut self) -> io::Result<&str> {
+        self.line.clear();
+        let read = self.stream.read_line(&mut self.line).await?;
+        if read == 0 {
+            return Err(io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                "memcached closed the connection",
+            ));
+        }
+        let line = self.line.trim_end_matches(['\r', '\n']);
+        if line == "ERROR" || line.starts_with("CLIENT_ERROR") || line.starts_with("SERVER_ERROR") {
+            return Err(io::Error::other(format!("memcached answered {line}")));
+        }
+        Ok(line)
+    }
+}
+
+fn unexpected(command: &str, line: &str) -> io::Error {
+    io::Error::new(
+        io::ErrorKind::InvalidData,
+        format!("unexpected memcached reply to {command}: {line:?}"),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_memcached_would_refuse_are_named() {
+        assert_eq!(key_problem("edge_user_alice_1700000000"), None);
+        assert!(key_problem(&"k".repeat(251)).unwrap().contains("251 bytes"));
+        assert_eq!(key_problem(&"k".repeat(250)), None);
+        for bad in ["a b", "a\tb", "a\r\nget x", "a\u{7f}"] {
+            assert!(key_problem(bad).is_some(), "{bad:?}");
+        }
+    }
+}

@@ -1,0 +1,214 @@
+//! The memcached backend on the real binary and real memcached servers: upstream's keys
+//! on upstream's node, exact counting under simultaneous requests, keys memcached cannot
+//! hold, long windows, and a node that dies and comes back.
+
+use ratelimit_tests::memcached::Memcached;
+use ratelimit_tests::sidecar as support;
+
+use std::time::{Duration, Instant};
+
+use support::{Options, Server, codes, request};
+use tonic::Code;
+
+const RULES: &str = "domain: m
+descriptors:
+  - key: user
+    rate_limit: {unit: hour, requests_per_unit: 3}
+  - key: burst
+    rate_limit: {unit: hour, requests_per_unit: 20}
+  - key: yearly
+    rate_limit: {unit: year, requests_per_unit: 5}
+";
+
+fn server(nodes: &[&Memcached]) -> Server {
+    let list: Vec<String> = nodes.iter().map(|n| n.address()).collect();
+    Server::start_with(Options {
+        files: vec![("rules.yaml", RULES.to_owned())],
+        env: vec![
+            ("BACKEND_TYPE", "memcache".into()),
+            ("MEMCACHE_HOST_PORT", list.join(",")),
+            ("EXPIRATION_JITTER_MAX_SECONDS", "0".into()),
+        ],
+        ..Options::default()
+    })
+}
+
+fn window_start(seconds: u64) -> u64 {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    now - now % seconds
+}
+
+#[tokio::test]
+async fn counters_live_under_upstreams_keys() {
+    let node = Memcached::start();
+    let server = server(&[&node]);
+    let mut client = server.client().await;
+    let mut overall = Vec::new();
+    for _ in 0..4 {
+        let answer = client
+            .should_rate_limit(request("m", &[&[("user", "alice")]]))
+            .await
+            .unwrap()
+            .into_inner();
+        overall.push(codes(&answer)[0]);
+    }
+    assert_eq!(overall, [(1, 2), (1, 1), (1, 0), (2, 0)]);
+    let key = format!("m_user_alice_{}", window_start(3600));
+    assert_eq!(node.get(&key).as_deref(), Some("4"));
+
+    // A year is longer than memcached's 30-day relative expiries: sent as a unix time,
+    // the counter stays (upstream's expires at once and never limits).
+    for _ in 0..2 {
+        client
+            .should_rate_limit(request("m", &[&[("yearly", "y")]]))
+            .await
+            .unwrap();
+    }
+    let yearly = node
+        .get(&format!("m_yearly_y_{}", yearly_window_start()))
+        .expect("the year counter is kept");
+    assert_eq!(yearly, "2");
+}
+
+/// The start of the current year window: windows are counted from the epoch in units of
+/// 365 days.
+fn yearly_window_start() -> u64 {
+    window_start(31_536_000)
+}
+
+#[tokio::test]
+async fn three_nodes_hold_each_key_where_upstreams_client_puts_it() {
+    let nodes = [Memcached::start(), Memcached::start(), Memcached::start()];
+    let server = server(&[&nodes[0], &nodes[1], &nodes[2]]);
+    let mut client = server.client().await;
+    let start = window_start(3600);
+    let mut used = [0; 3];
+    for i in 0..30 {
+        let user = format!("u{i}");
+        client
+            .should_rate_limit(request("m", &[&[("user", &user)]]))
+            .await
+            .unwrap();
+        let key = format!("m_user_{user}_{start}");
+        let home = crc32fast::hash(key.as_bytes()) as usize % 3;
+        used[home] += 1;
+        for (index, node) in nodes.iter().enumerate() {
+            let expected = (index == home).then(|| "1".to_owned());
+            assert_eq!(node.get(&key), expected, "{key} on node {index}");
+        }
+    }
+    assert!(used.iter().all(|&n| n > 0), "every node got keys: {used:?}");
+}
+
+#[tokio::test]
+async fn simultaneous_requests_never_pass_more_than_the_limit() {
+    let node = Memcached::start();
+    let server = server(&[&node]);
+    let mut clients = Vec::new();
+    for _ in 0..10 {
+        clients.push(server.client().await);
+    }
+    let calls = clients.into_iter().map(|mut client| {
+        tokio::spawn(async move {
+            let mut allowed = 0;
+            for _ in 0..10 {
+                let answer = client
+                    .should_rate_limit(request("m", &[&[("burst", "shared")]]))
+                    .await
+                    .unwrap();
+                allowed += usize::from(answer.into_inner().overall_code == 1);
+            }
+            allowed
+        })
+    });
+    let mut allowed = 0;
+    for call in calls {
+        allowed += call.await.unwrap();
+    }
+    // 100 requests from 10 connections at once against a limit of 20.
+    assert_eq!(allowed, 20);
+}
+
+#[tokio::test]
+async fn keys_memcached_cannot_hold_fail_the_request_and_nothing_else() {
+    let node = Memcached::start();
+    let server = server(&[&node]);
+    let mut client = server.client().await;
+    let long = "v".repeat(300);
+    for (value, says) in [
+        ("two words", "space or a control character"),
+        ("line\r\nflush_all", "space or a control character"),
+        (long.as_str(), "bytes long"),
+    ] {
+        let refused = client
+            .should_rate_limit(request("m", &[&[("user", "ok")], &[("user", value)]]))
+            .await
+            .unwrap_err();
+        assert_eq!(refused.code(), Code::InvalidArgument, "{refused:?}");
+        assert!(refused.message().contains("descriptor 1"), "{refused:?}");
+        assert!(refused.message().contains(says), "{refused:?}");
+    }
+    assert_eq!(
+        server
+            .stat("ratelimit.service.call.should_rate_limit.memcache_error")
+            .await,
+        Some(3)
+    );
+    assert!(server.log().contains("cannot be stored in memcached"));
+    // Nothing reached memcached, and the connection still works.
+    assert_eq!(node.stat("cmd_flush"), 0);
+    let key = format!("m_user_ok_{}", window_start(3600));
+    assert_eq!(node.get(&key), None);
+    let answer = client
+        .should_rate_limit(request("m", &[&[("user", "ok")]]))
+        .await
+        .unwrap();
+    assert_eq!(answer.into_inner().overall_code, 1);
+}
+
+#[tokio::test]
+async fn a_node_that_dies_fails_calls_promptly_and_is_used_again_when_it_returns() {
+    let mut node = Memcached::start();
+    let server = server(&[&node]);
+    let mut client = server.client().await;
+    let call = |user: &'static str| request("m", &[&[("user", user)]]);
+    assert!(client.should_rate_limit(call("a")).await.is_ok());
+    node.kill();
+    let started = Instant::now();
+    let failed = client.should_rate_limit(call("a")).await.unwrap_err();
+    assert_eq!(failed.code(), Code::Unavailable, "{failed:?}");
+    assert!(failed.message().contains("memcached"), "{failed:?}");
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "{:?}",
+        started.elapsed()
+    );
+    node.restart();
+    let answer = client.should_rate_limit(call("a")).await.unwrap();
+    assert_eq!(answer.into_inner().overall_code, 1);
+    assert!(
+        server
+            .stat("ratelimit.service.call.should_rate_limit.memcache_error")
+            .await
+            .unwrap()
+            >= 1
+    );
+}
+
+#[test]
+fn memcache_without_nodes_stops_start_up() {
+    let mut server = Server::spawn(Options {
+        env: vec![("BACKEND_TYPE", "memcache".into())],
+        ..Options::default()
+    });
+    let status = server.wait_exit(Duration::from_secs(10)).expect("exits");
+    assert!(!status.success());
+    assert!(
+        server.log().contains("MEMCACHE_HOST_PORT"),
+        "{}",
+        server.log()
+    );
+}
