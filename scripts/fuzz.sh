@@ -45,9 +45,14 @@ else
 	fi
 fi
 
+# No AddressSanitizer: the code under test is safe Rust, whose memory errors the compiler
+# already rules out; what libFuzzer finds here are panics (debug assertions and overflow
+# checks are on), hangs and broken invariants. Without the sanitizer the build of the
+# dependency tree takes minutes less, and each second fuzzes more inputs.
+SANITIZER=(--sanitizer none)
 log "building the fuzz targets"
 build_start=$(date +%s)
-cargo fuzz build --fuzz-dir "$FUZZ"
+cargo fuzz build --fuzz-dir "$FUZZ" "${SANITIZER[@]}"
 log "built in $(($(date +%s) - build_start)) s"
 
 LOGS="$FUZZ/target/fuzz-logs"
@@ -64,7 +69,7 @@ for target in "${TARGETS[@]}"; do
 	log "fuzzing $target for $SECONDS_PER_TARGET s (log: ${output#"$ROOT"/})"
 	status=0
 	# -timeout: an input running longer than 10 s is reported as a hang, like a crash.
-	cargo fuzz run --fuzz-dir "$FUZZ" "$target" "$corpus" -- \
+	cargo fuzz run --fuzz-dir "$FUZZ" "${SANITIZER[@]}" "$target" "$corpus" -- \
 		-max_total_time="$SECONDS_PER_TARGET" -timeout=10 -print_final_stats=1 \
 		>"$output" 2>&1 || status=$?
 	execs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$output" | tail -n 1)

@@ -94,6 +94,7 @@ ensure_rust_target wasm32-unknown-unknown
 ensure_apt redis-server redis-server
 ensure_apt redis-cli redis-tools
 ensure_apt memcached memcached
+ensure_apt dnsmasq dnsmasq-base
 ensure_apt openssl openssl
 # The README's commands (scripts/readme.sh) use curl, and setsid to stop what they start.
 ensure_apt curl curl

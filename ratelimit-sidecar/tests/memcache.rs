@@ -2,7 +2,7 @@
 //! on upstream's node, exact counting under simultaneous requests, keys memcached cannot
 //! hold, long windows, and a node that dies and comes back.
 
-use ratelimit_tests::memcached::Memcached;
+use ratelimit_tests::memcached::{Dns, Memcached};
 use ratelimit_tests::sidecar as support;
 
 use std::time::{Duration, Instant};
@@ -198,17 +198,87 @@ async fn a_node_that_dies_fails_calls_promptly_and_is_used_again_when_it_returns
     );
 }
 
-#[test]
-fn memcache_without_nodes_stops_start_up() {
-    let mut server = Server::spawn(Options {
-        env: vec![("BACKEND_TYPE", "memcache".into())],
+#[tokio::test]
+async fn srv_discovery_finds_the_nodes_and_a_refresh_adds_one() {
+    let name = "_memcache._tcp.rl.test";
+    let (first, second) = (Memcached::start(), Memcached::start());
+    let mut dns = Dns::start(name, &[("a.rl.test", first.port)]);
+    let server = Server::start_with(Options {
+        files: vec![("rules.yaml", RULES.to_owned())],
+        env: vec![
+            ("BACKEND_TYPE", "memcache".into()),
+            ("MEMCACHE_SRV", name.into()),
+            ("MEMCACHE_SRV_DNS_SERVER", dns.address()),
+            ("MEMCACHE_SRV_REFRESH", "200ms".into()),
+        ],
         ..Options::default()
     });
-    let status = server.wait_exit(Duration::from_secs(10)).expect("exits");
-    assert!(!status.success());
-    assert!(
-        server.log().contains("MEMCACHE_HOST_PORT"),
-        "{}",
-        server.log()
+    let mut client = server.client().await;
+    let start = window_start(3600);
+    client
+        .should_rate_limit(request("m", &[&[("user", "before")]]))
+        .await
+        .unwrap();
+    assert_eq!(
+        first.get(&format!("m_user_before_{start}")).as_deref(),
+        Some("1")
     );
+
+    // A second record: the nodes are ordered by `target:port`, as upstream sorts them.
+    dns.serve(
+        name,
+        &[("b.rl.test", second.port), ("a.rl.test", first.port)],
+    );
+    let changed = support::eventually(Duration::from_secs(10), || async {
+        server.log().contains("memcached nodes changed")
+    })
+    .await;
+    assert!(changed, "{}", server.log());
+    let nodes = [&first, &second];
+    let mut used = [0; 2];
+    for i in 0..20 {
+        let user = format!("after{i}");
+        client
+            .should_rate_limit(request("m", &[&[("user", &user)]]))
+            .await
+            .unwrap();
+        let key = format!("m_user_{user}_{start}");
+        let home = crc32fast::hash(key.as_bytes()) as usize % 2;
+        used[home] += 1;
+        assert_eq!(nodes[home].get(&key).as_deref(), Some("1"), "{key}");
+        assert_eq!(nodes[1 - home].get(&key), None, "{key}");
+    }
+    assert!(used.iter().all(|&n| n > 0), "{used:?}");
+}
+
+#[test]
+fn memcached_node_settings_that_cannot_work_stop_start_up() {
+    let dns = Dns::start("_memcache._tcp.rl.test", &[("a.rl.test", 11211)]);
+    for (env, says) in [
+        (
+            vec![
+                ("MEMCACHE_SRV", "_memcache._tcp.missing.test".to_owned()),
+                ("MEMCACHE_SRV_DNS_SERVER", dns.address()),
+            ],
+            "SRV lookup of _memcache._tcp.missing.test",
+        ),
+        (
+            vec![
+                ("MEMCACHE_SRV", "_memcache._tcp.rl.test".to_owned()),
+                ("MEMCACHE_HOST_PORT", "127.0.0.1:11211".to_owned()),
+            ],
+            "MEMCACHE_HOST_PORT and MEMCACHE_SRV are both set",
+        ),
+        (vec![], "MEMCACHE_HOST_PORT"),
+    ] {
+        let mut env = env;
+        env.push(("BACKEND_TYPE", "memcache".to_owned()));
+        let mut server = Server::spawn(Options {
+            env,
+            ..Options::default()
+        });
+        let status = server.wait_exit(Duration::from_secs(15)).expect("exits");
+        assert!(!status.success());
+        assert!(server.log().contains(says), "{says}: {}", server.log());
+    }
 }

@@ -472,10 +472,7 @@ fn bad_settings_stop_start_up_naming_the_variable() {
 
 #[test]
 fn settings_of_features_not_built_stop_start_up_naming_them() {
-    for (key, value) in [
-        ("MEMCACHE_SRV", "_memcache._tcp.example"),
-        ("MEMCACHE_TLS", "true"),
-    ] {
+    for (key, value) in [("MEMCACHE_TLS_CACERT", "/ca.pem"), ("MEMCACHE_TLS", "true")] {
         let mut server = Server::spawn(Options {
             env: vec![(key, value.to_owned())],
             ..Options::default()

@@ -107,3 +107,80 @@ impl Drop for Memcached {
         self.kill();
     }
 }
+
+/// A real DNS server (dnsmasq) on a free loopback port, answering SRV and address
+/// records for the memcached nodes.
+pub struct Dns {
+    child: Child,
+    dir: tempfile::TempDir,
+    /// Its UDP and TCP port on 127.0.0.1.
+    pub port: u16,
+}
+
+impl Dns {
+    /// Serves `name` as an SRV record with one `target` per node (`<target>` resolving
+    /// to 127.0.0.1), each on its node's port.
+    pub fn start(name: &str, nodes: &[(&str, u16)]) -> Dns {
+        let dir = tempfile::tempdir().unwrap();
+        let port = free_port();
+        let child = Dns::spawn(&dir, port, name, nodes);
+        let dns = Dns { child, dir, port };
+        dns.wait_ready();
+        dns
+    }
+
+    /// Serves a new set of records (dnsmasq reads them at start: it is restarted).
+    pub fn serve(&mut self, name: &str, nodes: &[(&str, u16)]) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        self.child = Dns::spawn(&self.dir, self.port, name, nodes);
+        self.wait_ready();
+    }
+
+    fn spawn(dir: &tempfile::TempDir, port: u16, name: &str, nodes: &[(&str, u16)]) -> Child {
+        let mut config = String::new();
+        for (target, node_port) in nodes {
+            config.push_str(&format!("srv-host={name},{target},{node_port}\n"));
+            config.push_str(&format!("host-record={target},127.0.0.1\n"));
+        }
+        let file = dir.path().join("dnsmasq.conf");
+        std::fs::write(&file, config).unwrap();
+        Command::new("dnsmasq")
+            .arg("--keep-in-foreground")
+            .arg(format!("--port={port}"))
+            .args([
+                "--listen-address=127.0.0.1",
+                "--bind-interfaces",
+                "--no-resolv",
+            ])
+            .args(["--no-hosts", "--user=root", "--pid-file="])
+            .arg(format!("--conf-file={}", file.display()))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("dnsmasq is installed (scripts/test.sh installs it)")
+    }
+
+    fn wait_ready(&self) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline {
+            if TcpStream::connect(("127.0.0.1", self.port)).is_ok() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        panic!("dnsmasq did not start on {}", self.port);
+    }
+
+    /// `127.0.0.1:port`.
+    pub fn address(&self) -> String {
+        format!("127.0.0.1:{}", self.port)
+    }
+}
+
+impl Drop for Dns {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}

@@ -95,12 +95,11 @@ pub async fn open(
         }
         BackendType::Memcache => {
             let jitter = settings.limiter.expiration_jitter_max_seconds;
-            let workers = (0..pool.workers())
-                .map(|_| {
-                    memcache::MemcacheCounters::new(&settings.memcache, jitter)
-                        .map(|c| Box::new(c) as Box<dyn RemoteCounters>)
-                })
-                .collect::<Result<Vec<_>, _>>()?;
+            let workers = memcache::per_worker(&settings.memcache, jitter, pool.workers())
+                .await?
+                .into_iter()
+                .map(|c| Box::new(c) as Box<dyn RemoteCounters>)
+                .collect();
             tracing::warn!(nodes = %settings.memcache.memcache_host_port, "using the memcache backend");
             Ok(Backend::Remote(Remote::new(
                 "memcache",

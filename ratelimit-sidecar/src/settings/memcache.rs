@@ -13,6 +13,17 @@ pub struct MemcacheSettings {
     /// instance (a key's node depends on both).
     #[arg(long, env, default_value = "")]
     pub memcache_host_port: String,
+    /// An SRV record naming the nodes, `_service._proto.name` (exclusive with
+    /// MEMCACHE_HOST_PORT): one node per record, ordered as upstream orders them.
+    #[arg(long, env, default_value = "")]
+    pub memcache_srv: String,
+    /// How often to look MEMCACHE_SRV up again (0: never).
+    #[arg(long, env, default_value = "0", value_parser = go_duration)]
+    pub memcache_srv_refresh: Duration,
+    /// The DNS server for MEMCACHE_SRV, `ip:port` (this project's; default: the
+    /// system's resolver, from /etc/resolv.conf).
+    #[arg(long, env, default_value = "")]
+    pub memcache_srv_dns_server: String,
     /// Idle connections kept per node (and per worker).
     #[arg(long, env, default_value_t = 2)]
     pub memcache_max_idle_conns: usize,

@@ -242,17 +242,14 @@ mod tests {
             "ratelimit",
             "--memcache-tls-cacert",
             "/ca.pem",
-            "--memcache-srv",
-            "_memcache._tcp.example",
+            "--memcache-tls-client-cert",
+            "/client.pem",
         ]);
         assert!(
             message.contains("MEMCACHE_TLS_CACERT: memcached TLS is not available"),
             "{message}"
         );
-        assert!(
-            message.contains("MEMCACHE_SRV: memcached SRV discovery is not available"),
-            "{message}"
-        );
+        assert!(message.contains("MEMCACHE_TLS_CLIENT_CERT"), "{message}");
         let (settings, _) = Settings::load_from(["ratelimit", "--memcache-tls", "false"]).unwrap();
         assert!(!settings.unbuilt.memcache_tls);
     }

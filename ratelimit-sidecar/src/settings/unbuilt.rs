@@ -5,21 +5,13 @@
 //! `MEMCACHE_TLS=true` never becomes a client that quietly speaks plaintext. A switch
 //! set explicitly to off (`MEMCACHE_TLS=false`) is accepted: it asks for nothing. When a feature is built, its settings move to a module of their own.
 
-use std::time::Duration;
-
 use clap::{ArgAction, Args};
 
-use super::values::{go_bool, go_duration};
+use super::values::go_bool;
 
-/// The memcached backend's SRV discovery and TLS.
+/// The memcached backend's TLS.
 #[derive(Clone, Debug, Args)]
 pub struct UnbuiltSettings {
-    /// SRV record listing the nodes (exclusive with MEMCACHE_HOST_PORT).
-    #[arg(long, env, default_value = "")]
-    pub memcache_srv: String,
-    /// How often to look the SRV record up again (0: never).
-    #[arg(long, env, default_value = "0", value_parser = go_duration)]
-    pub memcache_srv_refresh: Duration,
     /// Connect with TLS.
     #[arg(long, env, default_value = "false", value_parser = go_bool, action = ArgAction::Set)]
     pub memcache_tls: bool,
@@ -51,21 +43,9 @@ pub fn explicitly_set(settings: &UnbuiltSettings, explicit: impl Fn(&str) -> boo
             let name = arg
                 .get_env()
                 .map_or_else(|| id.to_owned(), |env| env.to_string_lossy().into_owned());
-            format!(
-                "{name}: {} is not available in this version; unset it",
-                feature(id)
-            )
+            format!("{name}: memcached TLS is not available in this version; unset it")
         })
         .collect()
-}
-
-/// What a setting belongs to, by its id.
-fn feature(id: &str) -> &'static str {
-    if id.starts_with("memcache_srv") {
-        "memcached SRV discovery"
-    } else {
-        "memcached TLS"
-    }
 }
 
 /// A switch set to off, which asks for nothing.

@@ -10,10 +10,12 @@
 //! keys and values are upstream's, so both kinds of server can share a memcached.
 
 mod protocol;
+mod srv;
 
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{SystemTime, UNIX_EPOCH};
 
+use arc_swap::ArcSwap;
 use futures_util::future::{BoxFuture, try_join_all};
 use ratelimit_core::Increment;
 
@@ -26,62 +28,133 @@ const LONGEST_RELATIVE_EXPIRY: u64 = 30 * 24 * 3600;
 /// How often `add` may lose to another client's before the counter is given up.
 const RACE_ATTEMPTS: usize = 3;
 
-/// Counters spread over memcached nodes.
+/// A node of the list: how it is named (which orders the list) and where to connect.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NodeAddress {
+    /// `host:port` as listed, or the SRV record's `target:port`.
+    pub label: String,
+    /// What to connect to.
+    pub connect: String,
+}
+
+/// The node list every worker reads: fixed, or replaced by SRV refreshes.
+type NodeList = Arc<ArcSwap<Vec<NodeAddress>>>;
+
+/// Counters spread over memcached nodes (one per worker, sharing the node list).
 #[derive(Debug)]
 pub struct MemcacheCounters {
-    nodes: Vec<Node>,
+    list: NodeList,
+    /// The list last seen, and its nodes with their connections.
+    nodes: Mutex<Seen>,
+    max_idle: usize,
     jitter_max: u64,
+}
+
+/// A worker's view of the node list: the list, and a node (with its connections) for
+/// each entry.
+#[derive(Debug)]
+struct Seen {
+    list: Arc<Vec<NodeAddress>>,
+    nodes: Vec<Arc<Node>>,
 }
 
 /// One node and its idle connections.
 #[derive(Debug)]
 struct Node {
-    address: String,
+    address: NodeAddress,
     idle: Mutex<Vec<Connection>>,
     max_idle: usize,
 }
 
-impl MemcacheCounters {
-    /// The nodes `MEMCACHE_HOST_PORT` lists. `jitter_max` is EXPIRATION_JITTER_MAX_SECONDS.
-    pub fn new(
-        settings: &MemcacheSettings,
-        jitter_max: u64,
-    ) -> Result<MemcacheCounters, BackendError> {
-        let addresses: Vec<String> = settings
-            .memcache_host_port
-            .split(',')
-            .map(str::trim)
-            .filter(|a| !a.is_empty())
-            .map(str::to_owned)
-            .collect();
-        if addresses.is_empty() {
+/// One [`MemcacheCounters`] per worker on the nodes the settings name: MEMCACHE_HOST_PORT,
+/// or MEMCACHE_SRV (looked up now, and every MEMCACHE_SRV_REFRESH after).
+pub async fn per_worker(
+    settings: &MemcacheSettings,
+    jitter_max: u64,
+    workers: usize,
+) -> Result<Vec<MemcacheCounters>, BackendError> {
+    let fixed: Vec<NodeAddress> = settings
+        .memcache_host_port
+        .split(',')
+        .map(str::trim)
+        .filter(|a| !a.is_empty())
+        .map(|a| NodeAddress {
+            label: a.to_owned(),
+            connect: a.to_owned(),
+        })
+        .collect();
+    let list = match (fixed.is_empty(), settings.memcache_srv.as_str()) {
+        (false, "") => Arc::new(ArcSwap::from_pointee(fixed)),
+        (true, "") => {
             return Err(BackendError::Settings(
-                "BACKEND_TYPE=memcache needs MEMCACHE_HOST_PORT (host:port,host:port)".into(),
+                "BACKEND_TYPE=memcache needs MEMCACHE_HOST_PORT (host:port,host:port) or MEMCACHE_SRV".into(),
             ));
         }
-        let max_idle = settings.memcache_max_idle_conns.max(1);
-        let nodes = addresses
-            .into_iter()
-            .map(|address| Node {
-                address,
-                idle: Mutex::new(Vec::new()),
-                max_idle,
-            })
-            .collect();
-        Ok(MemcacheCounters { nodes, jitter_max })
-    }
-
-    /// The node a key lives on, by upstream's client's rule.
-    fn node_of(&self, key: &str) -> usize {
-        match self.nodes.len() {
-            1 => 0,
-            n => crc32fast::hash(key.as_bytes()) as usize % n,
+        (false, _) => {
+            return Err(BackendError::Settings(
+                "MEMCACHE_HOST_PORT and MEMCACHE_SRV are both set; set one".into(),
+            ));
         }
+        (true, name) => {
+            let discovery = srv::Discovery::new(name, &settings.memcache_srv_dns_server)?;
+            let nodes = discovery.nodes().await.map_err(BackendError::Settings)?;
+            let list = Arc::new(ArcSwap::from_pointee(nodes));
+            if !settings.memcache_srv_refresh.is_zero() {
+                let every = settings.memcache_srv_refresh;
+                tokio::spawn(discovery.refresh(every, Arc::clone(&list)));
+            }
+            list
+        }
+    };
+    let counters = (0..workers).map(|_| MemcacheCounters {
+        list: Arc::clone(&list),
+        nodes: Mutex::new(Seen {
+            list: Arc::new(Vec::new()),
+            nodes: Vec::new(),
+        }),
+        max_idle: settings.memcache_max_idle_conns.max(1),
+        jitter_max,
+    });
+    Ok(counters.collect())
+}
+
+impl MemcacheCounters {
+    /// The current nodes; when the list changed, nodes still listed keep their
+    /// connections.
+    fn nodes(&self) -> Vec<Arc<Node>> {
+        let list = self.list.load_full();
+        let mut seen = self.nodes.lock().unwrap_or_else(|p| p.into_inner());
+        if !Arc::ptr_eq(&seen.list, &list) {
+            let nodes = list
+                .iter()
+                .map(|address| {
+                    let kept = seen.nodes.iter().find(|node| node.address == *address);
+                    kept.cloned().unwrap_or_else(|| {
+                        Arc::new(Node {
+                            address: address.clone(),
+                            idle: Mutex::new(Vec::new()),
+                            max_idle: self.max_idle,
+                        })
+                    })
+                })
+                .collect();
+            *seen = Seen { list, nodes };
+        }
+        seen.nodes.clone()
     }
 
     /// The items' indexes grouped by node.
-    fn by_node(&self, items: &[&Increment]) -> Result<Vec<Vec<usize>>, BackendError> {
-        let mut groups = vec![Vec::new(); self.nodes.len()];
+    fn by_node(
+        &self,
+        nodes: &[Arc<Node>],
+        items: &[&Increment],
+    ) -> Result<Vec<Vec<usize>>, BackendError> {
+        if nodes.is_empty() {
+            return Err(BackendError::Unavailable(
+                "no memcached node is known".into(),
+            ));
+        }
+        let mut groups = vec![Vec::new(); nodes.len()];
         for (index, item) in items.iter().enumerate() {
             if let Some(problem) = key_problem(&item.key) {
                 let error = format!(
@@ -90,21 +163,22 @@ impl MemcacheCounters {
                 tracing::warn!(%error, "request refused");
                 return Err(BackendError::Key(error));
             }
-            groups[self.node_of(&item.key)].push(index);
+            groups[node_of(&item.key, nodes.len())].push(index);
         }
         Ok(groups)
     }
 
     async fn incr(&self, items: &[&Increment]) -> Result<Vec<u64>, BackendError> {
-        let groups = self.by_node(items)?;
+        let nodes = self.nodes();
+        let groups = self.by_node(&nodes, items)?;
         let work = groups
             .iter()
             .enumerate()
             .filter(|(_, g)| !g.is_empty())
             .map(|(node, group)| {
                 let items: Vec<&Increment> = group.iter().map(|&i| items[i]).collect();
+                let node = Arc::clone(&nodes[node]);
                 async move {
-                    let node = &self.nodes[node];
                     let mut connection = node.connection().await?;
                     let totals = count(&mut connection, &items, self.jitter_max).await;
                     node.release(connection, totals)
@@ -115,15 +189,16 @@ impl MemcacheCounters {
     }
 
     async fn get(&self, items: &[&Increment]) -> Result<Vec<u64>, BackendError> {
-        let groups = self.by_node(items)?;
+        let nodes = self.nodes();
+        let groups = self.by_node(&nodes, items)?;
         let work = groups
             .iter()
             .enumerate()
             .filter(|(_, g)| !g.is_empty())
             .map(|(node, group)| {
                 let keys: Vec<&str> = group.iter().map(|&i| items[i].key.as_str()).collect();
+                let node = Arc::clone(&nodes[node]);
                 async move {
-                    let node = &self.nodes[node];
                     let mut connection = node.connection().await?;
                     let values = connection.get(&keys).await;
                     node.release(connection, values)
@@ -131,6 +206,15 @@ impl MemcacheCounters {
             });
         let values = try_join_all(work).await?;
         Ok(reassemble(items.len(), &groups, values))
+    }
+}
+
+/// The node of `key` among `count`, by upstream's client's rule: CRC-32 of the key
+/// modulo the node count, the only node when there is one.
+fn node_of(key: &str, count: usize) -> usize {
+    match count {
+        1 => 0,
+        n => crc32fast::hash(key.as_bytes()) as usize % n,
     }
 }
 
@@ -226,7 +310,7 @@ impl Node {
         let idle = self.idle.lock().unwrap_or_else(|p| p.into_inner()).pop();
         match idle {
             Some(connection) => Ok(connection),
-            None => Connection::open(&self.address)
+            None => Connection::open(&self.address.connect)
                 .await
                 .map_err(|e| self.failed(&e)),
         }
@@ -249,7 +333,7 @@ impl Node {
     }
 
     fn failed(&self, error: &std::io::Error) -> BackendError {
-        BackendError::Unavailable(format!("memcached {}: {error}", self.address))
+        BackendError::Unavailable(format!("memcached {}: {error}", self.address.label))
     }
 }
 
@@ -271,7 +355,8 @@ impl RemoteCounters for MemcacheCounters {
     /// Every node answers `version`.
     fn ping(&self) -> BoxFuture<'_, bool> {
         Box::pin(async move {
-            let checks = self.nodes.iter().map(|node| async move {
+            let nodes = self.nodes();
+            let checks = nodes.iter().map(|node| async move {
                 let mut connection = node.connection().await?;
                 let answered = connection.version().await;
                 node.release(connection, answered)
@@ -297,14 +382,9 @@ mod tests {
 
     #[test]
     fn keys_go_to_upstreams_node() {
-        let settings = MemcacheSettings {
-            memcache_host_port: "a:1,b:2,c:3".into(),
-            memcache_max_idle_conns: 2,
-            memcache_timeout: std::time::Duration::from_millis(500),
-        };
-        let counters = MemcacheCounters::new(&settings, 0).unwrap();
         // crc32("foo") = 0x8c736521 = 2356372769; mod 3 = 2.
-        assert_eq!(counters.node_of("foo"), 2);
         assert_eq!(crc32fast::hash(b"foo"), 0x8c73_6521);
+        assert_eq!(node_of("foo", 3), 2);
+        assert_eq!(node_of("foo", 1), 0);
     }
 }
