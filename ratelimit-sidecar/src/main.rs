@@ -12,7 +12,7 @@ fn main() -> ExitCode {
     let (settings, warnings) = match Settings::load() {
         Ok(loaded) => loaded,
         Err(LoadError::Parse(error)) => error.exit(),
-        Err(error @ (LoadError::Unavailable(_) | LoadError::Invalid(_))) => {
+        Err(error @ LoadError::Invalid(_)) => {
             eprintln!("ratelimit: cannot start:\n{error}");
             return ExitCode::FAILURE;
         }

@@ -3,6 +3,7 @@
 //! hold, long windows, and a node that dies and comes back.
 
 use ratelimit_tests::memcached::{Dns, Memcached};
+use ratelimit_tests::pki::make_pki;
 use ratelimit_tests::sidecar as support;
 
 use std::time::{Duration, Instant};
@@ -281,4 +282,59 @@ fn memcached_node_settings_that_cannot_work_stop_start_up() {
         assert!(!status.success());
         assert!(server.log().contains(says), "{says}: {}", server.log());
     }
+}
+
+#[tokio::test]
+async fn tls_to_the_nodes_checks_their_certificates_and_presents_ours() {
+    let pki = tempfile::tempdir().unwrap();
+    make_pki(pki.path());
+    let file = |name: &str| pki.path().join(name).display().to_string();
+    let tls_server = |node: &Memcached, extra: Vec<(&'static str, String)>| {
+        let mut env = vec![
+            ("BACKEND_TYPE", "memcache".to_owned()),
+            ("MEMCACHE_HOST_PORT", node.address()),
+            ("MEMCACHE_TLS", "true".to_owned()),
+            ("MEMCACHE_TLS_CACERT", file("ca.crt")),
+        ];
+        env.extend(extra);
+        Server::start_with(Options {
+            files: vec![("rules.yaml", RULES.to_owned())],
+            env,
+            ..Options::default()
+        })
+    };
+
+    // A node whose certificate names 127.0.0.1, requiring our client certificate.
+    let strict = Memcached::start_tls(pki.path(), "server", true);
+    let with_identity = tls_server(
+        &strict,
+        vec![
+            ("MEMCACHE_TLS_CLIENT_CERT", file("client.crt")),
+            ("MEMCACHE_TLS_CLIENT_KEY", file("client.key")),
+        ],
+    );
+    assert_eq!(tls_call(&with_identity).await, Ok(1));
+    let anonymous = tls_server(&strict, vec![]);
+    assert_eq!(tls_call(&anonymous).await, Err(Code::Unavailable));
+
+    // A node whose certificate names another host: refused, unless the name check is off.
+    let misnamed = Memcached::start_tls(pki.path(), "elsewhere", false);
+    let checking = tls_server(&misnamed, vec![]);
+    assert_eq!(tls_call(&checking).await, Err(Code::Unavailable));
+    let lenient = tls_server(
+        &misnamed,
+        vec![("MEMCACHE_TLS_SKIP_HOSTNAME_VERIFICATION", "true".to_owned())],
+    );
+    assert_eq!(tls_call(&lenient).await, Ok(1));
+}
+
+/// One request for `user=tls`: the overall code, or the gRPC error code.
+async fn tls_call(server: &Server) -> Result<i32, Code> {
+    server
+        .client()
+        .await
+        .should_rate_limit(request("m", &[&[("user", "tls")]]))
+        .await
+        .map(|a| a.into_inner().overall_code)
+        .map_err(|status| status.code())
 }

@@ -471,35 +471,6 @@ fn bad_settings_stop_start_up_naming_the_variable() {
 }
 
 #[test]
-fn settings_of_features_not_built_stop_start_up_naming_them() {
-    for (key, value) in [("MEMCACHE_TLS_CACERT", "/ca.pem"), ("MEMCACHE_TLS", "true")] {
-        let mut server = Server::spawn(Options {
-            env: vec![(key, value.to_owned())],
-            ..Options::default()
-        });
-        let status = server.wait_exit(Duration::from_secs(10)).expect("exits");
-        assert!(!status.success(), "{key}={value} started");
-        let log = server.log();
-        assert!(
-            log.contains(key) && log.contains("not available in this version"),
-            "{key}: {log}"
-        );
-    }
-    // Switches set to off ask for nothing.
-    let server = Server::start_with(Options {
-        files: vec![("rules.yaml", RULES.to_owned())],
-        env: vec![
-            ("GRPC_SERVER_USE_TLS", "false".into()),
-            ("USE_PROMETHEUS", "false".into()),
-            ("MEMCACHE_TLS", "false".into()),
-            ("DISABLE_STATS", "true".into()),
-        ],
-        ..Options::default()
-    });
-    assert!(!server.log().contains("not available"), "{}", server.log());
-}
-
-#[test]
 fn the_tools_print_their_usage_and_say_what_is_missing() {
     let client = env!("CARGO_BIN_EXE_ratelimit-client");
     let check = env!("CARGO_BIN_EXE_ratelimit-config-check");

@@ -12,23 +12,50 @@ pub struct Memcached {
     child: Child,
     /// Its port on 127.0.0.1.
     pub port: u16,
+    /// Extra arguments (TLS), kept for restarts.
+    extra: Vec<String>,
 }
 
 impl Memcached {
     /// Starts one on a free port.
     pub fn start() -> Memcached {
+        Memcached::start_with(Vec::new())
+    }
+
+    /// Starts one that speaks TLS only, with `pki`'s `<cert>.crt` and `<cert>.key`, and
+    /// requiring client certificates of `pki`'s CA when `clients` is set.
+    pub fn start_tls(pki: &std::path::Path, cert: &str, clients: bool) -> Memcached {
+        let file = |name: String| pki.join(name).display().to_string();
+        let mut options = format!(
+            "ssl_chain_cert={},ssl_key={}",
+            file(format!("{cert}.crt")),
+            file(format!("{cert}.key"))
+        );
+        if clients {
+            options.push_str(&format!(
+                ",ssl_ca_cert={},ssl_verify_mode=2",
+                file("ca.crt".into())
+            ));
+        }
+        Memcached::start_with(vec!["-Z".into(), "-o".into(), options])
+    }
+
+    fn start_with(extra: Vec<String>) -> Memcached {
         let port = free_port();
         let memcached = Memcached {
-            child: Memcached::spawn(port),
+            child: Memcached::spawn(port, &extra),
             port,
+            extra,
         };
         memcached.wait_ready();
         memcached
     }
 
-    fn spawn(port: u16) -> Child {
+    fn spawn(port: u16, extra: &[String]) -> Child {
         Command::new("memcached")
-            .args(["-l", "127.0.0.1", "-U", "0", "-m", "64", "-u", "root", "-p"])
+            .args(["-l", "127.0.0.1", "-U", "0", "-m", "64", "-u", "root"])
+            .args(extra)
+            .arg("-p")
             .arg(port.to_string())
             .stdout(Stdio::null())
             .stderr(Stdio::null())
@@ -61,7 +88,7 @@ impl Memcached {
     /// Starts it again, empty, on the same port.
     pub fn restart(&mut self) {
         self.kill();
-        self.child = Memcached::spawn(self.port);
+        self.child = Memcached::spawn(self.port, &self.extra);
         self.wait_ready();
     }
 

@@ -2,9 +2,9 @@
 
 use std::time::Duration;
 
-use clap::Args;
+use clap::{ArgAction, Args};
 
-use super::values::go_duration;
+use super::values::{go_bool, go_duration};
 
 /// Where the memcached nodes are and how they are used.
 #[derive(Clone, Debug, Args)]
@@ -31,4 +31,19 @@ pub struct MemcacheSettings {
     /// client always allows 500 ms).
     #[arg(long, env, default_value = "500ms", value_parser = go_duration)]
     pub memcache_timeout: Duration,
+    /// Connect to every node with TLS.
+    #[arg(long, env, default_value = "false", value_parser = go_bool, action = ArgAction::Set)]
+    pub memcache_tls: bool,
+    /// Client certificate presented to the nodes, PEM (with the key).
+    #[arg(long, env, default_value = "")]
+    pub memcache_tls_client_cert: String,
+    /// Client key, PEM.
+    #[arg(long, env, default_value = "")]
+    pub memcache_tls_client_key: String,
+    /// A CA trusted for the nodes, PEM, besides the system's.
+    #[arg(long, env, default_value = "")]
+    pub memcache_tls_cacert: String,
+    /// Verify the chain but not the node's name.
+    #[arg(long, env, default_value = "false", value_parser = go_bool, action = ArgAction::Set)]
+    pub memcache_tls_skip_hostname_verification: bool,
 }

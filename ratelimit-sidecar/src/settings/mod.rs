@@ -1,8 +1,8 @@
 //! Every setting of envoyproxy/ratelimit, read from the same environment variables, each
 //! also a command-line flag (`--near-limit-ratio` for `NEAR_LIMIT_RATIO`), split by
 //! concern. Values are parsed the way that project parses them ([`values`]); a bad value
-//! stops start-up with a message naming the variable. Settings of features not built
-//! yet are in [`unbuilt`]: setting one stops start-up.
+//! stops start-up with a message naming the variable, and so do settings that contradict
+//! each other.
 
 mod config;
 mod limiter;
@@ -12,12 +12,11 @@ mod server;
 mod stats;
 mod tls;
 mod traces;
-mod unbuilt;
 pub mod values;
 mod xds;
 
 use clap::parser::ValueSource;
-use clap::{ArgMatches, CommandFactory, FromArgMatches, Parser};
+use clap::{CommandFactory, FromArgMatches, Parser};
 
 pub use self::config::{ConfigSettings, ConfigType};
 pub use self::limiter::{BackendType, LimiterSettings};
@@ -27,7 +26,6 @@ pub use self::server::{LogFormat, ServerSettings};
 pub use self::stats::{Outputs, StatsSettings};
 pub use self::tls::TlsSettings;
 pub use self::traces::TracingSettings;
-pub use self::unbuilt::UnbuiltSettings;
 pub use self::values::{StringMap, go_bool, go_duration, go_map};
 pub use self::xds::XdsSettings;
 pub use crate::bounds::BoundsSettings;
@@ -60,21 +58,11 @@ pub struct Settings {
     pub tls: TlsSettings,
     #[command(flatten, next_help_heading = "Traces")]
     pub tracing: TracingSettings,
-    #[command(
-        flatten,
-        next_help_heading = "Not available in this version (setting one stops start-up)"
-    )]
-    pub unbuilt: UnbuiltSettings,
 }
 
-/// Settings the server cannot honour, found after parsing.
-#[derive(Debug, thiserror::Error)]
-#[error("{}", .0.join("\n"))]
-pub struct Unavailable(pub Vec<String>);
-
 impl Settings {
-    /// Parses the command line and the environment, then refuses settings of features
-    /// this version does not have. Returns the settings and the warnings to log.
+    /// Parses the command line and the environment, and checks that the settings agree.
+    /// Returns the settings and the warnings to log.
     pub fn load() -> Result<(Settings, Vec<String>), LoadError> {
         Settings::load_from(std::env::args_os())
     }
@@ -87,7 +75,6 @@ impl Settings {
     {
         let matches = Settings::command().try_get_matches_from(args)?;
         let mut settings = Settings::from_arg_matches(&matches)?;
-        settings.unavailable(&matches)?;
         let stats = &mut settings.stats;
         stats.use_statsd_explicit = matches!(
             matches.value_source("use_statsd"),
@@ -115,20 +102,6 @@ impl Settings {
         }
         Ok((settings, warnings))
     }
-
-    fn unavailable(&self, matches: &ArgMatches) -> Result<(), Unavailable> {
-        let explicit = |id: &str| {
-            matches!(
-                matches.value_source(id),
-                Some(ValueSource::EnvVariable | ValueSource::CommandLine)
-            )
-        };
-        let refused = unbuilt::explicitly_set(&self.unbuilt, explicit);
-        match refused.is_empty() {
-            true => Ok(()),
-            false => Err(Unavailable(refused)),
-        }
-    }
 }
 
 /// Why the settings were not loaded.
@@ -137,9 +110,6 @@ pub enum LoadError {
     /// A bad value, an unknown flag, or `--help`/`--version` (which clap prints).
     #[error(transparent)]
     Parse(#[from] clap::Error),
-    /// A setting of a feature this version does not have.
-    #[error(transparent)]
-    Unavailable(#[from] Unavailable),
     /// Settings that contradict each other, or name something unusable.
     #[error("{0}")]
     Invalid(String),
@@ -230,28 +200,6 @@ mod tests {
         if unset("RUNTIME_WATCH_ROOT") && unset("USE_STATSD") {
             assert!(s.config.runtime_watch_root && s.stats.use_statsd);
         }
-    }
-
-    #[test]
-    fn unbuilt_features_are_refused_and_off_switches_accepted() {
-        let refused = |args: &[&str]| match Settings::load_from(args) {
-            Err(LoadError::Unavailable(error)) => error.to_string(),
-            other => panic!("{args:?} was not refused: {other:?}"),
-        };
-        let message = refused(&[
-            "ratelimit",
-            "--memcache-tls-cacert",
-            "/ca.pem",
-            "--memcache-tls-client-cert",
-            "/client.pem",
-        ]);
-        assert!(
-            message.contains("MEMCACHE_TLS_CACERT: memcached TLS is not available"),
-            "{message}"
-        );
-        assert!(message.contains("MEMCACHE_TLS_CLIENT_CERT"), "{message}");
-        let (settings, _) = Settings::load_from(["ratelimit", "--memcache-tls", "false"]).unwrap();
-        assert!(!settings.unbuilt.memcache_tls);
     }
 
     #[test]

@@ -166,7 +166,10 @@ fn directory_of(file: &Path) -> PathBuf {
 }
 
 /// Every certificate in a PEM file, at least one; `setting` names the file in errors.
-fn read_certificates(file: &Path, setting: &str) -> Result<Vec<CertificateDer<'static>>, String> {
+pub(crate) fn read_certificates(
+    file: &Path,
+    setting: &str,
+) -> Result<Vec<CertificateDer<'static>>, String> {
     let bad = |error: &dyn std::fmt::Display| format!("{setting}={}: {error}", file.display());
     let certificates = CertificateDer::pem_file_iter(file)
         .map_err(|e| bad(&e))?
@@ -179,7 +182,7 @@ fn read_certificates(file: &Path, setting: &str) -> Result<Vec<CertificateDer<'s
 }
 
 /// A store of the certificates in `file`.
-fn roots(file: &Path, setting: &str) -> Result<RootCertStore, String> {
+pub(crate) fn roots(file: &Path, setting: &str) -> Result<RootCertStore, String> {
     let mut store = RootCertStore::empty();
     for certificate in read_certificates(file, setting)? {
         store

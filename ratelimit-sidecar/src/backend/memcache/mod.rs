@@ -11,6 +11,7 @@
 
 mod protocol;
 mod srv;
+mod tls;
 
 use std::sync::{Arc, Mutex};
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -48,6 +49,7 @@ pub struct MemcacheCounters {
     nodes: Mutex<Seen>,
     max_idle: usize,
     jitter_max: u64,
+    tls: Option<tls::Tls>,
 }
 
 /// A worker's view of the node list: the list, and a node (with its connections) for
@@ -64,6 +66,7 @@ struct Node {
     address: NodeAddress,
     idle: Mutex<Vec<Connection>>,
     max_idle: usize,
+    tls: Option<tls::Tls>,
 }
 
 /// One [`MemcacheCounters`] per worker on the nodes the settings name: MEMCACHE_HOST_PORT,
@@ -106,6 +109,7 @@ pub async fn per_worker(
             list
         }
     };
+    let tls = tls::Tls::new(settings)?;
     let counters = (0..workers).map(|_| MemcacheCounters {
         list: Arc::clone(&list),
         nodes: Mutex::new(Seen {
@@ -114,6 +118,7 @@ pub async fn per_worker(
         }),
         max_idle: settings.memcache_max_idle_conns.max(1),
         jitter_max,
+        tls: tls.clone(),
     });
     Ok(counters.collect())
 }
@@ -134,6 +139,7 @@ impl MemcacheCounters {
                             address: address.clone(),
                             idle: Mutex::new(Vec::new()),
                             max_idle: self.max_idle,
+                            tls: self.tls.clone(),
                         })
                     })
                 })
@@ -310,9 +316,13 @@ impl Node {
         let idle = self.idle.lock().unwrap_or_else(|p| p.into_inner()).pop();
         match idle {
             Some(connection) => Ok(connection),
-            None => Connection::open(&self.address.connect)
-                .await
-                .map_err(|e| self.failed(&e)),
+            None => Connection::open(
+                &self.address.connect,
+                self.tls.as_ref(),
+                &self.address.label,
+            )
+            .await
+            .map_err(|e| self.failed(&e)),
         }
     }
 

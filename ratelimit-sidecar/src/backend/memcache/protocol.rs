@@ -4,8 +4,10 @@
 
 use std::io;
 
-use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader};
 use tokio::net::TcpStream;
+
+use super::tls::Tls;
 
 /// The longest key memcached takes.
 pub const MAX_KEY_BYTES: usize = 250;
@@ -41,18 +43,33 @@ pub enum Added {
     Exists,
 }
 
+/// A byte stream: TCP, or TLS over it.
+trait Stream: AsyncRead + AsyncWrite + Unpin + Send {}
+
+impl<T: AsyncRead + AsyncWrite + Unpin + Send> Stream for T {}
+
 /// One connection.
-#[derive(Debug)]
 pub struct Connection {
-    stream: BufReader<TcpStream>,
+    stream: BufReader<Box<dyn Stream>>,
     line: String,
 }
 
+impl std::fmt::Debug for Connection {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Connection")
+    }
+}
+
 impl Connection {
-    /// Connects to `address`.
-    pub async fn open(address: &str) -> io::Result<Connection> {
-        let stream = TcpStream::connect(address).await?;
-        stream.set_nodelay(true)?;
+    /// Connects to `address`, over TLS to the node named `name` (`host:port`) when
+    /// `tls` is given.
+    pub async fn open(address: &str, tls: Option<&Tls>, name: &str) -> io::Result<Connection> {
+        let tcp = TcpStream::connect(address).await?;
+        tcp.set_nodelay(true)?;
+        let stream: Box<dyn Stream> = match tls {
+            Some(tls) => Box::new(tls.wrap(name, tcp).await?),
+            None => Box::new(tcp),
+        };
         Ok(Connection {
             stream: BufReader::new(stream),
             line: String::new(),
