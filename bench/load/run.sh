@@ -3,8 +3,8 @@
 #
 # The ceiling is rls-ceiling: a tonic RateLimitService that answers OK without deciding,
 # on a single-threaded runtime (the fastest tonic can serve on one core). The servers
-# under test are the sidecar on the memory backend and on Redis, each pinned to CPU 0 (so
-# one worker), the same memory sidecar with every statistics output on (statsd over UDP
+# under test are the sidecar on the memory backend, on Redis and on memcached, each pinned
+# to CPU 0 (so one worker), the same memory sidecar with every statistics output on (statsd over UDP
 # flushed every second, Prometheus scraped every 2 s; the other has DISABLE_STATS=true),
 # and the sidecar on memory with GRPC_WORKERS=2 unpinned (scaling across cores). The load generators run on CPU 1: h2load (Debian's nghttp2-client, when
 # installed) for one hot key, then rls-load (this folder) for 1 and 10 000 keys with p50
@@ -76,6 +76,15 @@ if command -v redis-server >/dev/null; then
 		REDIS_URL="127.0.0.1:$redis_port" "$BIN/ratelimit"
 	SERVERS+=(redis)
 fi
+if command -v memcached >/dev/null; then
+	memcached_port=$(free_port)
+	# memcached shares CPU 1 with the generators, as Redis does.
+	taskset -c 1 memcached -l 127.0.0.1 -p "$memcached_port" -U 0 -t 1 -u root >/dev/null &
+	wait_port "$memcached_port"
+	start memcache 0 "${SIDECAR[@]}" BACKEND_TYPE=memcache \
+		MEMCACHE_HOST_PORT="127.0.0.1:$memcached_port" "$BIN/ratelimit"
+	SERVERS+=(memcache)
+fi
 
 # One line per measurement: round server tool keys requests errors seconds p50 p99 cpu_ticks
 RESULTS="$WORK/results.tsv"
@@ -117,7 +126,7 @@ for r, server, tool, keys, requests, errors, secs, p50, p99, ticks in rows:
 print(f"{'load':<16} {'server':<10} {'req/s':>8} {'vs ceiling':>10} {'CPU us/req':>10} {'x ceiling':>9} {'p50 us':>7} {'p99 us':>7} {'errors':>6}")
 for tool, keys in sorted({(t, k) for t, k, _ in by}, key=lambda x: (x[0], int(x[1]))):
     ceiling = {r: (n / s, t / tick * 1e6 / max(n, 1)) for r, n, _, s, _, _, t in by[(tool, keys, "ceiling")]}
-    for server in ["ceiling", "memory", "sinks", "redis", "memory-2w"]:
+    for server in ["ceiling", "memory", "sinks", "redis", "memcache", "memory-2w"]:
         runs = by.get((tool, keys, server))
         if not runs:
             continue

@@ -1,11 +1,11 @@
 //! `POST /explain` on the debug server and `ratelimit-client -explain`: why a request
 //! would get its answer, on both backends, without counting it.
 
-use ratelimit_tests::on_both_backends;
+use ratelimit_tests::on_every_backend;
 use ratelimit_tests::sidecar as support;
 
 use serde_json::Value;
-use support::{Options, Redis, Server, redis_env, request};
+use support::{Options, Server, Store, request};
 
 const RULES: &str = "domain: ex\ndescriptors:\n  - key: user\n    rate_limit: {unit: hour, requests_per_unit: 3}\n    descriptors:\n      - key: path\n        value: \"/api/*\"\n        rate_limit: {unit: minute, requests_per_unit: 1}\n  - key: open\n";
 
@@ -19,10 +19,10 @@ async fn explain(server: &Server, body: &str) -> (u16, String) {
     (response.status().as_u16(), response.text().await.unwrap())
 }
 
-async fn explanations_read_counters_without_counting(redis: Option<&Redis>) {
+async fn explanations_read_counters_without_counting(store: &Store) {
     let server = Server::start_with(Options {
         files: vec![("rules.yaml", RULES.to_owned())],
-        env: redis.map(|r| redis_env(r.port)).unwrap_or_default(),
+        env: store.env(),
         ..Options::default()
     });
     let mut client = server.client().await;
@@ -63,7 +63,7 @@ async fn explanations_read_counters_without_counting(redis: Option<&Redis>) {
     let (status, text) = explain(&server, "{").await;
     assert_eq!(status, 400, "{text}");
 }
-on_both_backends!(explanations_read_counters_without_counting);
+on_every_backend!(explanations_read_counters_without_counting);
 
 #[tokio::test]
 async fn the_client_explains_through_the_debug_server() {

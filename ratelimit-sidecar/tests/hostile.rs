@@ -2,7 +2,7 @@
 //! oversized names, malformed protobuf, memory and connection bounds, symbolic link loops
 //! and deeply nested YAML.
 
-use ratelimit_tests::on_both_backends;
+use ratelimit_tests::on_every_backend;
 use ratelimit_tests::sidecar as support;
 
 use std::io::{Read, Write};
@@ -13,7 +13,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use bytes::{Buf, BufMut};
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
 use envoy_types::pb::google::protobuf::UInt64Value;
-use support::{Options, Redis, Server, binary, codes, eventually, redis_env, request};
+use support::{Options, Redis, Server, Store, binary, codes, eventually, redis_env, request};
 use tonic::Code;
 use tonic::codec::{Codec, DecodeBuf, Decoder, EncodeBuf, Encoder};
 
@@ -26,7 +26,7 @@ const RULES: &str = "domain: h\ndescriptors:
   - {key: value, detailed_metric: true, rate_limit: {unit: hour, requests_per_unit: 100}}
 ";
 
-fn start(redis: Option<&Redis>, env: &[(&'static str, &str)]) -> Server {
+fn start(backend: Vec<(&'static str, String)>, env: &[(&'static str, &str)]) -> Server {
     let mut options = Options {
         files: vec![("rules.yaml", RULES.to_owned())],
         ..Options::default()
@@ -34,9 +34,7 @@ fn start(redis: Option<&Redis>, env: &[(&'static str, &str)]) -> Server {
     options
         .env
         .extend(env.iter().map(|(k, v)| (*k, (*v).to_owned())));
-    if let Some(redis) = redis {
-        options.env.extend(redis_env(redis.port));
-    }
+    options.env.extend(backend);
     Server::start_with(options)
 }
 
@@ -57,10 +55,10 @@ fn with_hits(mut request: RateLimitRequest, hits: u64) -> RateLimitRequest {
     request
 }
 
-on_both_backends!(a_huge_addend_is_the_callers_error_and_cannot_reset_a_counter);
+on_every_backend!(a_huge_addend_is_the_callers_error_and_cannot_reset_a_counter);
 
-async fn a_huge_addend_is_the_callers_error_and_cannot_reset_a_counter(redis: Option<&Redis>) {
-    let server = start(redis, &[]);
+async fn a_huge_addend_is_the_callers_error_and_cannot_reset_a_counter(store: &Store) {
+    let server = start(store.env(), &[]);
     let mut client = server.client().await;
     let mallory = request("h", &[&[("user", "mallory")]]);
     let over = client
@@ -112,7 +110,7 @@ async fn a_huge_addend_is_the_callers_error_and_cannot_reset_a_counter(redis: Op
 #[tokio::test]
 async fn a_redis_counter_past_i64_is_over_the_limit_not_a_backend_failure() {
     let redis = Redis::start(&[]);
-    let server = start(Some(&redis), &[]);
+    let server = start(redis_env(redis.port), &[]);
     let now = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .unwrap()
@@ -143,7 +141,7 @@ async fn a_redis_counter_past_i64_is_over_the_limit_not_a_backend_failure() {
 
 #[tokio::test]
 async fn names_past_their_bounds_are_invalid_arguments() {
-    let server = start(None, &[("MAX_DESCRIPTOR_VALUE_BYTES", "64")]);
+    let server = start(Vec::new(), &[("MAX_DESCRIPTOR_VALUE_BYTES", "64")]);
     let mut client = server.client().await;
     let long_value = "v".repeat(65);
     let cases = [
@@ -206,7 +204,7 @@ impl Decoder for Raw {
 
 #[tokio::test]
 async fn a_malformed_protobuf_is_an_invalid_argument() {
-    let server = start(None, &[]);
+    let server = start(Vec::new(), &[]);
     let channel =
         tonic::transport::Endpoint::from_shared(format!("http://127.0.0.1:{}", server.grpc))
             .unwrap()
@@ -248,7 +246,7 @@ async fn a_malformed_protobuf_is_an_invalid_argument() {
 
 #[tokio::test]
 async fn the_memory_backend_is_bounded_in_bytes_and_stats_stream() {
-    let server = start(None, &[("MEMORY_MAX_BYTES", "262144")]);
+    let server = start(Vec::new(), &[("MEMORY_MAX_BYTES", "262144")]);
     let mut client = server.client().await;
     let big = "x".repeat(4000);
     for i in 0..300 {
@@ -353,7 +351,7 @@ async fn symbolic_link_loops_are_refused_not_followed_forever() {
 
     // The same directory swapped in under a running server: the reload is refused and
     // the previous rules keep answering.
-    let server = start(None, &[]);
+    let server = start(Vec::new(), &[]);
     let v2 = server.dir.path().join("v2");
     std::fs::create_dir_all(v2.join("config")).unwrap();
     std::fs::write(v2.join("config/rules.yaml"), RULES).unwrap();
@@ -418,7 +416,7 @@ async fn connections_past_the_cap_wait_until_one_closes() {
     // Three workers share one cap of two: whichever listeners the kernel gives the
     // connections to, two are served and the third waits until one of them closes.
     let server = start(
-        None,
+        Vec::new(),
         &[
             ("HTTP_MAX_CONNECTIONS", "2"),
             ("HTTP_HEADER_READ_TIMEOUT", "30s"),

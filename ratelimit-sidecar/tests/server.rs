@@ -1,25 +1,23 @@
 //! The `ratelimit` binary end to end: gRPC, `/json`, health, debug, reload, signals.
 
-use ratelimit_tests::on_both_backends;
+use ratelimit_tests::on_every_backend;
 use ratelimit_tests::sidecar as support;
 
 use std::time::Duration;
 
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::RateLimitOverride;
-use support::{Options, Redis, Server, codes, eventually, limit_of, redis_env, request};
+use support::{Options, Server, Store, codes, eventually, limit_of, request};
 use tonic::Code;
 
 const OK: i32 = 1;
 const OVER: i32 = 2;
 
 /// Starts a server on [`RULES`] (plus `options`), on the memory backend or on `redis`.
-fn start(redis: Option<&Redis>, mut options: Options) -> Server {
+fn start(store: &Store, mut options: Options) -> Server {
     if options.files.is_empty() {
         options.files.push(("rules.yaml", RULES.to_owned()));
     }
-    if let Some(redis) = redis {
-        options.env.extend(redis_env(redis.port));
-    }
+    options.env.extend(store.env());
     Server::start_with(options)
 }
 
@@ -37,10 +35,10 @@ descriptors:
     rate_limit: {unit: hour, requests_per_unit: 500}
 ";
 
-on_both_backends!(grpc_decides_counts_and_reports_errors_like_envoy_ratelimit);
+on_every_backend!(grpc_decides_counts_and_reports_errors_like_envoy_ratelimit);
 
-async fn grpc_decides_counts_and_reports_errors_like_envoy_ratelimit(redis: Option<&Redis>) {
-    let server = start(redis, Options::default());
+async fn grpc_decides_counts_and_reports_errors_like_envoy_ratelimit(store: &Store) {
+    let server = start(store, Options::default());
     let mut client = server.client().await;
     let ask = request(
         "e2e",
@@ -131,11 +129,11 @@ async fn grpc_decides_counts_and_reports_errors_like_envoy_ratelimit(redis: Opti
     );
 }
 
-on_both_backends!(rule_shadow_mode_response_headers_and_dynamic_metadata);
+on_every_backend!(rule_shadow_mode_response_headers_and_dynamic_metadata);
 
-async fn rule_shadow_mode_response_headers_and_dynamic_metadata(redis: Option<&Redis>) {
+async fn rule_shadow_mode_response_headers_and_dynamic_metadata(store: &Store) {
     let server = start(
-        redis,
+        store,
         Options {
             files: vec![("rules.yaml", RULES.to_owned())],
             env: vec![
@@ -183,10 +181,10 @@ async fn rule_shadow_mode_response_headers_and_dynamic_metadata(redis: Option<&R
     );
 }
 
-on_both_backends!(json_answers_200_429_and_400_with_messages);
+on_every_backend!(json_answers_200_429_and_400_with_messages);
 
-async fn json_answers_200_429_and_400_with_messages(redis: Option<&Redis>) {
-    let server = start(redis, Options::default());
+async fn json_answers_200_429_and_400_with_messages(store: &Store) {
+    let server = start(store, Options::default());
     let http = reqwest::Client::new();
     let post = |body: &'static str| http.post(server.http_url("/json")).body(body).send();
     let body = r#"{"domain":"e2e","descriptors":[{"entries":[{"key":"user","value":"j"}]}]}"#;
@@ -402,10 +400,10 @@ async fn sigterm_fails_health_drains_and_exits_zero() {
     );
 }
 
-on_both_backends!(concurrent_clients_never_get_more_than_the_limit);
+on_every_backend!(concurrent_clients_never_get_more_than_the_limit);
 
-async fn concurrent_clients_never_get_more_than_the_limit(redis: Option<&Redis>) {
-    let server = start(redis, Options::default());
+async fn concurrent_clients_never_get_more_than_the_limit(store: &Store) {
+    let server = start(store, Options::default());
     let hour = |t: std::time::SystemTime| {
         t.duration_since(std::time::UNIX_EPOCH).unwrap().as_secs() / 3600
     };

@@ -18,9 +18,9 @@ use opentelemetry_proto::tonic::common::v1::any_value::Value;
 use opentelemetry_proto::tonic::common::v1::{AnyValue, KeyValue};
 use opentelemetry_proto::tonic::trace::v1::span::SpanKind;
 use prost::Message;
-use ratelimit_tests::on_both_backends;
+use ratelimit_tests::on_every_backend;
 use ratelimit_tests::pki::make_pki;
-use support::{Options, Redis, Server, eventually, redis_env, request};
+use support::{Options, Server, Store, eventually, request};
 use tokio_stream::wrappers::TcpListenerStream;
 use warp::Filter;
 
@@ -194,7 +194,7 @@ fn traced(protocol: &str, port: u16, extra: &[(&'static str, &str)]) -> Options 
     }
 }
 
-async fn grpc_spans_carry_the_decision_and_continue_the_callers_trace(redis: Option<&Redis>) {
+async fn grpc_spans_carry_the_decision_and_continue_the_callers_trace(store: &Store) {
     let (collector, port) = Collector::grpc().await;
     let mut options = traced(
         "grpc",
@@ -204,9 +204,7 @@ async fn grpc_spans_carry_the_decision_and_continue_the_callers_trace(redis: Opt
             ("TRACING_SERVICE_NAMESPACE", "payments"),
         ],
     );
-    if let Some(redis) = redis {
-        options.env.extend(redis_env(redis.port));
-    }
+    options.env.extend(store.env());
     let server = Server::start_with(options);
     let mut client = server.client().await;
     let traceparent = format!("00-{TRACE}-{PARENT}-01");
@@ -231,7 +229,7 @@ async fn grpc_spans_carry_the_decision_and_continue_the_callers_trace(redis: Opt
         .iter()
         .partition(|s| s.span.kind == SpanKind::Server as i32);
     assert_eq!(servers.len(), 2, "{spans:#?}");
-    let backend = if redis.is_some() { "redis" } else { "memory" };
+    let backend = store.name();
     for (server_span, code) in servers.iter().zip(["OK", "OVER_LIMIT"]) {
         let span = &server_span.span;
         assert_eq!(
@@ -264,7 +262,7 @@ async fn grpc_spans_carry_the_decision_and_continue_the_callers_trace(redis: Opt
     }
 }
 
-on_both_backends!(grpc_spans_carry_the_decision_and_continue_the_callers_trace);
+on_every_backend!(grpc_spans_carry_the_decision_and_continue_the_callers_trace);
 
 #[tokio::test]
 async fn http_export_follows_b3_parents_and_the_sampling_rate() {

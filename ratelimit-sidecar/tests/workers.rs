@@ -1,24 +1,24 @@
 //! GRPC_WORKERS: one single-threaded runtime per worker, each with its own listeners on
 //! the shared ports and its own Redis connections, deciding against one set of counters.
 
-use ratelimit_tests::on_both_backends;
+use ratelimit_tests::on_every_backend;
 use ratelimit_tests::sidecar as support;
 
 use std::time::Duration;
 
-use support::{Options, Redis, Server, codes, redis_env, request};
+use support::{Options, Redis, Server, Store, codes, redis_env, request};
 
 const OK: i32 = 1;
 const OVER: i32 = 2;
 const RULES: &str =
     "domain: w\ndescriptors: [{key: user, rate_limit: {unit: hour, requests_per_unit: 10}}]\n";
 
-fn start(workers: u16, redis: Option<&Redis>, uds: bool) -> Server {
-    let mut env = vec![("GRPC_WORKERS", workers.to_string())];
-    if let Some(redis) = redis {
-        env.extend(redis_env(redis.port));
-        env.push(("REDIS_POOL_SIZE", "1".into()));
-    }
+fn start(workers: u16, backend: Vec<(&'static str, String)>, uds: bool) -> Server {
+    let mut env = vec![
+        ("GRPC_WORKERS", workers.to_string()),
+        ("REDIS_POOL_SIZE", "1".into()),
+    ];
+    env.extend(backend);
     Server::start_with(Options {
         files: vec![("rules.yaml", RULES.to_owned())],
         env,
@@ -66,9 +66,9 @@ fn tally(codes: &[i32]) -> (usize, usize) {
     )
 }
 
-on_both_backends!(workers_listen_on_one_port_and_share_the_counters);
-async fn workers_listen_on_one_port_and_share_the_counters(redis: Option<&Redis>) {
-    let server = start(3, redis, false);
+on_every_backend!(workers_listen_on_one_port_and_share_the_counters);
+async fn workers_listen_on_one_port_and_share_the_counters(store: &Store) {
+    let server = start(3, store.env(), false);
     assert_eq!(listeners_on(server.grpc), 3, "{}", server.log());
     assert_eq!(listeners_on(server.http), 3, "{}", server.log());
     assert_eq!(listeners_on(server.debug), 1, "{}", server.log());
@@ -94,7 +94,7 @@ async fn workers_listen_on_one_port_and_share_the_counters(redis: Option<&Redis>
 
 #[tokio::test]
 async fn unix_socket_connections_are_handed_to_every_worker() {
-    let server = start(3, None, true);
+    let server = start(3, Vec::new(), true);
     let answers = one_per_connection(&server, 12, true).await;
     assert_eq!(tally(&answers), (10, 2), "{answers:?}");
 }
@@ -102,7 +102,7 @@ async fn unix_socket_connections_are_handed_to_every_worker() {
 #[tokio::test]
 async fn each_worker_opens_its_own_redis_connections() {
     let redis = Redis::start(&[]);
-    let server = start(3, Some(&redis), false);
+    let server = start(3, redis_env(redis.port), false);
     // REDIS_POOL_SIZE=1: one connection per worker (redis-cli's own is the fourth).
     let clients = redis.cli(&["CLIENT", "LIST"]);
     assert_eq!(clients.lines().count(), 4, "{clients}");
@@ -112,7 +112,7 @@ async fn each_worker_opens_its_own_redis_connections() {
 
 #[test]
 fn a_port_already_in_use_stops_start_up_even_for_shared_listeners() {
-    let first = start(2, None, false);
+    let first = start(2, Vec::new(), false);
     // A second server on the same gRPC port, also with shared (SO_REUSEPORT) listeners,
     // must not quietly take half of the first one's connections.
     let mut second = Server::spawn(Options {

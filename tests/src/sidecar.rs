@@ -13,25 +13,65 @@ use tonic::transport::Channel;
 
 pub use crate::{binary, eventually, free_port};
 
-/// Runs the test `$name(redis: Option<&Redis>)` once on the memory backend
-/// (`$name::memory`) and once on a real Redis (`$name::redis`); the test file imports
-/// `Redis` at its root.
+/// Runs the test `$name(store: &Store)` on every backend: the memory backend
+/// (`$name::memory`), a real Redis (`$name::redis`) and a real memcached
+/// (`$name::memcache`).
 #[macro_export]
-macro_rules! on_both_backends {
+macro_rules! on_every_backend {
     ($name:ident) => {
         mod $name {
+            use $crate::sidecar::Store;
+
             #[tokio::test]
             async fn memory() {
-                super::$name(None).await;
+                super::$name(&Store::Memory).await;
             }
 
             #[tokio::test]
             async fn redis() {
-                let redis = super::Redis::start(&[]);
-                super::$name(Some(&redis)).await;
+                super::$name(&Store::Redis($crate::sidecar::Redis::start(&[]))).await;
+            }
+
+            #[tokio::test]
+            async fn memcache() {
+                super::$name(&Store::Memcached($crate::memcached::Memcached::start())).await;
             }
         }
     };
+}
+
+/// Where a shared test's server keeps its counters.
+pub enum Store {
+    /// The embedded memory backend.
+    Memory,
+    /// A real Redis.
+    Redis(Redis),
+    /// A real memcached.
+    Memcached(crate::memcached::Memcached),
+}
+
+impl Store {
+    /// The server's settings for this store.
+    pub fn env(&self) -> Vec<(&'static str, String)> {
+        match self {
+            Store::Memory => Vec::new(),
+            Store::Redis(redis) => redis_env(redis.port),
+            Store::Memcached(memcached) => vec![
+                ("BACKEND_TYPE", "memcache".into()),
+                ("MEMCACHE_HOST_PORT", memcached.address()),
+                ("EXPIRATION_JITTER_MAX_SECONDS", "0".into()),
+            ],
+        }
+    }
+
+    /// The backend's name, as the server reports it.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Store::Memory => "memory",
+            Store::Redis(_) => "redis",
+            Store::Memcached(_) => "memcache",
+        }
+    }
 }
 
 /// A running server and its runtime directory (`root/current -> root/v1`).
