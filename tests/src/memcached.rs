@@ -64,14 +64,7 @@ impl Memcached {
     }
 
     fn wait_ready(&self) {
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while Instant::now() < deadline {
-            if TcpStream::connect(("127.0.0.1", self.port)).is_ok() {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        panic!("memcached did not start on {}", self.port);
+        wait_listening(self.port, "memcached");
     }
 
     /// `host:port`.
@@ -189,14 +182,7 @@ impl Dns {
     }
 
     fn wait_ready(&self) {
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while Instant::now() < deadline {
-            if TcpStream::connect(("127.0.0.1", self.port)).is_ok() {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        panic!("dnsmasq did not start on {}", self.port);
+        wait_listening(self.port, "dnsmasq");
     }
 
     /// `127.0.0.1:port`.
@@ -210,4 +196,16 @@ impl Drop for Dns {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// Waits until `what` accepts connections on `port`.
+fn wait_listening(port: u16, what: &str) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while Instant::now() < deadline {
+        if TcpStream::connect(("127.0.0.1", port)).is_ok() {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    panic!("{what} did not start on {port}");
 }

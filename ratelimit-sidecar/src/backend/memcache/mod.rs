@@ -175,43 +175,47 @@ impl MemcacheCounters {
     }
 
     async fn incr(&self, items: &[&Increment]) -> Result<Vec<u64>, BackendError> {
-        let nodes = self.nodes();
-        let groups = self.by_node(&nodes, items)?;
-        let work = groups
-            .iter()
-            .enumerate()
-            .filter(|(_, g)| !g.is_empty())
-            .map(|(node, group)| {
-                let items: Vec<&Increment> = group.iter().map(|&i| items[i]).collect();
-                let node = Arc::clone(&nodes[node]);
-                async move {
-                    let mut connection = node.connection().await?;
-                    let totals = count(&mut connection, &items, self.jitter_max).await;
-                    node.release(connection, totals)
-                }
-            });
-        let totals = try_join_all(work).await?;
-        Ok(reassemble(items.len(), &groups, totals))
+        self.on_each_node(items, |node, group| async move {
+            let mut connection = node.connection().await?;
+            let totals = count(&mut connection, &group, self.jitter_max).await;
+            node.release(connection, totals)
+        })
+        .await
     }
 
     async fn get(&self, items: &[&Increment]) -> Result<Vec<u64>, BackendError> {
+        self.on_each_node(items, |node, group| async move {
+            let keys: Vec<&str> = group.iter().map(|item| item.key.as_str()).collect();
+            let mut connection = node.connection().await?;
+            let values = connection.get(&keys).await;
+            node.release(connection, values)
+        })
+        .await
+    }
+
+    /// Runs `work` on each node with its share of `items`, all at once, and returns the
+    /// results in item order.
+    async fn on_each_node<'a, F, Fut>(
+        &self,
+        items: &'a [&'a Increment],
+        work: F,
+    ) -> Result<Vec<u64>, BackendError>
+    where
+        F: Fn(Arc<Node>, Vec<&'a Increment>) -> Fut,
+        Fut: Future<Output = Result<Vec<u64>, BackendError>>,
+    {
         let nodes = self.nodes();
         let groups = self.by_node(&nodes, items)?;
-        let work = groups
+        let calls = groups
             .iter()
             .enumerate()
-            .filter(|(_, g)| !g.is_empty())
+            .filter(|(_, group)| !group.is_empty())
             .map(|(node, group)| {
-                let keys: Vec<&str> = group.iter().map(|&i| items[i].key.as_str()).collect();
-                let node = Arc::clone(&nodes[node]);
-                async move {
-                    let mut connection = node.connection().await?;
-                    let values = connection.get(&keys).await;
-                    node.release(connection, values)
-                }
+                let share = group.iter().map(|&i| items[i]).collect();
+                work(Arc::clone(&nodes[node]), share)
             });
-        let values = try_join_all(work).await?;
-        Ok(reassemble(items.len(), &groups, values))
+        let results = try_join_all(calls).await?;
+        Ok(reassemble(items.len(), &groups, results))
     }
 }
 
