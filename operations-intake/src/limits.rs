@@ -204,7 +204,7 @@ impl Limits {
                 domain,
             } => {
                 let request = Request::new(domain.clone(), descriptors(client_id, batch));
-                match limiter.should_rate_limit(&request, store, unix_now()) {
+                match limiter.should_rate_limit_millis(&request, store, unix_now_ms()) {
                     Ok(response) => verdict(&response, &request),
                     Err(error) => {
                         tracing::error!(%error, "the rate limiter refused its own request");
@@ -263,10 +263,11 @@ fn remote_failed(deny: bool, why: &str) -> Verdict {
     }
 }
 
-fn unix_now() -> u64 {
+/// Unix milliseconds: sliding windows and token buckets count in them.
+fn unix_now_ms() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs())
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
 
 #[cfg(test)]

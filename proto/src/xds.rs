@@ -4,7 +4,9 @@
 
 use std::collections::BTreeMap;
 
-use ratelimit_core::config::{DescriptorRule, DomainConfig, Limit, Metadata};
+use ratelimit_core::config::{
+    Algorithm, DescriptorRule, DomainConfig, Limit, Metadata, RateLimitRule,
+};
 use serde_json::{Map, Value, json};
 
 #[allow(missing_docs, clippy::all)] // generated code
@@ -118,15 +120,34 @@ fn descriptor_pb(
             "{path}: value_to_metric and share_threshold have no xDS field and are dropped"
         ));
     }
+    if rule.rate_limits.len() > 1 {
+        warnings.push(format!(
+            "{path}: rate_limits has no xDS field; only its first limit is kept"
+        ));
+    }
+    let limit = rule.rate_limit.as_ref().or(rule.rate_limits.first());
+    if let Some(RateLimitRule {
+        limit: Limit::Counted {
+            window, algorithm, ..
+        },
+        ..
+    }) = limit
+        && (window.multiplier() != 1 || *algorithm != Algorithm::FixedWindow)
+    {
+        warnings.push(format!(
+            "{path}: unit_multiplier and algorithm have no xDS field; the limit is a fixed window of one unit"
+        ));
+    }
     RateLimitDescriptor {
         key: rule.key.clone(),
         value: rule.value.clone().unwrap_or_default(),
-        rate_limit: rule.rate_limit.as_ref().map(|limit| {
+        rate_limit: limit.map(|limit| {
             let (unit, requests_per_unit, unlimited) = match limit.limit {
                 Limit::Unlimited => (RateLimitUnit::Unknown, 0, true),
-                Limit::Fixed {
+                Limit::Counted {
                     window,
                     requests_per_unit,
+                    ..
                 } => {
                     let name = window.unit().as_upper_str();
                     let unit = RateLimitUnit::from_str_name(name).unwrap_or(RateLimitUnit::Unknown);

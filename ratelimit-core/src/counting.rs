@@ -1,58 +1,181 @@
-//! How a limit counts: which counters it needs at a moment, and how their totals become
-//! the hits that count against it. The fixed window is the one algorithm today; another
-//! (a sliding window reading two windows, say) is a new variant here, and matching, keys,
-//! plans, stores and the decision take it as it is.
+//! How a limit counts: which counters it needs at a moment, what each store does to them,
+//! and how their totals become the hits that count against it. Matching, keys, plans,
+//! stores and the decision take a limit's [`Counting`] as it is.
 
 use smallvec::SmallVec;
 
+use crate::gcra::Bucket;
 use crate::unit::Window;
 
-/// A counter a limit needs: the window it counts, from `start` (unix seconds).
+/// What a store does with one counter.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CounterOp {
+    /// Add the hits and return the total (a fixed window, or a sliding window's current
+    /// one).
+    Add,
+    /// Return the total without changing it (a sliding window's previous window).
+    Read,
+    /// Run one [`Bucket::step`] with the hits as its cost at the request's time, and
+    /// return the TAT the request asked for.
+    Gcra(Bucket),
+}
+
+/// A counter a limit needs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Span {
     pub window: Window,
+    /// Start of the counter's window (unix seconds); now for a bucket, which has none.
     pub start: u64,
+    pub op: CounterOp,
+    /// Unix second after which the counter is no longer needed.
+    pub expires: u64,
 }
 
-impl Span {
-    /// When the counter's window, and so the counter, ends.
-    pub fn end(self) -> u64 {
-        self.start + self.window.seconds()
-    }
-}
-
-/// A limit's counting algorithm.
+/// A limit's algorithm, with its parameters.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Counting {
-    /// One counter per fixed window, as envoyproxy/ratelimit counts.
+    /// One counter per window, as envoyproxy/ratelimit counts.
     FixedWindow(Window),
+    /// The current and the previous window; the previous one weighs by the fraction of
+    /// it that a window-long interval ending now still covers.
+    SlidingWindow(Window),
+    /// A GCRA token bucket refilled over `window`.
+    TokenBucket(Bucket, Window),
+}
+
+/// What the totals mean for a request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Assessed {
+    /// Hits counting against the bound, this request's included.
+    pub after: u64,
+    /// Seconds until the count goes down (windows) or one more request fits (buckets).
+    pub reset: u64,
 }
 
 impl Counting {
-    /// The counters needed at `now`, in the order their totals are passed to
-    /// [`Counting::used`].
-    pub fn counters(self, now: u64) -> SmallVec<[Span; 2]> {
+    /// The counters needed at `now_ms` (unix milliseconds), in the order their totals are
+    /// passed to [`Counting::assess`].
+    pub fn counters(self, now_ms: u64) -> SmallVec<[Span; 2]> {
+        let now = now_ms / 1_000;
         match self {
-            Counting::FixedWindow(window) => smallvec::smallvec![Span {
+            Counting::FixedWindow(window) => {
+                let start = window.start(now);
+                smallvec::smallvec![Span {
+                    window,
+                    start,
+                    op: CounterOp::Add,
+                    expires: start + window.seconds(),
+                }]
+            }
+            Counting::SlidingWindow(window) => {
+                let start = window.start(now);
+                let length = window.seconds();
+                smallvec::smallvec![
+                    Span {
+                        window,
+                        start,
+                        op: CounterOp::Add,
+                        // Read again as the previous window during the next one.
+                        expires: start + 2 * length,
+                    },
+                    Span {
+                        window,
+                        start: start.saturating_sub(length),
+                        op: CounterOp::Read,
+                        expires: start + length,
+                    },
+                ]
+            }
+            Counting::TokenBucket(bucket, window) => smallvec::smallvec![Span {
                 window,
-                start: window.start(now),
+                start: now,
+                op: CounterOp::Gcra(bucket),
+                expires: now + bucket.capacity_ms().div_ceil(1_000) + 1,
             }],
         }
     }
 
-    /// The hits that count against the limit, from the totals of [`Counting::counters`].
-    pub fn used(self, totals: &[u64]) -> u64 {
+    /// The largest number of hits admitted: `requests_per_unit`, or a bucket's burst.
+    pub fn bound(self, requests_per_unit: u32) -> u64 {
         match self {
-            Counting::FixedWindow(_) => totals.first().copied().unwrap_or(0),
+            Counting::TokenBucket(bucket, _) => u64::from(bucket.burst),
+            _ => u64::from(requests_per_unit),
         }
     }
 
-    /// Seconds until the count goes down.
-    pub fn until_reset(self, now: u64) -> u64 {
+    /// The hits that count against the limit after a request of `addend` hits, from the
+    /// totals of [`Counting::counters`], and when that goes down.
+    pub fn assess(self, totals: &[u64], addend: u64, bound: u64, now_ms: u64) -> Assessed {
+        let total = |i: usize| totals.get(i).copied().unwrap_or(0);
         match self {
-            Counting::FixedWindow(window) => window.until_reset(now),
+            Counting::FixedWindow(window) => Assessed {
+                after: total(0),
+                reset: window.until_reset(now_ms / 1_000),
+            },
+            Counting::SlidingWindow(window) => {
+                let (current, previous) = (total(0), total(1));
+                let length = window.seconds().saturating_mul(1_000);
+                let left = length - now_ms % length;
+                let after = current.saturating_add(weigh(previous, left, length));
+                let reset = if after > bound {
+                    sliding_wait_ms(current, previous, bound, left, length).div_ceil(1_000)
+                } else {
+                    left.div_ceil(1_000)
+                };
+                Assessed { after, reset }
+            }
+            Counting::TokenBucket(bucket, _) => {
+                let next = total(0);
+                Assessed {
+                    after: bucket.used(next, now_ms),
+                    reset: bucket
+                        .until_one_fits_ms(next, addend, now_ms)
+                        .div_ceil(1_000),
+                }
+            }
         }
     }
+
+    /// Whether a request of `addend` hits would go over `bound`, from the current totals
+    /// (read, not added to).
+    pub fn exceeds(self, current: &[u64], addend: u64, bound: u64, now_ms: u64) -> bool {
+        match self {
+            Counting::TokenBucket(bucket, _) => {
+                let stored = current.first().copied().unwrap_or(0);
+                !bucket.admits(bucket.next(stored, now_ms, addend), now_ms)
+            }
+            _ => {
+                let used = self.assess(current, 0, bound, now_ms).after;
+                used.saturating_add(addend) > bound
+            }
+        }
+    }
+}
+
+/// `count × left / length`, rounded down.
+fn weigh(count: u64, left: u64, length: u64) -> u64 {
+    u64::try_from(u128::from(count) * u128::from(left) / u128::from(length)).unwrap_or(u64::MAX)
+}
+
+/// Milliseconds until one more hit fits a sliding window with these counts, `left`
+/// milliseconds before the current window ends.
+fn sliding_wait_ms(current: u64, previous: u64, bound: u64, left: u64, length: u64) -> u64 {
+    // Room for one hit means the estimate is at most bound - 1.
+    let Some(room) = bound.checked_sub(1) else {
+        return left + length;
+    };
+    if current <= room && previous > 0 {
+        // Within this window, once previous × left' / length <= room - current.
+        let allowed = room - current;
+        let left_then = u128::from(allowed) * u128::from(length) / u128::from(previous);
+        return left.saturating_sub(u64::try_from(left_then).unwrap_or(u64::MAX));
+    }
+    if current <= room {
+        return 0;
+    }
+    // In the next window, the current count becomes the previous one.
+    let left_then = u128::from(room) * u128::from(length) / u128::from(current);
+    left + length.saturating_sub(u64::try_from(left_then).unwrap_or(u64::MAX))
 }
 
 #[cfg(test)]
@@ -63,10 +186,44 @@ mod tests {
     #[test]
     fn a_fixed_window_needs_the_counter_of_the_current_window() {
         let counting = Counting::FixedWindow(Window::of(Unit::Minute));
-        let spans = counting.counters(1_000_030);
+        let spans = counting.counters(1_000_030_000);
         assert_eq!(spans.len(), 1);
-        assert_eq!((spans[0].start, spans[0].end()), (1_000_020, 1_000_080));
-        assert_eq!(counting.used(&[7]), 7);
-        assert_eq!(counting.until_reset(1_000_030), 50);
+        assert_eq!((spans[0].start, spans[0].expires), (1_000_020, 1_000_080));
+        let assessed = counting.assess(&[7], 1, 10, 1_000_030_000);
+        assert_eq!((assessed.after, assessed.reset), (7, 50));
+    }
+
+    #[test]
+    fn a_sliding_window_weighs_the_previous_window_by_what_is_left_of_it() {
+        let counting = Counting::SlidingWindow(Window::of(Unit::Minute));
+        // 15 s into the window: 45 of 60 s of the previous window still count.
+        let now_ms = 1_000_035_000;
+        let spans = counting.counters(now_ms);
+        assert_eq!(spans[0].start, 1_000_020);
+        assert_eq!((spans[1].start, spans[1].op), (999_960, CounterOp::Read));
+        let assessed = counting.assess(&[2, 8], 1, 10, now_ms);
+        assert_eq!(assessed.after, 2 + 6);
+        assert_eq!(assessed.reset, 45);
+        // Over: 10 + 8 × 45/60 = 16; one more fits when 8 × left/60 <= -1: next window,
+        // when 10 × left/60 <= 9, so 6 s into it: 45 + 6 = 51 s.
+        let over = counting.assess(&[10, 8], 1, 10, now_ms);
+        assert_eq!((over.after, over.reset), (16, 51));
+        // Room in the current window once the previous one has decayed enough.
+        let decaying = counting.assess(&[4, 12], 1, 10, now_ms);
+        assert_eq!(decaying.after, 4 + 9);
+        assert!(!counting.exceeds(&[4, 12], 1, 10, now_ms + 30_000));
+        assert_eq!(decaying.reset, 20, "12 × left/60 <= 5 once left <= 25 s");
+    }
+
+    #[test]
+    fn a_bucket_reports_tokens_in_use_and_the_wait_for_one_more() {
+        let bucket = Bucket::new(Window::of(Unit::Second), 2, 2);
+        let counting = Counting::TokenBucket(bucket, Window::of(Unit::Second));
+        assert_eq!(counting.bound(2), 2);
+        let now_ms = 5_000;
+        let assessed = counting.assess(&[now_ms + 1_000], 1, 2, now_ms);
+        assert_eq!((assessed.after, assessed.reset), (2, 1));
+        assert!(counting.exceeds(&[now_ms + 1_000], 1, 2, now_ms));
+        assert!(!counting.exceeds(&[now_ms + 500], 1, 2, now_ms));
     }
 }

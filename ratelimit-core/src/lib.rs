@@ -36,6 +36,7 @@
 pub mod config;
 mod counting;
 mod engine;
+mod gcra;
 mod keymap;
 mod limiter;
 mod local_cache;
@@ -50,7 +51,9 @@ mod store;
 mod unit;
 mod wildcard;
 
-pub use config::{Config, ConfigError, ConfigErrorKind};
+pub use config::{Algorithm, Config, ConfigError, ConfigErrorKind};
+pub use counting::CounterOp;
+pub use gcra::Bucket;
 pub use limiter::Limiter;
 pub use local_cache::OverLimitCache;
 pub use memory::{DEFAULT_MAX_BYTES, MemoryStore, MemoryUsage};

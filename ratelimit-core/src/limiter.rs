@@ -7,6 +7,7 @@ use arc_swap::ArcSwapOption;
 use smallvec::SmallVec;
 
 use crate::config::Config;
+use crate::counting::CounterOp;
 use crate::engine::Engine;
 use crate::local_cache::OverLimitCache;
 use crate::plan::{Explanation, Plan};
@@ -111,15 +112,30 @@ impl Limiter {
 
     /// Plans `request` at `now` (unix seconds) for a remote counter store.
     pub fn plan(&self, request: &Request, now: u64) -> Result<Plan, RequestError> {
+        self.plan_millis(request, now.saturating_mul(1_000))
+    }
+
+    /// Plans `request` at `now_ms` (unix milliseconds, which sliding windows and token
+    /// buckets count in) for a remote counter store.
+    pub fn plan_millis(&self, request: &Request, now_ms: u64) -> Result<Plan, RequestError> {
         let engine = self.engine_for(request)?;
-        let body = engine.plan_body(request, now, false);
+        let body = engine.plan_body(request, now_ms, false);
         Ok(Plan { engine, body })
     }
 
     /// Why `request` would get its answer at `now`, without counting it: read the
     /// counters of [`Explanation::increments`] and pass them to [`Explanation::answer`].
     pub fn explain(&self, request: &Request, now: u64) -> Result<Explanation, RequestError> {
-        Ok(Explanation::new(self.engine_for(request)?, request, now))
+        self.explain_millis(request, now.saturating_mul(1_000))
+    }
+
+    /// [`Limiter::explain`] at `now_ms` (unix milliseconds).
+    pub fn explain_millis(
+        &self,
+        request: &Request,
+        now_ms: u64,
+    ) -> Result<Explanation, RequestError> {
+        Ok(Explanation::new(self.engine_for(request)?, request, now_ms))
     }
 
     /// The configuration a plan keeps alive, once `request` is known to be valid.
@@ -142,14 +158,28 @@ impl Limiter {
     where
         S: CounterStore + ?Sized,
     {
+        self.should_rate_limit_millis(request, store, now.saturating_mul(1_000))
+    }
+
+    /// Decides `request` at `now_ms` (unix milliseconds) against counters in `store`.
+    pub fn should_rate_limit_millis<S>(
+        &self,
+        request: &Request,
+        store: &S,
+        now_ms: u64,
+    ) -> Result<Response, RequestError>
+    where
+        S: CounterStore + ?Sized,
+    {
         let guard = self.engine.load();
         let engine = guard.as_ref().ok_or(RequestError::NoConfiguration)?;
         check(request, &self.settings.bounds)?;
-        let body = engine.match_request(request, now, false);
+        let body = engine.match_request(request, now_ms, false);
+        let now = now_ms / 1_000;
         let counts = KEY_BUFFER.with_borrow_mut(|buffer| {
             let increment = if engine.settings.stop_cache_key_increment_when_overlimit {
                 let mut current: SmallVec<[u64; 8]> = SmallVec::new();
-                engine.for_each_counter(&body, request, buffer, |key, _, _, _, _| {
+                engine.for_each_counter(&body, request, buffer, |key, _, _, _| {
                     current.push(store.get(key, now))
                 });
                 body.counters_to_increment(engine, &current)
@@ -157,10 +187,14 @@ impl Limiter {
                 None
             };
             let mut counts: SmallVec<[u64; 8]> = SmallVec::new();
-            engine.for_each_counter(&body, request, buffer, |key, hits, _, end, limit| {
+            engine.for_each_counter(&body, request, buffer, |key, hits, span, _| {
                 let included = increment.as_ref().is_none_or(|inc| inc[counts.len()]);
-                let count = store.increment(key, if included { hits } else { 0 }, end, now);
-                engine.stats.nearest().observe(key, count, limit, end);
+                let hits = if included { hits } else { 0 };
+                let count = match span.op {
+                    CounterOp::Add => store.increment(key, hits, span.expires, now),
+                    CounterOp::Read => store.get(key, now),
+                    CounterOp::Gcra(bucket) => store.gcra(key, bucket, hits, now_ms),
+                };
                 counts.push(count);
             });
             counts

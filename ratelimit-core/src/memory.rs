@@ -7,6 +7,7 @@ use std::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};
 use foldhash::fast::RandomState;
 use hashbrown::HashTable;
 
+use crate::gcra::Bucket;
 use crate::store::CounterStore;
 
 const SHARDS: usize = 64;
@@ -18,7 +19,7 @@ const EVICTION_SAMPLE: usize = 8;
 /// The byte cap of [`MemoryStore::new`]: 256 MiB.
 pub const DEFAULT_MAX_BYTES: usize = 256 << 20;
 
-/// Sharded fixed-window counters in this process's memory.
+/// Sharded counters and token buckets in this process's memory.
 ///
 /// Lookups of existing counters take a shard's read lock and an atomic add, so two cores
 /// rarely wait on each other. Counters whose window has ended are removed as new ones are
@@ -62,8 +63,10 @@ struct ShardMap {
 #[derive(Debug)]
 struct Slot {
     key: Box<str>,
+    /// A window's count, or a bucket's TAT (unix milliseconds).
     count: AtomicU64,
-    window_end: u64,
+    /// Unix second after which the slot is not needed; a bucket's moves forward.
+    expires: AtomicU64,
 }
 
 impl MemoryStore {
@@ -113,16 +116,24 @@ impl Default for MemoryStore {
     }
 }
 
-impl CounterStore for MemoryStore {
-    fn increment(&self, key: &str, hits: u64, window_end: u64, now: u64) -> u64 {
+impl MemoryStore {
+    /// Runs `existing` on the slot of `key`, or creates it with `create` (its value and
+    /// the unix second it is needed until) and returns `created` of that value.
+    fn with_slot(
+        &self,
+        key: &str,
+        now: u64,
+        existing: impl Fn(&Slot) -> u64,
+        create: impl FnOnce() -> (u64, u64, u64),
+    ) -> u64 {
         let hash = self.hasher.hash_one(key);
         let shard = self.shard(hash);
         if let Some(slot) = shard.read().find(hash, key) {
-            return slot.add(hits);
+            return existing(slot);
         }
         let mut map = shard.write();
         if let Some(slot) = map.find(hash, key) {
-            return slot.add(hits);
+            return existing(slot);
         }
         if now >= map.next_expiry {
             map.remove_expired(now);
@@ -135,18 +146,25 @@ impl CounterStore for MemoryStore {
             map.evict_one(&self.hasher);
             self.evictions.fetch_add(1, Ordering::Relaxed);
         }
-        if map.counters.is_empty() || window_end < map.next_expiry {
-            map.next_expiry = window_end;
+        let (value, expires, reported) = create();
+        if map.counters.is_empty() || expires < map.next_expiry {
+            map.next_expiry = expires;
         }
         map.bytes += size;
         let slot = Slot {
             key: key.into(),
-            count: AtomicU64::new(hits),
-            window_end,
+            count: AtomicU64::new(value),
+            expires: AtomicU64::new(expires),
         };
         map.counters
             .insert_unique(hash, slot, |s| self.hasher.hash_one(&*s.key));
-        hits
+        reported
+    }
+}
+
+impl CounterStore for MemoryStore {
+    fn increment(&self, key: &str, hits: u64, expires: u64, now: u64) -> u64 {
+        self.with_slot(key, now, |slot| slot.add(hits), || (hits, expires, hits))
     }
 
     fn get(&self, key: &str, now: u64) -> u64 {
@@ -154,9 +172,26 @@ impl CounterStore for MemoryStore {
         self.shard(hash)
             .read()
             .find(hash, key)
-            .filter(|slot| slot.window_end > now)
+            .filter(|slot| slot.expires() > now)
             .map_or(0, |slot| slot.count.load(Ordering::Relaxed))
     }
+
+    fn gcra(&self, key: &str, bucket: Bucket, cost: u64, now_ms: u64) -> u64 {
+        self.with_slot(
+            key,
+            now_ms / 1_000,
+            |slot| slot.step(bucket, cost, now_ms),
+            || {
+                let (keep, next) = bucket.step(0, now_ms, cost);
+                (keep, bucket_expiry(keep, now_ms), next)
+            },
+        )
+    }
+}
+
+/// The unix second after which a bucket whose TAT is `tat` is full, so not needed.
+fn bucket_expiry(tat: u64, now_ms: u64) -> u64 {
+    tat.max(now_ms).div_ceil(1_000) + 1
 }
 
 impl Slot {
@@ -169,6 +204,26 @@ impl Slot {
             })
             .unwrap_or_else(|count| count);
         previous.saturating_add(hits)
+    }
+
+    /// One bucket step on the TAT this slot holds, atomically.
+    fn step(&self, bucket: Bucket, cost: u64, now_ms: u64) -> u64 {
+        let mut reported = 0;
+        let _ = self
+            .count
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |stored| {
+                let (keep, next) = bucket.step(stored, now_ms, cost);
+                reported = next;
+                Some(keep)
+            });
+        let tat = self.count.load(Ordering::Acquire);
+        self.expires
+            .fetch_max(bucket_expiry(tat, now_ms), Ordering::Relaxed);
+        reported
+    }
+
+    fn expires(&self) -> u64 {
+        self.expires.load(Ordering::Relaxed)
     }
 }
 
@@ -195,9 +250,9 @@ impl ShardMap {
         let mut freed = 0;
         let mut next = u64::MAX;
         self.counters.retain(|slot| {
-            let live = slot.window_end > now;
+            let live = slot.expires() > now;
             if live {
-                next = next.min(slot.window_end);
+                next = next.min(slot.expires());
             } else {
                 freed += slot.key.len() + COUNTER_OVERHEAD;
             }
@@ -212,7 +267,7 @@ impl ShardMap {
             .counters
             .iter()
             .take(EVICTION_SAMPLE)
-            .min_by_key(|slot| slot.window_end)
+            .min_by_key(|slot| slot.expires())
             .map(|slot| slot.key.clone());
         if let Some(key) = victim {
             let hash = hasher.hash_one(&*key);

@@ -8,11 +8,14 @@ use std::collections::HashMap;
 use std::fmt::Write as _;
 use std::sync::Arc;
 
-use crate::config::{Config, DescriptorRule, Limit, Metadata};
+use crate::config::{Algorithm, Config, DescriptorRule, Limit, Metadata, RateLimitRule};
+use crate::counting::Counting;
+use crate::gcra::Bucket;
 use crate::keymap::KeyMap;
 use crate::request::Entry;
 use crate::stats::names::push_key_part;
 use crate::stats::{RuleStats, StatsRegistry};
+use crate::unit::{Unit, Window};
 use crate::wildcard::Pattern;
 
 /// Index of a node in [`RuleSet::nodes`].
@@ -85,7 +88,8 @@ pub(crate) struct Node {
     pub key: Box<str>,
     /// The configured value or pattern.
     pub value: Option<Box<str>>,
-    pub limit: Option<NodeLimit>,
+    /// Its `rate_limit`, or each limit of its `rate_limits`; empty for a whitelist.
+    pub limits: Box<[NodeLimit]>,
     children: Option<Level>,
     pub shadow_mode: bool,
     pub quota_mode: bool,
@@ -93,8 +97,6 @@ pub(crate) struct Node {
     pub value_to_metric: bool,
     pub share_threshold: bool,
     pub metadata: Option<Arc<Metadata>>,
-    /// Statistics under the node's static key; `None` for nodes without a counted limit.
-    pub stats: Option<Arc<RuleStats>>,
     /// The static statistics key (`domain.key_value.key`).
     pub full_key: Box<str>,
     /// Where the rule is in its domain's YAML (`descriptors[0].descriptors[2]`).
@@ -111,8 +113,107 @@ pub(crate) struct Node {
 #[derive(Debug)]
 pub(crate) struct NodeLimit {
     pub limit: Limit,
+    /// How it counts; a fixed window for `unlimited` (never used).
+    pub counting: Counting,
     pub name: Option<Arc<str>>,
     pub replaces: Box<[Box<str>]>,
+    /// Statistics under the node's static key; `None` for `unlimited`.
+    pub stats: Option<Arc<RuleStats>>,
+    /// Appended to the cache key and to statistics keys: empty for a plain `rate_limit`
+    /// (envoyproxy/ratelimit's keys, byte for byte), else the limit's algorithm, window
+    /// and place in `rate_limits`, so that two limits never share a counter.
+    pub key_suffix: Box<str>,
+    /// Appended to statistics keys: empty for a `rate_limit`, `.<name or index>` for an
+    /// entry of `rate_limits`.
+    pub stats_suffix: Box<str>,
+}
+
+impl NodeLimit {
+    fn compile(
+        rule: &RateLimitRule,
+        listed: Option<usize>,
+        full_key: &str,
+        stats: &StatsRegistry,
+    ) -> NodeLimit {
+        let (counting, key_suffix) = match rule.limit {
+            Limit::Unlimited => (
+                Counting::FixedWindow(Window::of(Unit::Second)),
+                String::new(),
+            ),
+            Limit::Counted {
+                window,
+                requests_per_unit,
+                algorithm,
+            } => {
+                let counting = match algorithm {
+                    Algorithm::FixedWindow => Counting::FixedWindow(window),
+                    Algorithm::SlidingWindow => Counting::SlidingWindow(window),
+                    Algorithm::TokenBucket { burst } => {
+                        Counting::TokenBucket(Bucket::new(window, requests_per_unit, burst), window)
+                    }
+                };
+                let plain = algorithm == Algorithm::FixedWindow
+                    && window.multiplier() == 1
+                    && listed.is_none();
+                let mut suffix = String::new();
+                if !plain {
+                    let tag = match algorithm {
+                        Algorithm::FixedWindow => "fw",
+                        Algorithm::SlidingWindow => "sw",
+                        Algorithm::TokenBucket { .. } => "tb",
+                    };
+                    let _ = write!(suffix, "_{tag}{}", window.seconds());
+                }
+                if let Some(index) = listed {
+                    let _ = write!(suffix, "_{index}");
+                }
+                (counting, suffix)
+            }
+        };
+        let stats_suffix = match listed {
+            None => String::new(),
+            Some(index) => match &rule.name {
+                Some(name) => format!(".{name}"),
+                None => format!(".{index}"),
+            },
+        };
+        NodeLimit {
+            limit: rule.limit,
+            counting,
+            name: rule.name.as_deref().map(Arc::from),
+            replaces: rule.replaces.iter().map(|n| n.as_str().into()).collect(),
+            stats: matches!(rule.limit, Limit::Counted { .. })
+                .then(|| stats.rule(&format!("{full_key}{stats_suffix}"))),
+            key_suffix: key_suffix.into(),
+            stats_suffix: stats_suffix.into(),
+        }
+    }
+
+    /// `5/MINUTE`, `5/10 MINUTE sliding_window`, `unlimited`.
+    fn describe(&self) -> String {
+        match self.limit {
+            Limit::Unlimited => "unlimited".into(),
+            Limit::Counted {
+                window,
+                requests_per_unit,
+                algorithm,
+            } => {
+                let mut out = format!("{requests_per_unit}/");
+                if window.multiplier() != 1 {
+                    let _ = write!(out, "{} ", window.multiplier());
+                }
+                let _ = write!(out, "{}", window.unit());
+                match algorithm {
+                    Algorithm::FixedWindow => {}
+                    Algorithm::SlidingWindow => out.push_str(" sliding_window"),
+                    Algorithm::TokenBucket { burst } => {
+                        let _ = write!(out, " token_bucket burst={burst}");
+                    }
+                }
+                out
+            }
+        }
+    }
 }
 
 impl RuleSet {
@@ -191,22 +292,19 @@ impl RuleSet {
         path.yaml.push_str(&format!("descriptors[{position}]"));
         path.share_threshold |= rule.share_threshold;
         path.value_to_metric |= rule.value_to_metric;
-        let limit = rule.rate_limit.as_ref().map(|r| NodeLimit {
-            limit: r.limit,
-            name: r.name.as_deref().map(Arc::from),
-            replaces: r.replaces.iter().map(|n| n.as_str().into()).collect(),
-        });
-        let counted = matches!(
-            limit,
-            Some(NodeLimit {
-                limit: Limit::Fixed { .. },
-                ..
-            })
-        );
+        let limits: Box<[NodeLimit]> = match &rule.rate_limit {
+            Some(one) => Box::new([NodeLimit::compile(one, None, &path.full_key, stats)]),
+            None => rule
+                .rate_limits
+                .iter()
+                .enumerate()
+                .map(|(i, r)| NodeLimit::compile(r, Some(i), &path.full_key, stats))
+                .collect(),
+        };
         let node = Node {
             key: rule.key.as_str().into(),
             value: rule.value.as_deref().map(Into::into),
-            limit,
+            limits,
             children: None,
             shadow_mode: rule.shadow_mode,
             quota_mode: rule.quota_mode,
@@ -214,7 +312,6 @@ impl RuleSet {
             value_to_metric: rule.value_to_metric,
             share_threshold: rule.share_threshold,
             metadata: rule.metadata.clone().map(Arc::new),
-            stats: counted.then(|| stats.rule(&path.full_key)),
             full_key: path.full_key.as_str().into(),
             yaml_path: path.yaml.as_str().into(),
             per_level_cache_key: path.share_threshold,
@@ -272,16 +369,12 @@ impl RuleSet {
                 .get(i + 1)
                 .map_or(self.nodes.len(), |(_, next)| *next as usize);
             for node in &self.nodes[*first as usize..end] {
-                let limit = match node.limit.as_ref().map(|l| l.limit) {
-                    None => String::new(),
-                    Some(Limit::Unlimited) => "unlimited".into(),
-                    Some(Limit::Fixed {
-                        window,
-                        requests_per_unit,
-                    }) => {
-                        format!("{requests_per_unit}/{}", window.unit())
-                    }
-                };
+                let limit = node
+                    .limits
+                    .iter()
+                    .map(NodeLimit::describe)
+                    .collect::<Vec<_>>()
+                    .join(", ");
                 out.push(RuleView {
                     domain: domain.to_string(),
                     depth: node
@@ -307,18 +400,21 @@ impl RuleSet {
         let mut lines: Vec<String> = self
             .nodes
             .iter()
-            .filter_map(|node| {
-                let (unit, requests) = match node.limit.as_ref()?.limit {
-                    Limit::Unlimited => ("UNKNOWN", 0),
-                    Limit::Fixed {
-                        window,
-                        requests_per_unit,
-                    } => (window.unit().as_upper_str(), requests_per_unit),
-                };
-                Some(format!(
-                    "{}: unit={unit} requests_per_unit={requests}, shadow_mode: {}, quota_mode: {}",
-                    node.full_key, node.shadow_mode, node.quota_mode
-                ))
+            .flat_map(|node| {
+                node.limits.iter().map(move |limit| {
+                    let (unit, requests) = match limit.limit {
+                        Limit::Unlimited => ("UNKNOWN", 0),
+                        Limit::Counted {
+                            window,
+                            requests_per_unit,
+                            ..
+                        } => (window.unit().as_upper_str(), requests_per_unit),
+                    };
+                    format!(
+                        "{}{}: unit={unit} requests_per_unit={requests}, shadow_mode: {}, quota_mode: {}",
+                        node.full_key, limit.stats_suffix, node.shadow_mode, node.quota_mode
+                    )
+                })
             })
             .collect();
         lines.sort();

@@ -1,4 +1,4 @@
-//! Time units and fixed windows.
+//! Time units and windows.
 
 use std::fmt;
 
@@ -77,20 +77,29 @@ impl fmt::Display for Unit {
     }
 }
 
-/// The length of a fixed window.
-///
-/// Today every window is one [`Unit`] long, as in envoyproxy/ratelimit. The window is a
-/// type of its own so that windows of several units (`30 seconds`, `5 minutes`), which
-/// users of that project have long asked for, only add a field here.
+/// The length of a window: a [`Unit`] times a multiplier (`unit_multiplier`, 1 unless
+/// the rule says otherwise), aligned to multiples of its length since the epoch.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Window {
     unit: Unit,
+    multiplier: u32,
 }
 
 impl Window {
-    /// A window of one `unit`.
+    /// A window of one `unit`, as envoyproxy/ratelimit counts.
     pub const fn of(unit: Unit) -> Window {
-        Window { unit }
+        Window {
+            unit,
+            multiplier: 1,
+        }
+    }
+
+    /// A window of `multiplier` units (at least 1).
+    pub const fn new(unit: Unit, multiplier: u32) -> Window {
+        Window {
+            unit,
+            multiplier: if multiplier == 0 { 1 } else { multiplier },
+        }
     }
 
     /// The unit reported to clients.
@@ -98,9 +107,14 @@ impl Window {
         self.unit
     }
 
+    /// How many units the window lasts.
+    pub const fn multiplier(self) -> u32 {
+        self.multiplier
+    }
+
     /// Window length in seconds (the "divider" of envoyproxy/ratelimit).
     pub const fn seconds(self) -> u64 {
-        self.unit.seconds()
+        self.unit.seconds() * self.multiplier as u64
     }
 
     /// Start of the window containing `now` (unix seconds): `now - now % length`.
@@ -139,5 +153,14 @@ mod tests {
         assert_eq!(week.start(604_800 * 3 + 5), 604_800 * 3);
         assert_eq!(Window::of(Unit::Month).seconds(), 30 * 86_400);
         assert_eq!(Window::of(Unit::Year).seconds(), 365 * 86_400);
+    }
+
+    #[test]
+    fn multiplied_windows_are_aligned_to_their_length() {
+        let ten_minutes = Window::new(Unit::Minute, 10);
+        assert_eq!(ten_minutes.seconds(), 600);
+        assert_eq!(ten_minutes.start(1_799), 1_200);
+        assert_eq!(ten_minutes.until_reset(1_799), 1);
+        assert_eq!(Window::new(Unit::Second, 0), Window::of(Unit::Second));
     }
 }

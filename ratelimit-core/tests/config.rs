@@ -3,7 +3,7 @@
 use std::fs;
 use std::path::Path;
 
-use ratelimit_core::config::{DescriptorRule, Limit, Metadata};
+use ratelimit_core::config::{Algorithm, DescriptorRule, Limit, Metadata};
 use ratelimit_core::{Config, ConfigErrorKind, Unit, Window};
 
 /// Every file in `fixtures/invalid` starts with `# error: <message>`: loading it must fail
@@ -106,9 +106,10 @@ descriptors:
     let limit = rule.rate_limit.unwrap();
     assert_eq!(
         limit.limit,
-        Limit::Fixed {
+        Limit::Counted {
             window: Window::of(Unit::Hour),
-            requests_per_unit: 12
+            requests_per_unit: 12,
+            algorithm: Algorithm::FixedWindow,
         }
     );
     assert_eq!(limit.name.as_deref(), Some("api"));
@@ -148,9 +149,10 @@ descriptors:
     assert_eq!(domain.descriptors[1].value.as_deref(), Some("true"));
     assert_eq!(
         domain.descriptors[1].rate_limit.as_ref().unwrap().limit,
-        Limit::Fixed {
+        Limit::Counted {
             window: Window::of(Unit::Second),
-            requests_per_unit: 0
+            requests_per_unit: 0,
+            algorithm: Algorithm::FixedWindow,
         }
     );
     assert_eq!(
@@ -267,7 +269,7 @@ fn errors_after_the_parse_carry_the_line_and_column_of_their_node() {
 fn every_error_of_every_file_is_reported() {
     // The key pass: both unknown keys, in file order.
     let keys =
-        "domain: d\ndescriptors:\n  - key: a\n    ratelimit: {}\n  - key: b\n    rate_limits: {}\n";
+        "domain: d\ndescriptors:\n  - key: a\n    ratelimit: {}\n  - key: b\n    rate_limitz: {}\n";
     // The field pass: one error per rule in error; the rules after it are still read.
     let fields = "domain: e\ndescriptors:\n  - key: a\n    rate_limit: {unit: minutes, requests_per_unit: 1}\n  - key: b\n    rate_limit: {unit: hour, requests_per_unit: 1}\n  - key: c\n    rate_limit: {unit: fortnight, requests_per_unit: 1}\n";
     let good = "domain: f\ndescriptors:\n  - key: a\n";
@@ -284,7 +286,7 @@ fn every_error_of_every_file_is_reported() {
         found,
         [
             ("k.yaml", "descriptors[0].ratelimit", Some((4, 5))),
-            ("k.yaml", "descriptors[1].rate_limits", Some((6, 5))),
+            ("k.yaml", "descriptors[1].rate_limitz", Some((6, 5))),
             ("f.yaml", "descriptors[0].rate_limit.unit", Some((4, 18))),
             ("f.yaml", "descriptors[2].rate_limit.unit", Some((8, 18))),
         ]

@@ -147,15 +147,18 @@ impl Service {
         span: Option<&RequestSpan>,
     ) -> Result<RateLimitResponse, ServiceError> {
         let request = request_from_pb(request)?;
-        let now = unix_now();
+        let now_ms = unix_now_ms();
         let backend = self.backend.name();
         let response = match &self.backend {
             Backend::Memory(store) => {
-                let decide = async { self.limiter.should_rate_limit(&request, &**store, now) };
+                let decide = async {
+                    self.limiter
+                        .should_rate_limit_millis(&request, &**store, now_ms)
+                };
                 traces::backend(span, backend, None, decide).await?
             }
             Backend::Remote(remote) => {
-                let mut plan = self.limiter.plan(&request, now)?;
+                let mut plan = self.limiter.plan_millis(&request, now_ms)?;
                 let counters = Some(plan.increments().len());
                 let counts =
                     traces::backend(span, backend, counters, remote.run(&mut plan)).await?;
@@ -178,8 +181,9 @@ impl Service {
         request: RateLimitRequest,
     ) -> Result<(Explanation, Vec<u64>, Response), ServiceError> {
         let request = request_from_pb(request)?;
-        let now = unix_now();
-        let explanation = self.limiter.explain(&request, now)?;
+        let now_ms = unix_now_ms();
+        let now = now_ms / 1_000;
+        let explanation = self.limiter.explain_millis(&request, now_ms)?;
         let current = match &self.backend {
             Backend::Memory(store) => explanation
                 .increments()
@@ -195,7 +199,12 @@ impl Service {
 
 /// The current unix time in seconds.
 pub fn unix_now() -> u64 {
+    unix_now_ms() / 1_000
+}
+
+/// The current unix time in milliseconds (what sliding windows and buckets count in).
+pub fn unix_now_ms() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs())
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }

@@ -174,14 +174,17 @@ impl HttpContext for Filter {
         if descriptors.is_empty() {
             return Action::Continue;
         }
-        let now = self
+        let now_ms = self
             .get_current_time()
             .duration_since(UNIX_EPOCH)
-            .map_or(0, |d| d.as_secs());
+            .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
         let request = Request::new(self.config.domain.clone(), descriptors);
         let config = Rc::clone(&self.config);
         let counters = SlotCounters::new(EnvoySharedData, config.shared_slots);
-        match config.limiter.should_rate_limit(&request, &counters, now) {
+        match config
+            .limiter
+            .should_rate_limit_millis(&request, &counters, now_ms)
+        {
             Ok(response) if response.overall_code == Code::OverLimit => {
                 let mut headers = vec![("x-envoy-ratelimited".to_owned(), "true".to_owned())];
                 if let Some(h) = response.headers {

@@ -9,7 +9,7 @@
 use std::cell::RefCell;
 use std::collections::HashMap;
 
-use ratelimit_core::CounterStore;
+use ratelimit_core::{Bucket, CounterStore};
 
 /// The shared-data operations the counters need (Envoy's, or a test's).
 pub trait SharedData {
@@ -28,7 +28,8 @@ pub struct SlotCounters<S> {
     slots: u64,
 }
 
-/// A slot's content: window end, count, then the cache key.
+/// A slot's content: the second after which it is free, the count (a bucket's TAT),
+/// then the cache key.
 struct Slot<'a> {
     window_end: u64,
     count: u64,
@@ -52,26 +53,29 @@ impl<S: SharedData> SlotCounters<S> {
     }
 }
 
-impl<S: SharedData> CounterStore for SlotCounters<S> {
-    fn increment(&self, key: &str, hits: u64, window_end: u64, now: u64) -> u64 {
+impl<S: SharedData> SlotCounters<S> {
+    /// Replaces the value of `key` (`None` when it has no live slot) by what `change`
+    /// makes of it, `(value, expires, reported)`, with compare-and-swap; returns
+    /// `reported`.
+    fn update(&self, key: &str, now: u64, change: impl Fn(Option<u64>) -> (u64, u64, u64)) -> u64 {
         let mut fallback = None;
         for probe in 0..PROBES {
             let name = self.slot_name(key, probe);
             loop {
                 let (value, cas) = self.shared.get(&name);
                 let slot = value.as_deref().and_then(decode);
-                let total = match slot {
+                let (value, expires, reported) = match slot {
                     Some(s) if s.key == key.as_bytes() && s.window_end > now => {
-                        s.count.saturating_add(hits)
+                        change(Some(s.count))
                     }
                     Some(s) if s.window_end > now => {
                         fallback.get_or_insert(name.clone());
                         break;
                     }
-                    _ => hits,
+                    _ => change(None),
                 };
-                if self.shared.set(&name, &encode(window_end, total, key), cas) {
-                    return total;
+                if self.shared.set(&name, &encode(expires, value, key), cas) {
+                    return reported;
                 }
             }
         }
@@ -80,10 +84,28 @@ impl<S: SharedData> CounterStore for SlotCounters<S> {
         let name = fallback.unwrap_or_else(|| self.slot_name(key, 0));
         loop {
             let (_, cas) = self.shared.get(&name);
-            if self.shared.set(&name, &encode(window_end, hits, key), cas) {
-                return hits;
+            let (value, expires, reported) = change(None);
+            if self.shared.set(&name, &encode(expires, value, key), cas) {
+                return reported;
             }
         }
+    }
+}
+
+impl<S: SharedData> CounterStore for SlotCounters<S> {
+    fn increment(&self, key: &str, hits: u64, expires: u64, now: u64) -> u64 {
+        self.update(key, now, |count| {
+            let total = count.unwrap_or(0).saturating_add(hits);
+            (total, expires, total)
+        })
+    }
+
+    fn gcra(&self, key: &str, bucket: Bucket, cost: u64, now_ms: u64) -> u64 {
+        self.update(key, now_ms / 1_000, |tat| {
+            let (keep, next) = bucket.step(tat.unwrap_or(0), now_ms, cost);
+            // Once its TAT has passed, a bucket is full: the slot is free again.
+            (keep, keep.max(now_ms).div_ceil(1_000) + 1, next)
+        })
     }
 
     fn get(&self, key: &str, now: u64) -> u64 {

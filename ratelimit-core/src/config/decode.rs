@@ -8,19 +8,24 @@ use serde::Deserialize;
 use yaml_serde::{Mapping, Value};
 
 use super::{
-    ConfigError, ConfigErrorKind, DescriptorRule, DomainConfig, Limit, Metadata, RateLimitRule,
+    Algorithm, ConfigError, ConfigErrorKind, DescriptorRule, DomainConfig, Limit, Metadata,
+    RateLimitRule,
 };
 use crate::unit::{Unit, Window};
 
 /// Every field name the schema knows, at any depth (envoyproxy/ratelimit checks one flat
 /// list, so a known field in the wrong place is ignored rather than rejected).
-const KNOWN_KEYS: [&str; 16] = [
+const KNOWN_KEYS: [&str; 20] = [
     "domain",
     "key",
     "value",
     "descriptors",
     "rate_limit",
+    "rate_limits",
     "unit",
+    "unit_multiplier",
+    "algorithm",
+    "burst",
     "requests_per_unit",
     "unlimited",
     "shadow_mode",
@@ -251,6 +256,7 @@ impl Cx<'_> {
             key,
             value,
             rate_limit: None,
+            rate_limits: Vec::new(),
             shadow_mode: self.bool_field(map, "shadow_mode", path)?,
             quota_mode: self.bool_field(map, "quota_mode", path)?,
             detailed_metric: self.bool_field(map, "detailed_metric", path)?,
@@ -267,6 +273,13 @@ impl Cx<'_> {
             return Err(self.error(path, ConfigErrorKind::DuplicateKey(composite)));
         }
         rule.rate_limit = self.rate_limit(map, path)?;
+        rule.rate_limits = self.rate_limits(map, path)?;
+        if rule.rate_limit.is_some() && !rule.rate_limits.is_empty() {
+            return Err(self.error(
+                &join(path, "rate_limits"),
+                ConfigErrorKind::RateLimitAndRateLimits,
+            ));
+        }
         if rule.share_threshold && !rule.value.as_deref().is_some_and(|v| v.contains('*')) {
             let shown = match &rule.value {
                 Some(value) => format!("{}_{value}", rule.key),
@@ -301,6 +314,46 @@ impl Cx<'_> {
             Some(Value::Mapping(block)) => block,
             Some(other) => return Err(self.wrong_type(&path, "a rate_limit map", other)),
         };
+        self.limit_block(block, &path).map(Some)
+    }
+
+    /// `rate_limits:`: a list of blocks, each a `rate_limit` without `unlimited`.
+    fn rate_limits(&self, map: &Mapping, path: &str) -> Result<Vec<RateLimitRule>, ConfigError> {
+        let path = join(path, "rate_limits");
+        let items = match map.get("rate_limits") {
+            None | Some(Value::Null) => return Ok(Vec::new()),
+            Some(Value::Sequence(items)) => items,
+            Some(other) => return Err(self.wrong_type(&path, "a list of rate_limit maps", other)),
+        };
+        let mut rules: Vec<RateLimitRule> = Vec::with_capacity(items.len());
+        for (index, item) in items.iter().enumerate() {
+            let path = format!("{path}[{index}]");
+            let Value::Mapping(block) = item else {
+                return Err(self.error(&path, ConfigErrorKind::ListOfNonMap(describe(item))));
+            };
+            let rule = self.limit_block(block, &path)?;
+            if rule.limit == Limit::Unlimited {
+                return Err(self.error(
+                    &join(&path, "unlimited"),
+                    ConfigErrorKind::UnlimitedInRateLimits,
+                ));
+            }
+            if let Some(name) = &rule.name
+                && rules.iter().any(|other| other.name.as_ref() == Some(name))
+            {
+                return Err(self.error(
+                    &join(&path, "name"),
+                    ConfigErrorKind::DuplicateLimitName(name.clone()),
+                ));
+            }
+            rules.push(rule);
+        }
+        Ok(rules)
+    }
+
+    /// One limit block, at `path`.
+    fn limit_block(&self, block: &Mapping, path: &str) -> Result<RateLimitRule, ConfigError> {
+        let path = path.to_owned();
         let unit_name = self.string_field(block, "unit", &path)?.unwrap_or_default();
         let requests_per_unit = self.u32_field(block, "requests_per_unit", &path)?;
         let unlimited = self.bool_field(block, "unlimited", &path)?;
@@ -313,9 +366,10 @@ impl Cx<'_> {
                 return Err(self.error(&join(&path, "unit"), ConfigErrorKind::UnlimitedWithUnit));
             }
             (true, None) => Limit::Unlimited,
-            (false, Some(unit)) => Limit::Fixed {
-                window: Window::of(unit),
+            (false, Some(unit)) => Limit::Counted {
+                window: Window::new(unit, self.multiplier(block, &path)?),
                 requests_per_unit,
+                algorithm: self.algorithm(block, &path, requests_per_unit)?,
             },
             (false, None) => {
                 return Err(self.error(
@@ -325,11 +379,59 @@ impl Cx<'_> {
             }
         };
         let replaces = self.replaces(block, &path, name.as_deref())?;
-        Ok(Some(RateLimitRule {
+        Ok(RateLimitRule {
             limit,
             name,
             replaces,
-        }))
+        })
+    }
+
+    /// `unit_multiplier`: 1 when absent, never 0.
+    fn multiplier(&self, block: &Mapping, path: &str) -> Result<u32, ConfigError> {
+        if !block.contains_key("unit_multiplier") {
+            return Ok(1);
+        }
+        match self.u32_field(block, "unit_multiplier", path)? {
+            0 => Err(self.error(
+                &join(path, "unit_multiplier"),
+                ConfigErrorKind::ZeroUnitMultiplier,
+            )),
+            n => Ok(n),
+        }
+    }
+
+    /// `algorithm` and, for a token bucket, `burst`.
+    fn algorithm(
+        &self,
+        block: &Mapping,
+        path: &str,
+        requests_per_unit: u32,
+    ) -> Result<Algorithm, ConfigError> {
+        let name = self.string_field(block, "algorithm", path)?;
+        let has_burst = block.get("burst").is_some_and(|b| !b.is_null());
+        let algorithm = match name.as_deref() {
+            None | Some("fixed_window") => Algorithm::FixedWindow,
+            Some("sliding_window") => Algorithm::SlidingWindow,
+            Some("token_bucket") => Algorithm::TokenBucket {
+                burst: match has_burst {
+                    true => self.u32_field(block, "burst", path)?,
+                    false => requests_per_unit,
+                },
+            },
+            Some(other) => {
+                return Err(self.error(
+                    &join(path, "algorithm"),
+                    ConfigErrorKind::UnknownAlgorithm(other.to_owned()),
+                ));
+            }
+        };
+        if has_burst && !matches!(algorithm, Algorithm::TokenBucket { .. }) {
+            return Err(self.error(
+                &join(path, "burst"),
+                ConfigErrorKind::BurstWithoutTokenBucket,
+            ));
+        }
+        Ok(algorithm)
     }
 
     fn replaces(

@@ -81,6 +81,26 @@ pub enum ConfigErrorKind {
         "share_threshold can only be used with wildcard values (containing '*'), but found key '{0}'"
     )]
     ShareThresholdWithoutWildcard(String),
+    /// `algorithm` is not fixed_window, sliding_window or token_bucket.
+    #[error(
+        "unknown rate limit algorithm '{0}'; expected fixed_window, sliding_window or token_bucket"
+    )]
+    UnknownAlgorithm(String),
+    /// `burst` on a limit that is not a token bucket.
+    #[error("burst only applies to algorithm: token_bucket")]
+    BurstWithoutTokenBucket,
+    /// `unit_multiplier: 0`.
+    #[error("unit_multiplier must be at least 1")]
+    ZeroUnitMultiplier,
+    /// Both `rate_limit` and `rate_limits` on one rule.
+    #[error("a descriptor takes rate_limit or rate_limits, not both")]
+    RateLimitAndRateLimits,
+    /// `unlimited: true` inside `rate_limits`.
+    #[error("unlimited does not go in rate_limits; use rate_limit: {{unlimited: true}}")]
+    UnlimitedInRateLimits,
+    /// Two limits of one `rate_limits` list with the same name.
+    #[error("two limits in rate_limits are named '{0}'")]
+    DuplicateLimitName(String),
     /// `metadata` that cannot become a protobuf `Struct`.
     #[error("error parsing metadata: {0}")]
     Metadata(String),

@@ -38,6 +38,8 @@ pub struct DescriptorRule {
     pub value: Option<String>,
     /// The limit; `None` with no children whitelists the descriptor.
     pub rate_limit: Option<RateLimitRule>,
+    /// `rate_limits:`, several limits that all apply (never together with `rate_limit`).
+    pub rate_limits: Vec<RateLimitRule>,
     /// Over-limit results of this rule are reported but answered `OK`.
     pub shadow_mode: bool,
     /// This rule takes part in quota mode (see [`crate::Settings::quota_mode`]).
@@ -70,13 +72,43 @@ pub struct RateLimitRule {
 pub enum Limit {
     /// `unlimited: true`: never counted, always `OK`.
     Unlimited,
-    /// `requests_per_unit` hits per fixed window; 0 blocks everything.
-    Fixed {
-        /// The window the hits are counted in.
+    /// `requests_per_unit` hits per window, counted by `algorithm`; 0 blocks everything.
+    Counted {
+        /// The window the hits are counted in (`unit` times `unit_multiplier`).
         window: Window,
-        /// Hits allowed per window.
+        /// Hits allowed per window (a token bucket's refill per window).
         requests_per_unit: u32,
+        /// How hits are counted.
+        algorithm: Algorithm,
     },
+}
+
+/// How a limit counts hits (`algorithm:`; `fixed_window` unless the rule says otherwise).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Algorithm {
+    /// One counter per window, as envoyproxy/ratelimit counts.
+    #[default]
+    FixedWindow,
+    /// The current window plus the previous one weighted by how much of it a window-long
+    /// interval ending now still covers.
+    SlidingWindow,
+    /// A GCRA token bucket holding `burst` tokens, refilled at `requests_per_unit` per
+    /// window.
+    TokenBucket {
+        /// Tokens when full (`burst`; `requests_per_unit` unless given).
+        burst: u32,
+    },
+}
+
+impl Algorithm {
+    /// The name in the YAML (`sliding_window`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Algorithm::FixedWindow => "fixed_window",
+            Algorithm::SlidingWindow => "sliding_window",
+            Algorithm::TokenBucket { .. } => "token_bucket",
+        }
+    }
 }
 
 /// Rule metadata, shaped like a protobuf `Struct` value.

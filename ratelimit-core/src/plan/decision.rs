@@ -4,6 +4,7 @@
 use smallvec::SmallVec;
 
 use super::{Applied, Increment, Item, PlanBody, Source};
+use crate::counting::{Assessed, Counting};
 use crate::engine::Engine;
 use crate::local_cache::OverLimitCache;
 use crate::response::{Code, DescriptorStatus, RateLimitHeaders, Response};
@@ -26,9 +27,10 @@ impl PlanBody {
                 let totals = current
                     .get(limited.increment..limited.increment + limited.counters)
                     .unwrap_or_default();
-                let used = applied.counting.used(totals);
-                let limit = u64::from(applied.requests_per_unit);
-                let over = used.saturating_add(limited.addend) > limit;
+                let over =
+                    applied
+                        .counting
+                        .exceeds(totals, limited.addend, applied.bound, self.now_ms);
                 exceeds.extend(std::iter::repeat_n(over, limited.counters));
             }
         }
@@ -50,7 +52,7 @@ impl PlanBody {
                 // The local cache knows a limit by its first counter.
                 if own
                     .first()
-                    .is_some_and(|first| cache.contains(&first.key, self.now))
+                    .is_some_and(|first| cache.contains(&first.key, self.now_ms / 1_000))
                 {
                     limited.cached = true;
                     any_cached = true;
@@ -87,30 +89,51 @@ impl PlanBody {
                 ),
                 Item::Limited(limited) => {
                     let applied = engine.applied(limited);
-                    let reset = applied.counting.until_reset(self.now);
                     let mut status = if limited.cached {
+                        let reset = applied.counting.assess(&[], 0, 0, self.now_ms).reset;
                         cached_over_limit(&applied, limited.addend, reset)
                     } else {
                         let totals =
                             &counts[limited.increment..limited.increment + limited.counters];
-                        let after = applied.counting.used(totals);
-                        let status = count_hits(&applied, limited.addend, after, ratio, reset);
-                        let limit = applied.requests_per_unit;
+                        let assessed = applied.counting.assess(
+                            totals,
+                            limited.addend,
+                            applied.bound,
+                            self.now_ms,
+                        );
+                        let status = count_hits(&applied, limited.addend, assessed, ratio);
                         if let Some(counter) = self.increments.get(limited.increment)
                             && !self.dry
                         {
                             let nearest = engine.stats.nearest();
-                            nearest.observe(&counter.key, after, limit, counter.window_end);
+                            let bound = u32::try_from(applied.bound).unwrap_or(u32::MAX);
+                            nearest.observe(
+                                &counter.key,
+                                assessed.after,
+                                bound,
+                                counter.window_end,
+                            );
                             if let Some(cache) = &engine.local_cache
-                                && after > u64::from(limit)
+                                && assessed.after > applied.bound
+                                && matches!(applied.counting, Counting::FixedWindow(_))
                             {
-                                cache.insert(&counter.key, counter.window_end, self.now);
+                                cache.insert(&counter.key, counter.window_end, self.now_ms / 1_000);
                             }
                         }
                         status
                     };
-                    if let Source::Node(id) = limited.source {
+                    if let Source::Node(id, _) = limited.source {
                         status.metadata.clone_from(&engine.rules.node(id).metadata);
+                    }
+                    if limited.follows
+                        && let Some(previous) = statuses.last_mut()
+                    {
+                        // Another limit of the same descriptor: the status reports the
+                        // one that decided.
+                        if decides_over(&status, previous) {
+                            *previous = status;
+                        }
+                        continue;
                     }
                     (status, applied.quota)
                 }
@@ -142,6 +165,17 @@ impl PlanBody {
     }
 }
 
+/// Whether `candidate` rather than `current` reports a descriptor with several limits: an
+/// over-limit one first, otherwise the one with the fewest hits remaining.
+fn decides_over(candidate: &DescriptorStatus, current: &DescriptorStatus) -> bool {
+    match (candidate.code, current.code) {
+        (Code::OverLimit, Code::OverLimit) => false,
+        (Code::OverLimit, _) => true,
+        (_, Code::OverLimit) => false,
+        _ => candidate.limit_remaining < current.limit_remaining,
+    }
+}
+
 /// The status of a descriptor whose counter the local cache knows to be over its limit.
 pub(super) fn cached_over_limit(
     applied: &Applied<'_>,
@@ -167,12 +201,12 @@ pub(super) fn cached_over_limit(
 pub(super) fn count_hits(
     applied: &Applied<'_>,
     addend: u64,
-    after: u64,
+    assessed: Assessed,
     ratio: f32,
-    reset: u64,
 ) -> DescriptorStatus {
-    let limit = u64::from(applied.requests_per_unit);
-    let near = (applied.requests_per_unit as f32 * ratio).floor() as u64;
+    let (after, reset) = (assessed.after, assessed.reset);
+    let limit = applied.bound;
+    let near = (limit as f32 * ratio).floor() as u64;
     let before = after.saturating_sub(addend);
     let stats = applied.stats;
     stats.total_hits.add(addend);

@@ -94,11 +94,13 @@ impl MatchKind {
 }
 
 impl Explanation {
-    pub(crate) fn new(engine: Arc<Engine>, request: &Request, now: u64) -> Explanation {
-        let body = engine.plan_body(request, now, true);
+    pub(crate) fn new(engine: Arc<Engine>, request: &Request, now_ms: u64) -> Explanation {
+        let body = engine.plan_body(request, now_ms, true);
+        // One per descriptor: with several limits, the first one's.
         let descriptors = body
             .items
             .iter()
+            .filter(|item| !matches!(item, Item::Limited(limited) if limited.follows))
             .zip(&request.descriptors)
             .map(|(item, descriptor)| engine.explain(item, descriptor, request, &body.increments))
             .collect();
@@ -125,7 +127,7 @@ impl Explanation {
             .increments()
             .iter()
             .zip(current)
-            .map(|(increment, now)| now.saturating_add(increment.hits))
+            .map(|(increment, &now)| increment.after(now))
             .collect();
         self.plan.body.decide(&self.plan.engine, &after)
     }
@@ -164,7 +166,7 @@ impl Engine {
             (_, _, Item::Limited(_)) => Outcome::Limited,
             (_, _, Item::Unlimited { .. }) => Outcome::Unlimited,
             (_, None, _) => Outcome::NoRule,
-            (_, Some(node), _) if node.limit.is_none() => Outcome::Whitelisted,
+            (_, Some(node), _) if node.limits.is_empty() => Outcome::Whitelisted,
             (_, Some(_), _) => Outcome::Replaced,
         };
         let (limit, cache_key, hits) = match item {

@@ -1,14 +1,14 @@
 //! Counter keys (byte for byte envoyproxy/ratelimit's) and per-request statistic keys.
 
 use super::{Item, PlanBody, Source};
+use crate::counting::{CounterOp, Span};
 use crate::engine::Engine;
 use crate::request::{Descriptor, Request};
 use crate::rules::{Level, MatchKind, Node};
 use crate::stats::names::push_key_part;
-use crate::unit::Window;
 
 impl Engine {
-    /// Calls `f(cache key, hits, window, window end, limit)` for each counter of `body`, in counter order,
+    /// Calls `f(cache key, hits, span, bound)` for each counter of `body`, in counter order,
     /// building each key in `buffer`: the in-process path reuses one buffer and allocates
     /// no key, a plan takes each key out of it.
     pub(crate) fn for_each_counter(
@@ -16,29 +16,27 @@ impl Engine {
         body: &PlanBody,
         request: &Request,
         buffer: &mut String,
-        mut f: impl FnMut(&mut String, u64, Window, u64, u32),
+        mut f: impl FnMut(&mut String, u64, Span, u64),
     ) {
         let root = self.rules.domain(&request.domain);
-        for (item, descriptor) in body.items.iter().zip(&request.descriptors) {
+        for item in &body.items {
             if let Item::Limited(limited) = item {
+                let descriptor = &request.descriptors[limited.descriptor];
                 let applied = self.applied(limited);
-                for span in applied.counting.counters(body.now) {
+                let suffix = match limited.source {
+                    Source::Node(id, which) => {
+                        &*self.rules.node(id).limits[usize::from(which)].key_suffix
+                    }
+                    Source::Override(_) => "",
+                };
+                for span in applied.counting.counters(body.now_ms) {
                     buffer.clear();
-                    self.cache_key(
-                        buffer,
-                        &request.domain,
-                        root,
-                        descriptor,
-                        limited.source,
-                        span.start,
-                    );
-                    f(
-                        buffer,
-                        limited.addend,
-                        span.window,
-                        span.end(),
-                        applied.requests_per_unit,
-                    );
+                    self.cache_key(buffer, &request.domain, root, descriptor, limited.source);
+                    if !matches!(span.op, CounterOp::Gcra(_)) {
+                        buffer.push_str(itoa::Buffer::new().format(span.start));
+                    }
+                    buffer.push_str(suffix);
+                    f(buffer, limited.addend, span, applied.bound);
                 }
             }
         }
@@ -51,13 +49,12 @@ impl Engine {
         root: Option<&Level>,
         descriptor: &Descriptor,
         source: Source,
-        start: u64,
     ) {
         key.push_str(&self.settings.cache_key_prefix);
         key.push_str(domain);
         key.push('_');
         let per_level = match source {
-            Source::Node(id) => self
+            Source::Node(id, _) => self
                 .rules
                 .node(id)
                 .per_level_cache_key
@@ -82,7 +79,6 @@ impl Engine {
                 }
             }
         }
-        key.push_str(itoa::Buffer::new().format(start));
     }
 
     /// The statistics key of a rule whose key carries runtime values.

@@ -17,7 +17,7 @@ use crate::unit::Window;
 impl Engine {
     /// Matches `request`: what applies to each descriptor, and which counters it needs.
     /// A `dry` match (an explanation) counts no statistic and creates no statistic name.
-    pub(crate) fn match_request(&self, request: &Request, now: u64, dry: bool) -> PlanBody {
+    pub(crate) fn match_request(&self, request: &Request, now_ms: u64, dry: bool) -> PlanBody {
         let root = self.rules.domain(&request.domain);
         if root.is_none() && !dry {
             self.stats
@@ -29,52 +29,60 @@ impl Engine {
         }
         let default_addend = u64::from(request.hits_addend.max(1));
         let mut replaces = false;
-        let mut items: SmallVec<[Item; 4]> = request
-            .descriptors
-            .iter()
-            .map(|descriptor| {
-                let Some(root) = root else {
-                    return self.no_limit();
-                };
-                let addend = descriptor.hits_addend.unwrap_or(default_addend);
-                if let Some(limit) = descriptor.limit {
-                    let key = override_stats_key(&request.domain, descriptor);
-                    return Item::Limited(Limited {
-                        source: Source::Override(limit),
-                        addend,
-                        stats: (!dry).then(|| self.stats.request_rule(&key, &request.domain)),
-                        increment: 0,
-                        counters: 0,
-                        cached: false,
-                        dry,
-                    });
-                }
-                let Some(id) = self.rules.find(root, &descriptor.entries, |_, _, _| {}) else {
-                    return self.no_limit();
-                };
-                let node = self.rules.node(id);
-                let Some(limit) = &node.limit else {
-                    return self.no_limit();
-                };
+        let mut items: SmallVec<[Item; 4]> = SmallVec::new();
+        for (index, descriptor) in request.descriptors.iter().enumerate() {
+            let limited = |source, stats| Limited {
+                source,
+                descriptor: index,
+                follows: false,
+                addend: descriptor.hits_addend.unwrap_or(default_addend),
+                stats,
+                increment: 0,
+                counters: 0,
+                cached: false,
+                dry,
+            };
+            let Some(root) = root else {
+                items.push(self.no_limit());
+                continue;
+            };
+            if let Some(limit) = descriptor.limit {
+                let key = override_stats_key(&request.domain, descriptor);
+                let stats = (!dry).then(|| self.stats.request_rule(&key, &request.domain));
+                items.push(Item::Limited(limited(Source::Override(limit), stats)));
+                continue;
+            }
+            let Some(id) = self.rules.find(root, &descriptor.entries, |_, _, _| {}) else {
+                items.push(self.no_limit());
+                continue;
+            };
+            let node = self.rules.node(id);
+            if node.limits.is_empty() {
+                items.push(self.no_limit());
+                continue;
+            }
+            let runtime_key = (node.per_level_stats_key && !dry)
+                .then(|| self.runtime_stats_key(&request.domain, root, descriptor, node));
+            for (which, limit) in node.limits.iter().enumerate() {
                 replaces |= !limit.replaces.is_empty();
-                match limit.limit {
+                let item = match limit.limit {
                     Limit::Unlimited => Item::Unlimited { node: id },
-                    Limit::Fixed { .. } => Item::Limited(Limited {
-                        source: Source::Node(id),
-                        addend,
-                        stats: (node.per_level_stats_key && !dry).then(|| {
-                            let key =
-                                self.runtime_stats_key(&request.domain, root, descriptor, node);
-                            self.stats.request_rule(&key, &node.full_key)
-                        }),
-                        increment: 0,
-                        counters: 0,
-                        cached: false,
-                        dry,
-                    }),
-                }
-            })
-            .collect();
+                    Limit::Counted { .. } => {
+                        let stats = runtime_key.as_ref().map(|key| {
+                            let key = format!("{key}{}", limit.stats_suffix);
+                            let static_key = format!("{}{}", node.full_key, limit.stats_suffix);
+                            self.stats.request_rule(&key, &static_key)
+                        });
+                        let source = Source::Node(id, u16::try_from(which).unwrap_or(u16::MAX));
+                        Item::Limited(Limited {
+                            follows: which > 0,
+                            ..limited(source, stats)
+                        })
+                    }
+                };
+                items.push(item);
+            }
+        }
         if replaces {
             self.apply_replaces(&mut items);
         }
@@ -82,13 +90,13 @@ impl Engine {
         for item in items.iter_mut() {
             if let Item::Limited(limited) = item {
                 limited.increment = counters;
-                limited.counters = self.applied(limited).counting.counters(now).len();
+                limited.counters = self.applied(limited).counting.counters(now_ms).len();
                 counters += limited.counters;
             }
         }
         PlanBody {
             dry,
-            now,
+            now_ms,
             items,
             increments: Vec::new(),
         }
@@ -96,23 +104,21 @@ impl Engine {
 
     /// Matches `request` and lists its counters with their keys, leaving out those the
     /// local over-limit cache already knows about.
-    pub(crate) fn plan_body(&self, request: &Request, now: u64, dry: bool) -> PlanBody {
-        let mut body = self.match_request(request, now, dry);
+    pub(crate) fn plan_body(&self, request: &Request, now_ms: u64, dry: bool) -> PlanBody {
+        let mut body = self.match_request(request, now_ms, dry);
         let mut increments = Vec::with_capacity(body.items.len());
         let mut key = String::new();
-        self.for_each_counter(
-            &body,
-            request,
-            &mut key,
-            |key, hits, window, window_end, _| {
-                increments.push(Increment {
-                    key: std::mem::take(key),
-                    hits,
-                    window,
-                    window_end,
-                });
-            },
-        );
+        self.for_each_counter(&body, request, &mut key, |key, hits, span, _| {
+            increments.push(Increment {
+                key: std::mem::take(key),
+                hits,
+                op: span.op,
+                window: span.window,
+                window_end: span.start + span.window.seconds(),
+                expires: span.expires,
+                now_ms,
+            });
+        });
         body.increments = increments;
         if let Some(cache) = self.local_cache.as_ref().filter(|_| !dry) {
             body.skip_cached(cache, self.settings.stop_cache_key_increment_when_overlimit);
@@ -128,28 +134,57 @@ impl Engine {
 
     /// Drops every matched limit whose name another matched limit replaces; a dropped
     /// limit is neither counted nor reported.
-    pub(super) fn apply_replaces(&self, items: &mut [Item]) {
-        let node_of = |item: &Item| match item {
-            Item::Unlimited { node }
-            | Item::Limited(Limited {
-                source: Source::Node(node),
+    pub(super) fn apply_replaces(&self, items: &mut SmallVec<[Item; 4]>) {
+        let limit_of = |item: &Item| match item {
+            Item::Unlimited { node } => self.rules.node(*node).limits.first(),
+            Item::Limited(Limited {
+                source: Source::Node(node, which),
                 ..
-            }) => Some(*node),
+            }) => self.rules.node(*node).limits.get(usize::from(*which)),
             _ => None,
         };
         let replaced: Vec<&str> = items
             .iter()
-            .filter_map(node_of)
-            .filter_map(|id| self.rules.node(id).limit.as_ref())
+            .filter_map(limit_of)
             .flat_map(|limit| limit.replaces.iter().map(AsRef::as_ref))
             .collect();
-        for item in items.iter_mut() {
-            let name = node_of(item)
-                .and_then(|id| self.rules.node(id).limit.as_ref())
-                .and_then(|limit| limit.name.as_deref());
-            if name.is_some_and(|name| replaced.contains(&name)) {
-                *item = self.no_limit();
+        if replaced.is_empty() {
+            return;
+        }
+        let is_replaced = |item: &Item| {
+            limit_of(item)
+                .and_then(|limit| limit.name.as_deref())
+                .is_some_and(|name| replaced.contains(&name))
+        };
+        // A descriptor keeps its place: it loses the limits that are replaced, and is
+        // left with no limit when that was all of them.
+        let mut kept: SmallVec<[Item; 4]> = SmallVec::with_capacity(items.len());
+        let mut group_start = None;
+        for item in items.drain(..) {
+            let follows = matches!(&item, Item::Limited(l) if l.follows);
+            if !follows {
+                if let Some(start) = group_start {
+                    self.close_group(&mut kept, start);
+                }
+                group_start = Some(kept.len());
             }
+            if !is_replaced(&item) {
+                kept.push(item);
+            }
+        }
+        if let Some(start) = group_start {
+            self.close_group(&mut kept, start);
+        }
+        *items = kept;
+    }
+
+    /// Ends the items of one descriptor that start at `start`: its first item does not
+    /// follow another, and a descriptor left with no item gets "no limit".
+    fn close_group(&self, kept: &mut SmallVec<[Item; 4]>, start: usize) {
+        match kept.get_mut(start) {
+            Some(Item::Limited(first)) => first.follows = false,
+            Some(_) => {}
+            None => kept.push(self.no_limit()),
         }
     }
 
@@ -158,6 +193,7 @@ impl Engine {
         match limited.source {
             Source::Override(limit) => Applied {
                 requests_per_unit: limit.requests_per_unit,
+                bound: u64::from(limit.requests_per_unit),
                 window: Window::of(limit.unit),
                 counting: Counting::FixedWindow(Window::of(limit.unit)),
                 name: None,
@@ -171,23 +207,22 @@ impl Engine {
                         .expect("override limits carry their statistics"),
                 },
             },
-            Source::Node(id) => {
+            Source::Node(id, which) => {
                 let node = self.rules.node(id);
-                let limit = node
-                    .limit
-                    .as_ref()
-                    .expect("limited items point at nodes with a limit");
-                let Limit::Fixed {
+                let limit = &node.limits[usize::from(which)];
+                let Limit::Counted {
                     window,
                     requests_per_unit,
+                    ..
                 } = limit.limit
                 else {
                     unreachable!("unlimited rules are never planned as limited")
                 };
                 Applied {
                     requests_per_unit,
+                    bound: limit.counting.bound(requests_per_unit),
                     window,
-                    counting: Counting::FixedWindow(window),
+                    counting: limit.counting,
                     name: limit.name.as_ref(),
                     shadow: node.shadow_mode,
                     quota: node.quota_mode || global_quota,
@@ -196,8 +231,8 @@ impl Engine {
                         false => limited
                             .stats
                             .as_deref()
-                            .or(node.stats.as_deref())
-                            .expect("nodes with a fixed limit have statistics"),
+                            .or(limit.stats.as_deref())
+                            .expect("counted limits have statistics"),
                     },
                 }
             }

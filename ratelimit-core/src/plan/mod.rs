@@ -20,7 +20,7 @@ use std::sync::Arc;
 
 use smallvec::SmallVec;
 
-use crate::counting::Counting;
+use crate::counting::{CounterOp, Counting};
 use crate::engine::Engine;
 use crate::request::LimitOverride;
 use crate::response::{Code, CurrentLimit, DescriptorStatus, Response};
@@ -34,12 +34,19 @@ pub struct Increment {
     /// The cache key, byte for byte envoyproxy/ratelimit's:
     /// `CACHE_KEY_PREFIX` + domain + `_` + (`key_value_` per entry) + window start.
     pub key: String,
-    /// How much to add (0 only checks).
+    /// How much to add (0 only checks); a bucket's cost.
     pub hits: u64,
+    /// What the store does with the counter.
+    pub op: CounterOp,
     /// The window the counter belongs to.
     pub window: Window,
-    /// Unix second at which the window, and so the counter, ends.
+    /// Unix second at which the window ends.
     pub window_end: u64,
+    /// Unix second after which the counter is no longer needed (a sliding window's
+    /// counter is read again during the next window).
+    pub expires: u64,
+    /// The request's time, unix milliseconds (what a bucket's step runs at).
+    pub now_ms: u64,
 }
 
 impl Increment {
@@ -48,10 +55,20 @@ impl Increment {
         self.window.unit() == Unit::Second
     }
 
-    /// Expiry to set on a remote counter: the window length plus `jitter` seconds, which
-    /// spreads the expiry of many keys created together.
+    /// Expiry to set on a remote counter: how long it is needed (the window length for
+    /// a fixed window) plus `jitter` seconds, which spreads the expiry of many keys
+    /// created together.
     pub fn expiry_seconds(&self, jitter: u64) -> u64 {
-        self.window.seconds() + jitter
+        self.window.seconds() + self.expires.saturating_sub(self.window_end) + jitter
+    }
+
+    /// What the store would report for this counter when it currently holds `current`.
+    pub fn after(&self, current: u64) -> u64 {
+        match self.op {
+            CounterOp::Add => current.saturating_add(self.hits),
+            CounterOp::Read => current,
+            CounterOp::Gcra(bucket) => bucket.next(current, self.now_ms, self.hits),
+        }
     }
 }
 
@@ -106,7 +123,8 @@ impl Plan {
 pub(crate) struct PlanBody {
     /// An explanation's plan: no statistic, no local cache.
     dry: bool,
-    now: u64,
+    /// The request's time, unix milliseconds.
+    now_ms: u64,
     items: SmallVec<[Item; 4]>,
     /// Only the remote path fills it; in process it stays empty and unallocated.
     increments: Vec<Increment>,
@@ -122,6 +140,10 @@ enum Item {
 #[derive(Debug)]
 struct Limited {
     source: Source,
+    /// The descriptor it limits, in request order.
+    descriptor: usize,
+    /// Another limit of the same descriptor comes before it (`rate_limits`).
+    follows: bool,
     addend: u64,
     /// Statistics whose key depends on the request; otherwise the node's own.
     stats: Option<Arc<RuleStats>>,
@@ -137,12 +159,15 @@ struct Limited {
 
 #[derive(Debug, Clone, Copy)]
 enum Source {
-    Node(NodeId),
+    /// A rule's limit: the node and which of its limits.
+    Node(NodeId, u16),
     Override(LimitOverride),
 }
 
 struct Applied<'a> {
     requests_per_unit: u32,
+    /// The most hits admitted: `requests_per_unit`, or a bucket's burst.
+    bound: u64,
     window: Window,
     counting: Counting,
     name: Option<&'a Arc<str>>,

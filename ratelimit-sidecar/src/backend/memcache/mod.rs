@@ -9,18 +9,18 @@
 //! the window's expiry), and when another client created it first, `incr` again. The
 //! keys and values are upstream's, so both kinds of server can share a memcached.
 
+mod ops;
 mod protocol;
 mod srv;
 mod tls;
 
 use std::sync::{Arc, Mutex};
-use std::time::{SystemTime, UNIX_EPOCH};
 
 use arc_swap::ArcSwap;
 use futures_util::future::{BoxFuture, try_join_all};
 use ratelimit_core::Increment;
 
-use self::protocol::{Added, Connection, Incremented, key_problem};
+use self::protocol::{Connection, key_problem};
 use super::{BackendError, RemoteCounters};
 use crate::settings::MemcacheSettings;
 
@@ -177,7 +177,7 @@ impl MemcacheCounters {
     async fn incr(&self, items: &[&Increment]) -> Result<Vec<u64>, BackendError> {
         self.on_each_node(items, |node, group| async move {
             let mut connection = node.connection().await?;
-            let totals = count(&mut connection, &group, self.jitter_max).await;
+            let totals = ops::run(&mut connection, &group, self.jitter_max).await;
             node.release(connection, totals)
         })
         .await
@@ -238,80 +238,6 @@ fn reassemble(len: usize, groups: &[Vec<usize>], results: Vec<Vec<u64>>) -> Vec<
         }
     }
     out
-}
-
-/// Adds each item's hits on one connection and returns the totals.
-async fn count(
-    connection: &mut Connection,
-    items: &[&Increment],
-    jitter_max: u64,
-) -> std::io::Result<Vec<u64>> {
-    let mut totals = vec![0; items.len()];
-    let mut pending: Vec<usize> = (0..items.len()).collect();
-    for _ in 0..RACE_ATTEMPTS {
-        let asks: Vec<(&str, u64)> = pending
-            .iter()
-            .map(|&i| (items[i].key.as_str(), items[i].hits))
-            .collect();
-        let replies = connection.incr(&asks).await?;
-        let mut missing = Vec::new();
-        for (&i, reply) in pending.iter().zip(replies) {
-            match reply {
-                Incremented::To(total) => totals[i] = total,
-                Incremented::Missing => missing.push(i),
-            }
-        }
-        if missing.is_empty() {
-            return Ok(totals);
-        }
-        let now = unix_now();
-        let adds: Vec<(&str, u64, u64)> = missing
-            .iter()
-            .map(|&i| {
-                let jitter = if jitter_max > 0 {
-                    fastrand::u64(0..jitter_max)
-                } else {
-                    0
-                };
-                (
-                    items[i].key.as_str(),
-                    items[i].hits,
-                    expiry(items[i].expiry_seconds(jitter), now),
-                )
-            })
-            .collect();
-        let added = connection.add(&adds).await?;
-        pending = Vec::new();
-        for (&i, reply) in missing.iter().zip(added) {
-            match reply {
-                Added::Stored => totals[i] = items[i].hits,
-                Added::Exists => pending.push(i),
-            }
-        }
-        if pending.is_empty() {
-            return Ok(totals);
-        }
-    }
-    Err(std::io::Error::other(
-        "a counter kept appearing and disappearing between incr and add",
-    ))
-}
-
-/// The expiry field for a counter living `seconds`: relative up to 30 days, an
-/// absolute unix time beyond (memcached's rule; upstream sends the duration, so its
-/// month and year counters expire at once).
-fn expiry(seconds: u64, now: u64) -> u64 {
-    if seconds > LONGEST_RELATIVE_EXPIRY {
-        now + seconds
-    } else {
-        seconds
-    }
-}
-
-fn unix_now() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs())
 }
 
 impl Node {
@@ -382,6 +308,7 @@ impl RemoteCounters for MemcacheCounters {
 
 #[cfg(test)]
 mod tests {
+    use super::ops::expiry;
     use super::*;
 
     #[test]

@@ -145,6 +145,58 @@ impl Connection {
         }
     }
 
+    /// `gets key`: its value and compare-and-swap token, `None` when missing.
+    pub async fn gets(&mut self, key: &str) -> io::Result<Option<(u64, u64)>> {
+        self.stream
+            .get_mut()
+            .write_all(format!("gets {key}\r\n").as_bytes())
+            .await?;
+        let mut found = None;
+        loop {
+            let line = self.reply_line().await?.to_owned();
+            if line == "END" {
+                return Ok(found);
+            }
+            let fields: Vec<&str> = line.split(' ').collect();
+            let (["VALUE", _, _, length, token] | ["VALUE", _, _, length, token, ..]) =
+                fields.as_slice()
+            else {
+                return Err(unexpected("gets", &line));
+            };
+            let length: usize = length.parse().map_err(|_| unexpected("gets", &line))?;
+            let token: u64 = token.parse().map_err(|_| unexpected("gets", &line))?;
+            let mut data = vec![0; length + 2];
+            self.stream.read_exact(&mut data).await?;
+            let value = std::str::from_utf8(&data[..length])
+                .ok()
+                .and_then(|text| text.trim().parse().ok())
+                .unwrap_or(0);
+            found = Some((value, token));
+        }
+    }
+
+    /// `cas key 0 expiry` with `value` if the token is still `token`: whether it was
+    /// stored.
+    pub async fn cas(
+        &mut self,
+        key: &str,
+        value: u64,
+        expiry: u64,
+        token: u64,
+    ) -> io::Result<bool> {
+        let value = value.to_string();
+        let command = format!(
+            "cas {key} 0 {expiry} {} {token}\r\n{value}\r\n",
+            value.len()
+        );
+        self.stream.get_mut().write_all(command.as_bytes()).await?;
+        match self.reply_line().await? {
+            "STORED" => Ok(true),
+            "EXISTS" | "NOT_FOUND" => Ok(false),
+            other => Err(unexpected("cas", other)),
+        }
+    }
+
     /// Whether the server answers `version`.
     pub async fn version(&mut self) -> io::Result<()> {
         self.stream.get_mut().write_all(b"version\r\n").await?;

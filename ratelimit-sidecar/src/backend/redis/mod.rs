@@ -6,8 +6,6 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use futures_util::future::BoxFuture;
-use ratelimit_core::Increment;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig, MultiplexedConnection};
 use redis::cluster::ClusterClientBuilder;
 use redis::cluster_async::ClusterConnection;
@@ -16,6 +14,10 @@ use redis::{
     AsyncConnectionConfig, Client, ClientTlsConfig, ConnectionAddr, ConnectionInfo,
     IntoConnectionInfo, Pipeline, RedisConnectionInfo, TlsCertificates,
 };
+
+mod counters;
+
+use counters::RedisCounters;
 
 use super::{BackendError, PerWorkerStore, RemoteCounters};
 use crate::settings::{RedisSettings, RedisType, Settings};
@@ -69,19 +71,6 @@ impl SentinelStore {
         self.current
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
-    }
-}
-
-/// One Redis deployment's counters.
-#[derive(Clone)]
-pub struct RedisCounters {
-    store: Store,
-    jitter_max: u64,
-}
-
-impl std::fmt::Debug for RedisCounters {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("RedisCounters").finish_non_exhaustive()
     }
 }
 
@@ -190,114 +179,6 @@ impl RedisCounters {
         let counters = |store| RedisCounters { store, jitter_max };
         Ok((counters(main), per_second.map(counters)))
     }
-
-    async fn incr(&self, items: &[&Increment]) -> Result<Vec<u64>, BackendError> {
-        let totals: Vec<redis::RedisResult<i64>> =
-            run_batched(&self.store, items, |pipe, increment| {
-                let jitter = if self.jitter_max > 0 {
-                    fastrand::u64(0..self.jitter_max)
-                } else {
-                    0
-                };
-                pipe.cmd("INCRBY").arg(&increment.key).arg(increment.hits);
-                pipe.cmd("EXPIRE")
-                    .arg(&increment.key)
-                    .arg(increment.expiry_seconds(jitter))
-                    .ignore();
-            })
-            .await?;
-        totals.into_iter().map(saturated_total).collect()
-    }
-
-    async fn get(&self, items: &[&Increment]) -> Result<Vec<u64>, BackendError> {
-        let values: Vec<redis::RedisResult<Option<u64>>> =
-            run_batched(&self.store, items, |pipe, increment| {
-                pipe.cmd("GET").arg(&increment.key);
-            })
-            .await?;
-        values
-            .into_iter()
-            .map(|value| value.map(Option::unwrap_or_default).map_err(redis_error))
-            .collect()
-    }
-}
-
-impl RemoteCounters for RedisCounters {
-    fn increment<'a>(
-        &'a self,
-        increments: &'a [&'a Increment],
-    ) -> BoxFuture<'a, Result<Vec<u64>, BackendError>> {
-        Box::pin(self.incr(increments))
-    }
-
-    fn current<'a>(
-        &'a self,
-        increments: &'a [&'a Increment],
-    ) -> BoxFuture<'a, Result<Vec<u64>, BackendError>> {
-        Box::pin(self.get(increments))
-    }
-
-    fn ping(&self) -> BoxFuture<'_, bool> {
-        Box::pin(async move {
-            let mut pipe = redis::pipe();
-            pipe.cmd("PING");
-            query::<Vec<String>>(&self.store, &pipe).await.is_ok()
-        })
-    }
-}
-
-/// A counter's total after `INCRBY`. Redis refuses to go past `i64::MAX`; a counter
-/// that far over any limit is decided as saturated, never as a backend failure (which
-/// Envoy's default `failure_mode_deny: false` would let through).
-fn saturated_total(total: redis::RedisResult<i64>) -> Result<u64, BackendError> {
-    match total {
-        Ok(total) => Ok(u64::try_from(total).unwrap_or(0)),
-        Err(error) if error.to_string().contains("would overflow") => Ok(u64::MAX),
-        Err(error) => Err(redis_error(error)),
-    }
-}
-
-/// Runs the commands `add` writes for each counter: in one pipeline on a single Redis; in
-/// one pipeline per counter, all at once, on a cluster, where a pipeline must stay within
-/// one hash slot. Results come back in `items` order.
-async fn run_batched<T: redis::FromRedisValue>(
-    store: &Store,
-    items: &[&Increment],
-    mut add: impl FnMut(&mut Pipeline, &Increment),
-) -> Result<Vec<T>, BackendError> {
-    if items.is_empty() {
-        return Ok(Vec::new());
-    }
-    let mut pipes: Vec<Pipeline> = match store {
-        Store::Single(..) | Store::Sentinel(_) => {
-            let mut pipe = redis::pipe();
-            items.iter().for_each(|increment| add(&mut pipe, increment));
-            vec![pipe]
-        }
-        Store::Cluster(_) => items
-            .iter()
-            .map(|increment| {
-                let mut pipe = redis::pipe();
-                add(&mut pipe, increment);
-                pipe
-            })
-            .collect(),
-    };
-    // Each command's error comes back in its place, so that one counter's error is told
-    // apart from a failed round trip.
-    pipes.iter_mut().for_each(|pipe| {
-        pipe.ignore_errors();
-    });
-    if let [pipe] = pipes.as_slice() {
-        return query::<Vec<T>>(store, pipe).await;
-    }
-    let results =
-        futures_util::future::join_all(pipes.iter().map(|pipe| query::<Vec<T>>(store, pipe))).await;
-    let mut out = Vec::with_capacity(items.len());
-    for result in results {
-        out.extend(result?);
-    }
-    Ok(out)
 }
 
 async fn query<T: redis::FromRedisValue>(

@@ -1,0 +1,151 @@
+//! A node's share of a request's counters on one connection: `incr` (then `add` for a
+//! counter that does not exist yet) for a window's counter, `get` for a sliding window's
+//! previous one, and `gets` then `cas` (or `add`) for a token bucket, retried when
+//! another client changed it in between.
+
+use std::io;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use ratelimit_core::{Bucket, CounterOp, Increment};
+
+use super::protocol::{Added, Connection, Incremented};
+use super::{LONGEST_RELATIVE_EXPIRY, RACE_ATTEMPTS};
+
+/// Runs each item's operation and returns what the store reports, in item order.
+pub(super) async fn run(
+    connection: &mut Connection,
+    items: &[&Increment],
+    jitter_max: u64,
+) -> io::Result<Vec<u64>> {
+    let mut out = vec![0; items.len()];
+    let (mut adds, mut reads) = (Vec::new(), Vec::new());
+    for (i, item) in items.iter().enumerate() {
+        match item.op {
+            CounterOp::Add => adds.push(i),
+            CounterOp::Read => reads.push(i),
+            CounterOp::Gcra(bucket) => out[i] = gcra(connection, item, bucket).await?,
+        }
+    }
+    if !adds.is_empty() {
+        let share: Vec<&Increment> = adds.iter().map(|&i| items[i]).collect();
+        let totals = count(connection, &share, jitter_max).await?;
+        adds.iter()
+            .zip(totals)
+            .for_each(|(&i, total)| out[i] = total);
+    }
+    if !reads.is_empty() {
+        let keys: Vec<&str> = reads.iter().map(|&i| items[i].key.as_str()).collect();
+        let values = connection.get(&keys).await?;
+        reads
+            .iter()
+            .zip(values)
+            .for_each(|(&i, value)| out[i] = value);
+    }
+    Ok(out)
+}
+
+/// One step of a token bucket with compare-and-swap; returns the TAT asked for.
+async fn gcra(connection: &mut Connection, item: &Increment, bucket: Bucket) -> io::Result<u64> {
+    let key = item.key.as_str();
+    let now = item.now_ms / 1_000;
+    for _ in 0..RACE_ATTEMPTS {
+        let current = connection.gets(key).await?;
+        let (keep, next) = bucket.step(current.map_or(0, |(tat, _)| tat), item.now_ms, item.hits);
+        // memcached takes whole seconds: the bucket stays until it is full again.
+        let lifetime = Bucket::expiry_ms(keep, item.now_ms).div_ceil(1_000) + 1;
+        let stored = match current {
+            Some((tat, _)) if tat == keep => true,
+            Some((_, token)) => {
+                connection
+                    .cas(key, keep, expiry(lifetime, now), token)
+                    .await?
+            }
+            None => matches!(
+                connection
+                    .add(&[(key, keep, expiry(lifetime, now))])
+                    .await?[..],
+                [Added::Stored]
+            ),
+        };
+        if stored {
+            return Ok(next);
+        }
+    }
+    Err(io::Error::other(
+        "a token bucket kept changing between gets and cas",
+    ))
+}
+
+/// Adds each item's hits on one connection and returns the totals.
+async fn count(
+    connection: &mut Connection,
+    items: &[&Increment],
+    jitter_max: u64,
+) -> std::io::Result<Vec<u64>> {
+    let mut totals = vec![0; items.len()];
+    let mut pending: Vec<usize> = (0..items.len()).collect();
+    for _ in 0..RACE_ATTEMPTS {
+        let asks: Vec<(&str, u64)> = pending
+            .iter()
+            .map(|&i| (items[i].key.as_str(), items[i].hits))
+            .collect();
+        let replies = connection.incr(&asks).await?;
+        let mut missing = Vec::new();
+        for (&i, reply) in pending.iter().zip(replies) {
+            match reply {
+                Incremented::To(total) => totals[i] = total,
+                Incremented::Missing => missing.push(i),
+            }
+        }
+        if missing.is_empty() {
+            return Ok(totals);
+        }
+        let now = unix_now();
+        let adds: Vec<(&str, u64, u64)> = missing
+            .iter()
+            .map(|&i| {
+                let jitter = if jitter_max > 0 {
+                    fastrand::u64(0..jitter_max)
+                } else {
+                    0
+                };
+                (
+                    items[i].key.as_str(),
+                    items[i].hits,
+                    expiry(items[i].expiry_seconds(jitter), now),
+                )
+            })
+            .collect();
+        let added = connection.add(&adds).await?;
+        pending = Vec::new();
+        for (&i, reply) in missing.iter().zip(added) {
+            match reply {
+                Added::Stored => totals[i] = items[i].hits,
+                Added::Exists => pending.push(i),
+            }
+        }
+        if pending.is_empty() {
+            return Ok(totals);
+        }
+    }
+    Err(std::io::Error::other(
+        "a counter kept appearing and disappearing between incr and add",
+    ))
+}
+
+/// The expiry field for a counter living `seconds`: relative up to 30 days, an
+/// absolute unix time beyond (memcached's rule; upstream sends the duration, so its
+/// month and year counters expire at once).
+pub(super) fn expiry(seconds: u64, now: u64) -> u64 {
+    if seconds > LONGEST_RELATIVE_EXPIRY {
+        now + seconds
+    } else {
+        seconds
+    }
+}
+
+fn unix_now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
