@@ -51,6 +51,7 @@ macro_rules! client_edge {
             Response {
                 overall_code: code_from_pb(response.overall_code),
                 headers: RateLimitHeaders::for_statuses(&statuses),
+                policies: ratelimit_core::Policy::from_statuses(&statuses),
                 statuses,
             }
         }

@@ -9,7 +9,7 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{
 };
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use envoy_types::pb::google::protobuf::Duration as PbDuration;
-use ratelimit_core::{Descriptor, Entry, HeaderNames, LimitOverride, Request, Response};
+use ratelimit_core::{Descriptor, Entry, HeaderFormat, LimitOverride, Request, Response};
 
 use self::client::{code_to_pb, unit_from_pb, unit_to_pb};
 
@@ -89,7 +89,7 @@ fn descriptor_from_pb(
 }
 
 /// The Envoy response for a core response.
-pub fn response_to_pb(response: &Response, headers: Option<&HeaderNames>) -> RateLimitResponse {
+pub fn response_to_pb(response: &Response, headers: Option<&HeaderFormat>) -> RateLimitResponse {
     let statuses = response
         .statuses
         .iter()
@@ -108,18 +108,19 @@ pub fn response_to_pb(response: &Response, headers: Option<&HeaderNames>) -> Rat
             quota: None,
         })
         .collect();
-    let response_headers_to_add = match (headers, response.headers) {
-        (Some(names), Some(values)) => values
-            .pairs(names)
-            .into_iter()
-            .map(|(key, value)| HeaderValue {
-                key: key.to_owned(),
-                value,
-                raw_value: Vec::new(),
-            })
-            .collect(),
-        _ => Vec::new(),
-    };
+    let response_headers_to_add = headers
+        .map(|format| {
+            response
+                .header_pairs(format)
+                .into_iter()
+                .map(|(key, value)| HeaderValue {
+                    key,
+                    value,
+                    raw_value: Vec::new(),
+                })
+                .collect()
+        })
+        .unwrap_or_default();
     RateLimitResponse {
         overall_code: code_to_pb(response.overall_code) as i32,
         statuses,
@@ -131,7 +132,9 @@ pub fn response_to_pb(response: &Response, headers: Option<&HeaderNames>) -> Rat
 #[cfg(test)]
 mod tests {
     use prost::Message;
-    use ratelimit_core::{Code, CurrentLimit, DescriptorStatus, RateLimitHeaders, Unit};
+    use ratelimit_core::{
+        Code, CurrentLimit, DescriptorStatus, HeaderNames, RateLimitHeaders, Unit,
+    };
 
     use super::*;
 
@@ -183,9 +186,10 @@ mod tests {
             overall_code: Code::OverLimit,
             headers: RateLimitHeaders::for_statuses(&statuses),
             statuses,
+            policies: Vec::new(),
         };
-        let names = HeaderNames::default();
-        let wire = response_to_pb(&response, Some(&names));
+        let format = HeaderFormat::RateLimit(HeaderNames::default());
+        let wire = response_to_pb(&response, Some(&format));
         let headers: Vec<(&str, &str)> = wire
             .response_headers_to_add
             .iter()

@@ -167,6 +167,9 @@ pub struct Response {
     /// Header values, from the most restrictive limited descriptor; `None` when no limit
     /// applied.
     pub headers: Option<RateLimitHeaders>,
+    /// Every limit that applied, when the limiter reports them
+    /// ([`crate::Settings::report_policies`]); empty otherwise.
+    pub policies: Vec<crate::headers::Policy>,
 }
 
 #[cfg(test)]
@@ -201,6 +204,7 @@ mod tests {
             overall_code: Code::OverLimit,
             statuses: vec![over(5, 20), over(5, 45)],
             headers: None,
+            policies: Vec::new(),
         };
         assert_eq!(response.retry(&request), Some(Retry::After(45)));
         response.statuses[1] = over(2, 45);

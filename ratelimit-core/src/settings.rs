@@ -28,6 +28,9 @@ pub struct Settings {
     pub max_stat_keys: usize,
     /// Bounds on request names and addends; a request past one is refused.
     pub bounds: RequestBounds,
+    /// Fill [`crate::Response::policies`] with every limit that applied (what
+    /// [`crate::HeaderFormat::IetfDraft11`] needs); off, responses skip that work.
+    pub report_policies: bool,
 }
 
 impl Default for Settings {
@@ -41,6 +44,7 @@ impl Default for Settings {
             local_cache_size_in_bytes: 0,
             max_stat_keys: crate::stats::DEFAULT_MAX_STAT_KEYS,
             bounds: RequestBounds::default(),
+            report_policies: false,
         }
     }
 }

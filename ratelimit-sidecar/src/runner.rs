@@ -3,7 +3,9 @@
 use std::sync::Arc;
 
 use notify::RecommendedWatcher;
-use ratelimit_core::{HeaderNames, Limiter};
+use ratelimit_core::{HeaderFormat, HeaderNames, Limiter};
+
+use crate::settings::HeadersFormat;
 use tokio::signal::unix::{SignalKind, signal};
 use tokio::sync::{mpsc, oneshot, watch};
 use tonic_health::ServingStatus;
@@ -179,14 +181,16 @@ async fn service(
     backend: Backend,
     traces: Option<Traces>,
 ) -> (Arc<Service>, HealthServer<HealthService>) {
-    let headers = settings
-        .limiter
-        .limit_response_headers_enabled
-        .then(|| HeaderNames {
-            limit: settings.limiter.limit_limit_header.clone(),
-            remaining: settings.limiter.limit_remaining_header.clone(),
-            reset: settings.limiter.limit_reset_header.clone(),
-        });
+    let headers = settings.limiter.limit_response_headers_enabled.then(|| {
+        match settings.limiter.limit_response_headers_format {
+            HeadersFormat::Ratelimit => HeaderFormat::RateLimit(HeaderNames {
+                limit: settings.limiter.limit_limit_header.clone(),
+                remaining: settings.limiter.limit_remaining_header.clone(),
+                reset: settings.limiter.limit_reset_header.clone(),
+            }),
+            HeadersFormat::IetfDraft11 => HeaderFormat::IetfDraft11,
+        }
+    });
     let reporter = HealthReporter::new();
     reporter
         .set_service_status("", ServingStatus::Serving)

@@ -6,7 +6,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use http::HeaderMap;
 use ratelimit_core::stats::{Counter, Timer, names};
-use ratelimit_core::{CounterStore, Explanation, HeaderNames, Limiter, RequestError, Response};
+use ratelimit_core::{CounterStore, Explanation, HeaderFormat, Limiter, RequestError, Response};
 use ratelimit_proto::envoy::{InvalidRequest, request_from_pb, response_to_pb};
 
 use crate::backend::{Backend, BackendError};
@@ -55,7 +55,7 @@ pub struct Service {
     /// Health components.
     pub health: Health,
     /// Header names when LIMIT_RESPONSE_HEADERS_ENABLED is on.
-    pub headers: Option<HeaderNames>,
+    pub headers: Option<HeaderFormat>,
     /// RESPONSE_DYNAMIC_METADATA.
     pub dynamic_metadata: bool,
     /// The result of the last configuration load.
@@ -73,7 +73,7 @@ impl Service {
         limiter: Limiter,
         backend: Backend,
         health: Health,
-        headers: Option<HeaderNames>,
+        headers: Option<HeaderFormat>,
         dynamic_metadata: bool,
         traces: Option<Traces>,
     ) -> Service {

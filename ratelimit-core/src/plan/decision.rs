@@ -3,9 +3,10 @@
 
 use smallvec::SmallVec;
 
-use super::{Applied, Increment, Item, PlanBody, Source};
+use super::{Applied, Increment, Item, Limited, PlanBody, Source};
 use crate::counting::{Assessed, Counting};
 use crate::engine::Engine;
+use crate::headers::Policy;
 use crate::local_cache::OverLimitCache;
 use crate::response::{Code, DescriptorStatus, RateLimitHeaders, Response};
 
@@ -75,6 +76,7 @@ impl PlanBody {
         );
         let ratio = engine.settings.near_limit_ratio;
         let mut statuses = Vec::with_capacity(self.items.len());
+        let mut policies = Vec::new();
         let (mut over_non_quota, mut quota, mut quota_over) = (false, 0usize, 0usize);
         for item in &self.items {
             let (status, is_quota) = match item {
@@ -125,6 +127,9 @@ impl PlanBody {
                     if let Source::Node(id, _) = limited.source {
                         status.metadata.clone_from(&engine.rules.node(id).metadata);
                     }
+                    if engine.settings.report_policies {
+                        policies.push(engine.policy(limited, &applied, &status));
+                    }
                     if limited.follows
                         && let Some(previous) = statuses.last_mut()
                     {
@@ -161,6 +166,38 @@ impl PlanBody {
             overall_code: overall,
             headers: RateLimitHeaders::for_statuses(&statuses),
             statuses,
+            policies,
+        }
+    }
+}
+
+impl Engine {
+    /// The limit `limited` as a `RateLimit-Policy` entry, with its `status`.
+    fn policy(
+        &self,
+        limited: &Limited,
+        applied: &Applied<'_>,
+        status: &DescriptorStatus,
+    ) -> Policy {
+        let name = match (applied.name, limited.source) {
+            (Some(name), _) => name.to_string(),
+            (None, Source::Node(id, which)) => {
+                let node = self.rules.node(id);
+                format!(
+                    "{}{}",
+                    node.full_key,
+                    node.limits[usize::from(which)].stats_suffix
+                )
+            }
+            (None, Source::Override(_)) => "override".to_owned(),
+        };
+        Policy {
+            name,
+            quota: u64::from(applied.requests_per_unit),
+            window: applied.window.seconds(),
+            remaining: u64::from(status.limit_remaining),
+            reset: status.duration_until_reset.unwrap_or(0),
+            over: status.code == Code::OverLimit,
         }
     }
 }

@@ -49,6 +49,20 @@ pub struct LimiterSettings {
     /// Name of the reset header.
     #[arg(long, env, default_value = "RateLimit-Reset")]
     pub limit_reset_header: String,
+    /// Which headers LIMIT_RESPONSE_HEADERS_ENABLED adds: ratelimit (the three above) or
+    /// ietf-draft-11 (RateLimit-Policy and RateLimit, as Structured Fields; our addition).
+    #[arg(long, env, default_value = "ratelimit", value_enum)]
+    pub limit_response_headers_format: HeadersFormat,
+}
+
+/// The rate-limit headers' format.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum HeadersFormat {
+    /// RateLimit-Limit, RateLimit-Remaining and RateLimit-Reset.
+    Ratelimit,
+    /// draft-ietf-httpapi-ratelimit-headers-11: RateLimit-Policy and RateLimit.
+    #[value(name = "ietf-draft-11")]
+    IetfDraft11,
 }
 
 /// The counter store.

@@ -19,7 +19,7 @@ use clap::parser::ValueSource;
 use clap::{CommandFactory, FromArgMatches, Parser};
 
 pub use self::config::{ConfigSettings, ConfigType};
-pub use self::limiter::{BackendType, LimiterSettings};
+pub use self::limiter::{BackendType, HeadersFormat, LimiterSettings};
 pub use self::memcache::MemcacheSettings;
 pub use self::redis::{RedisSettings, RedisType};
 pub use self::server::{LogFormat, ServerSettings};
@@ -139,6 +139,8 @@ impl Settings {
                 .unwrap_or(usize::MAX),
             max_stat_keys: self.bounds.max_stat_keys,
             bounds: self.bounds.request_bounds(),
+            report_policies: self.limiter.limit_response_headers_enabled
+                && self.limiter.limit_response_headers_format == HeadersFormat::IetfDraft11,
         }
     }
 }
