@@ -119,9 +119,10 @@ pub(crate) struct NodeLimit {
     pub replaces: Box<[Box<str>]>,
     /// Statistics under the node's static key; `None` for `unlimited`.
     pub stats: Option<Arc<RuleStats>>,
-    /// Appended to the cache key and to statistics keys: empty for a plain `rate_limit`
-    /// (envoyproxy/ratelimit's keys, byte for byte), else the limit's algorithm, window
-    /// and place in `rate_limits`, so that two limits never share a counter.
+    /// Ends the cache key (after an `_`): empty for a plain `rate_limit`
+    /// (envoyproxy/ratelimit's keys, byte for byte), else the limit's algorithm and
+    /// window (`sw60`) and its place in `rate_limits`, so that two limits never share a
+    /// counter.
     pub key_suffix: Box<str>,
     /// Appended to statistics keys: empty for a `rate_limit`, `.<name or index>` for an
     /// entry of `rate_limits`.
@@ -162,10 +163,13 @@ impl NodeLimit {
                         Algorithm::SlidingWindow => "sw",
                         Algorithm::TokenBucket { .. } => "tb",
                     };
-                    let _ = write!(suffix, "_{tag}{}", window.seconds());
+                    let _ = write!(suffix, "{tag}{}", window.seconds());
                 }
                 if let Some(index) = listed {
-                    let _ = write!(suffix, "_{index}");
+                    if !suffix.is_empty() {
+                        suffix.push('_');
+                    }
+                    let _ = write!(suffix, "{index}");
                 }
                 (counting, suffix)
             }

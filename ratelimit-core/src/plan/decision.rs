@@ -77,7 +77,7 @@ impl PlanBody {
         let ratio = engine.settings.near_limit_ratio;
         let mut statuses = Vec::with_capacity(self.items.len());
         let mut policies = Vec::new();
-        let (mut over_non_quota, mut quota, mut quota_over) = (false, 0usize, 0usize);
+        let mut quotas: SmallVec<[bool; 4]> = SmallVec::new();
         for item in &self.items {
             let (status, is_quota) = match item {
                 Item::NoLimit { quota } => (DescriptorStatus::NO_LIMIT, *quota),
@@ -143,13 +143,17 @@ impl PlanBody {
                     (status, applied.quota)
                 }
             };
+            statuses.push(status);
+            quotas.push(is_quota);
+        }
+        let (mut over_non_quota, mut quota, mut quota_over) = (false, 0usize, 0usize);
+        for (status, &is_quota) in statuses.iter().zip(&quotas) {
             if is_quota {
                 quota += 1;
                 quota_over += usize::from(status.code == Code::OverLimit);
             } else {
                 over_non_quota |= status.code == Code::OverLimit;
             }
-            statuses.push(status);
         }
         let mut overall = if over_non_quota || (quota > 0 && quota_over == quota) {
             Code::OverLimit

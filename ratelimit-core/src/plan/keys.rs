@@ -32,8 +32,12 @@ impl Engine {
                 for span in applied.counting.counters(body.now_ms) {
                     buffer.clear();
                     self.cache_key(buffer, &request.domain, root, descriptor, limited.source);
+                    // A bucket has no window: its key ends with the entries' `_`.
                     if !matches!(span.op, CounterOp::Gcra(_)) {
                         buffer.push_str(itoa::Buffer::new().format(span.start));
+                        if !suffix.is_empty() {
+                            buffer.push('_');
+                        }
                     }
                     buffer.push_str(suffix);
                     f(buffer, limited.addend, span, applied.bound);
