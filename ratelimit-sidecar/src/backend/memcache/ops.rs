@@ -112,7 +112,10 @@ async fn count(
                 (
                     items[i].key.as_str(),
                     items[i].hits,
-                    expiry(items[i].expiry_seconds(jitter), now),
+                    // memcached expires by whole seconds of its own clock, so a counter
+                    // can go up to a second early: one more keeps it for its window (its
+                    // key names the window, so living longer changes nothing else).
+                    expiry(items[i].expiry_seconds(jitter) + 1, now),
                 )
             })
             .collect();
