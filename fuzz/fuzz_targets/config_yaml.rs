@@ -9,11 +9,13 @@
 use std::fmt::Write as _;
 
 use libfuzzer_sys::fuzz_target;
-use ratelimit_core::config::{DescriptorRule, DomainConfig, Limit, Metadata};
+use ratelimit_core::config::{
+    Algorithm, DescriptorRule, DomainConfig, Limit, Metadata, RateLimitRule,
+};
 use ratelimit_core::{
     Config, ConfigErrorKind, Descriptor, Limiter, MemoryStore, Request, RequestError, Settings,
 };
-use ratelimit_fuzz::{EPOCH, check_response};
+use ratelimit_fuzz::{EPOCH, check_response_any_algorithm};
 
 fuzz_target!(|data: &[u8]| {
     let text = String::from_utf8_lossy(data);
@@ -88,7 +90,7 @@ fuzz_target!(|data: &[u8]| {
     let store = MemoryStore::new(1024);
     for now in [EPOCH, EPOCH, EPOCH + 1] {
         match limiter.should_rate_limit(&request, &store, now) {
-            Ok(response) => check_response(&request, &response),
+            Ok(response) => check_response_any_algorithm(&request, &response),
             // Names past the limiter's bounds are refused; nothing else may be.
             Err(
                 error @ (RequestError::NoConfiguration
@@ -134,34 +136,15 @@ fn rules(out: &mut String, rules: &[DescriptorRule], indent: usize) -> Option<()
         if let Some(limit) = &rule.rate_limit {
             pad(out, inner);
             out.push_str("rate_limit:\n");
-            pad(out, inner + 2);
-            match limit.limit {
-                Limit::Unlimited => out.push_str("unlimited: true\n"),
-                Limit::Fixed {
-                    window,
-                    requests_per_unit,
-                } => {
-                    let unit = window.unit().as_upper_str().to_lowercase();
-                    writeln!(out, "unit: {unit}").unwrap();
-                    pad(out, inner + 2);
-                    writeln!(out, "requests_per_unit: {requests_per_unit}").unwrap();
-                }
-            }
-            if let Some(name) = &limit.name {
+            limit_block(out, limit, inner + 2);
+        }
+        if !rule.rate_limits.is_empty() {
+            pad(out, inner);
+            out.push_str("rate_limits:\n");
+            for limit in &rule.rate_limits {
                 pad(out, inner + 2);
-                out.push_str("name: ");
-                quote(out, name);
-                out.push('\n');
-            }
-            if !limit.replaces.is_empty() {
-                pad(out, inner + 2);
-                out.push_str("replaces:\n");
-                for name in &limit.replaces {
-                    pad(out, inner + 4);
-                    out.push_str("- name: ");
-                    quote(out, name);
-                    out.push('\n');
-                }
+                out.push_str("-\n");
+                limit_block(out, limit, inner + 4);
             }
         }
         for (flag, on) in [
@@ -188,6 +171,52 @@ fn rules(out: &mut String, rules: &[DescriptorRule], indent: usize) -> Option<()
         }
     }
     Some(())
+}
+
+/// One `rate_limit` block's fields at `indent`.
+fn limit_block(out: &mut String, limit: &RateLimitRule, indent: usize) {
+    pad(out, indent);
+    match limit.limit {
+        Limit::Unlimited => out.push_str("unlimited: true\n"),
+        Limit::Counted {
+            window,
+            requests_per_unit,
+            algorithm,
+        } => {
+            let unit = window.unit().as_upper_str().to_lowercase();
+            writeln!(out, "unit: {unit}").unwrap();
+            pad(out, indent);
+            writeln!(out, "requests_per_unit: {requests_per_unit}").unwrap();
+            if window.multiplier() != 1 {
+                pad(out, indent);
+                writeln!(out, "unit_multiplier: {}", window.multiplier()).unwrap();
+            }
+            if algorithm != Algorithm::FixedWindow {
+                pad(out, indent);
+                writeln!(out, "algorithm: {}", algorithm.as_str()).unwrap();
+            }
+            if let Algorithm::TokenBucket { burst } = algorithm {
+                pad(out, indent);
+                writeln!(out, "burst: {burst}").unwrap();
+            }
+        }
+    }
+    if let Some(name) = &limit.name {
+        pad(out, indent);
+        out.push_str("name: ");
+        quote(out, name);
+        out.push('\n');
+    }
+    if !limit.replaces.is_empty() {
+        pad(out, indent);
+        out.push_str("replaces:\n");
+        for name in &limit.replaces {
+            pad(out, indent + 2);
+            out.push_str("- name: ");
+            quote(out, name);
+            out.push('\n');
+        }
+    }
 }
 
 /// Writes `value` after a `key:` or `-` already written: a scalar on the same line, a

@@ -20,7 +20,8 @@ fuzz_target!(|data: &[u8]| {
     };
     for domain in config.domains() {
         let (again, _) = from_domain(&domain.domain, domain);
-        let reloaded = Config::from_yaml("again", &to_yaml(&again)).expect("loaded rules load again");
+        let reloaded =
+            Config::from_yaml("again", &to_yaml(&again)).expect("loaded rules load again");
         assert_eq!(reloaded.domains(), std::slice::from_ref(domain));
     }
 });

@@ -1,6 +1,6 @@
 //! The plugin configuration (Envoy's `configuration` field, JSON).
 
-use ratelimit_core::{Config, Limiter, Settings};
+use ratelimit_core::{Config, HeaderFormat, Limiter, Settings};
 use serde::Deserialize;
 
 use crate::actions::Action;
@@ -15,12 +15,18 @@ struct Raw {
     descriptors: Vec<Vec<Action>>,
     #[serde(default)]
     response_headers: bool,
+    #[serde(default = "default_headers_format")]
+    response_headers_format: String,
     #[serde(default)]
     failure_mode_deny: bool,
     #[serde(default)]
     global: Option<Global>,
     #[serde(default = "default_shared_slots")]
     shared_slots: u64,
+}
+
+fn default_headers_format() -> String {
+    "ratelimit".into()
 }
 
 fn default_shared_slots() -> u64 {
@@ -53,8 +59,11 @@ pub struct FilterConfig {
     pub limiter: Limiter,
     /// One list of actions per descriptor.
     pub descriptors: Vec<Vec<Action>>,
-    /// Add `RateLimit-*` headers to responses.
+    /// Add the rate-limit headers to responses.
     pub response_headers: bool,
+    /// Which ones: `ratelimit` (`RateLimit-Limit/-Remaining/-Reset`) or
+    /// `ietf-draft-11` (`RateLimit-Policy` and `RateLimit`).
+    pub headers_format: HeaderFormat,
     /// Deny when the decision cannot be made.
     pub failure_mode_deny: bool,
     /// The sidecar tier, when configured.
@@ -76,8 +85,19 @@ impl FilterConfig {
                 raw.domain
             ));
         }
+        let headers_format = HeaderFormat::parse(&raw.response_headers_format).ok_or_else(|| {
+            format!(
+                "plugin configuration: response_headers_format '{}' is not ratelimit or ietf-draft-11",
+                raw.response_headers_format
+            )
+        })?;
+        let settings = Settings {
+            report_policies: headers_format == HeaderFormat::IetfDraft11,
+            ..Settings::default()
+        };
         Ok(FilterConfig {
-            limiter: Limiter::new(&config, Settings::default()),
+            limiter: Limiter::new(&config, settings),
+            headers_format,
             domain: raw.domain,
             descriptors: raw.descriptors,
             response_headers: raw.response_headers,

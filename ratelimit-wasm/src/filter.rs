@@ -10,7 +10,7 @@ use proxy_wasm::hostcalls;
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
 use proxy_wasm::types::{Action, ContextType, LogLevel, MetricType, Status};
 use ratelimit_core::stats::{Deltas, Name, Value};
-use ratelimit_core::{Code, Descriptor, HeaderNames, RateLimitHeaders, Request};
+use ratelimit_core::{Code, Descriptor, Request};
 use ratelimit_proto as proto;
 
 use crate::actions;
@@ -82,7 +82,7 @@ impl RootContext for Root {
         let config = Rc::clone(self.config.as_ref()?);
         Some(Box::new(Filter {
             config,
-            headers: None,
+            headers: Vec::new(),
         }))
     }
 
@@ -93,7 +93,8 @@ impl RootContext for Root {
 
 struct Filter {
     config: Rc<FilterConfig>,
-    headers: Option<RateLimitHeaders>,
+    /// The rate-limit headers for the response, in the configured format.
+    headers: Vec<(String, String)>,
 }
 
 impl Filter {
@@ -187,9 +188,7 @@ impl HttpContext for Filter {
         {
             Ok(response) if response.overall_code == Code::OverLimit => {
                 let mut headers = vec![("x-envoy-ratelimited".to_owned(), "true".to_owned())];
-                if let Some(h) = response.headers {
-                    headers.extend(header_values(h));
-                }
+                headers.extend(response.header_pairs(&config.headers_format));
                 let headers: Vec<(&str, &str)> = headers
                     .iter()
                     .map(|(k, v)| (k.as_str(), v.as_str()))
@@ -198,7 +197,9 @@ impl HttpContext for Filter {
                 Action::Pause
             }
             Ok(response) => {
-                self.headers = response.headers;
+                if config.response_headers {
+                    self.headers = response.header_pairs(&config.headers_format);
+                }
                 match &config.global {
                     Some(global) => self.ask_global(global, &request.descriptors),
                     None => Action::Continue,
@@ -214,19 +215,11 @@ impl HttpContext for Filter {
     }
 
     fn on_http_response_headers(&mut self, _: usize, _: bool) -> Action {
-        if let (true, Some(h)) = (self.config.response_headers, self.headers) {
-            for (name, value) in header_values(h) {
-                self.add_http_response_header(&name, &value);
-            }
+        for (name, value) in std::mem::take(&mut self.headers) {
+            self.add_http_response_header(&name, &value);
         }
         Action::Continue
     }
-}
-
-/// The `RateLimit-*` headers, named and valued by the core (Envoy lowercases names).
-fn header_values(h: RateLimitHeaders) -> [(String, String); 3] {
-    h.pairs(&HeaderNames::default())
-        .map(|(name, value)| (name.to_owned(), value))
 }
 
 /// Envoy's shared data, common to every worker thread of the VM.

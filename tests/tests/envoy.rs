@@ -190,6 +190,68 @@ async fn envoy_enforces_the_sidecars_decisions_and_passes_its_headers() {
     assert_eq!(get(envoy.port, "/slow/b", None).await.status(), 200);
 }
 
+/// The names and parameters of a Structured Field List (RFC 8941) of strings.
+fn sf_list(value: &str) -> Vec<(String, Vec<(String, i64)>)> {
+    let list: sfv::List = sfv::Parser::new(value).parse().unwrap();
+    list.into_iter()
+        .map(|entry| {
+            let sfv::ListEntry::Item(item) = entry else {
+                panic!("an item, not an inner list: {value}")
+            };
+            let params = item
+                .params
+                .iter()
+                .map(|(k, v)| (k.as_str().to_owned(), i64::from(v.as_integer().unwrap())))
+                .collect();
+            (
+                item.bare_item.as_string().unwrap().as_str().to_owned(),
+                params,
+            )
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn envoy_passes_the_draft_11_headers() {
+    let upstream = upstream().await;
+    let sidecar = Server::start_with(Options {
+        files: vec![(
+            "rules.yaml",
+            std::fs::read_to_string(repo().join("envoy/rules.yaml")).unwrap(),
+        )],
+        env: vec![
+            ("LIMIT_RESPONSE_HEADERS_ENABLED", "true".into()),
+            ("LIMIT_RESPONSE_HEADERS_FORMAT", "ietf-draft-11".into()),
+        ],
+        ..Options::default()
+    });
+    let envoy = start_envoy(upstream, sidecar.grpc, false);
+    let policy = |q: i64| {
+        vec![(
+            "edge.user".to_owned(),
+            vec![("q".to_owned(), q), ("w".to_owned(), 60)],
+        )]
+    };
+    for remaining in [2, 1, 0] {
+        let r = get(envoy.port, "/", Some("carol")).await;
+        assert_eq!(r.status(), 200);
+        assert!(!r.headers().contains_key("ratelimit-limit"));
+        assert_eq!(
+            sf_list(r.headers()["ratelimit-policy"].to_str().unwrap()),
+            policy(3)
+        );
+        let current = sf_list(r.headers()["ratelimit"].to_str().unwrap());
+        assert_eq!(current[0].0, "edge.user");
+        assert_eq!(current[0].1[0], ("r".to_owned(), remaining));
+        let reset = current[0].1[1].1;
+        assert!((1..=60).contains(&reset), "t={reset}");
+    }
+    let over = get(envoy.port, "/", Some("carol")).await;
+    assert_eq!(over.status(), 429);
+    let current = sf_list(over.headers()["ratelimit"].to_str().unwrap());
+    assert_eq!(current[0].1[0], ("r".to_owned(), 0));
+}
+
 #[tokio::test]
 async fn envoy_asks_the_sidecar_over_mutual_tls() {
     let pki = tempfile::tempdir().unwrap();

@@ -99,6 +99,53 @@ fn header_descriptors_answer_429_locally_with_headers() {
 }
 
 #[test]
+fn buckets_and_sliding_windows_run_in_the_filter_with_draft_11_headers() {
+    let plugin = plugin();
+    let rules = "domain: edge
+descriptors:
+  - key: user
+    rate_limits:
+      - {name: burst, unit: second, requests_per_unit: 1, algorithm: token_bucket, burst: 2}
+      - {name: minute, unit: minute, requests_per_unit: 4, algorithm: sliding_window}
+";
+    let config = configuration(rules, r#","response_headers_format":"ietf-draft-11""#);
+    let mut worker = plugin.worker(&config).unwrap();
+    let mut send = |time: u64| {
+        plugin.set_time(time);
+        match worker.request(&[("x-user", "dana")], PEER) {
+            Outcome::Passed(headers) => {
+                let value = |name: &str| {
+                    headers
+                        .iter()
+                        .find(|(n, _)| n == name)
+                        .map(|(_, v)| v.clone())
+                };
+                (200, value("ratelimit"), value("ratelimit-policy"))
+            }
+            Outcome::Local(response) => (
+                response.status,
+                response.header("ratelimit").map(str::to_owned),
+                response.header("ratelimit-policy").map(str::to_owned),
+            ),
+        }
+    };
+    let policy = Some(r#""burst";q=1;w=1, "minute";q=4;w=60"#.to_owned());
+    let answer = |status, current: &str| (status, Some(current.to_owned()), policy.clone());
+    assert_eq!(send(T0), answer(200, r#""burst";r=1;t=0"#));
+    assert_eq!(send(T0), answer(200, r#""burst";r=0;t=1"#));
+    assert_eq!(
+        send(T0),
+        answer(429, r#""burst";r=0;t=1"#),
+        "the bucket is empty"
+    );
+    // One token a second later; the sliding window counted the refused hit too.
+    assert_eq!(send(T0 + 1), answer(200, r#""burst";r=0;t=1"#));
+    // 5 of 4 this minute: one more fits once 5 × (time left) / 60 s <= 3 in the next
+    // minute, 24 s into it: 58 + 24 s from now.
+    assert_eq!(send(T0 + 2), answer(429, r#""minute";r=0;t=82"#));
+}
+
+#[test]
 fn address_and_generic_key_descriptors_count_per_peer() {
     let plugin = plugin();
     let mut worker = plugin.worker(&configuration(RULES, "")).unwrap();
