@@ -7,7 +7,10 @@ mod scenarios;
 use std::hint::black_box;
 
 use criterion::{Criterion, criterion_group, criterion_main};
-use scenarios::{NOW, distinct, engine, one_entry, two_entries, wildcard};
+use scenarios::{
+    NOW, distinct, distinct_on, engine, one_entry, one_entry_on, two_entries, two_entries_distinct,
+    wildcard,
+};
 
 fn decisions(c: &mut Criterion) {
     let mut group = c.benchmark_group("decision");
@@ -15,6 +18,8 @@ fn decisions(c: &mut Criterion) {
         ("one_entry", one_entry()),
         ("two_entries", two_entries()),
         ("wildcard", wildcard()),
+        ("token_bucket", one_entry_on("bucket")),
+        ("sliding_window", one_entry_on("sliding")),
     ] {
         let (limiter, store) = engine();
         group.bench_function(name, |b| {
@@ -25,16 +30,21 @@ fn decisions(c: &mut Criterion) {
             })
         });
     }
-    let (limiter, store) = engine();
-    let requests = distinct();
-    let mut next = requests.iter().cycle();
-    group.bench_function("distinct_10000", |b| {
-        b.iter(|| {
-            limiter
-                .should_rate_limit(black_box(next.next().unwrap()), &store, NOW)
-                .unwrap()
-        })
-    });
+    for (name, requests) in [
+        ("distinct_10000", distinct()),
+        ("two_entries_distinct_10000", two_entries_distinct()),
+        ("token_bucket_distinct_10000", distinct_on("bucket")),
+    ] {
+        let (limiter, store) = engine();
+        let mut next = requests.iter().cycle();
+        group.bench_function(name, |b| {
+            b.iter(|| {
+                limiter
+                    .should_rate_limit(black_box(next.next().unwrap()), &store, NOW)
+                    .unwrap()
+            })
+        });
+    }
     group.finish();
 
     let (limiter, _) = engine();

@@ -187,14 +187,25 @@ impl Limiter {
                 None
             };
             let mut counts: SmallVec<[u64; 8]> = SmallVec::new();
-            engine.for_each_counter(&body, request, buffer, |key, hits, span, _| {
+            engine.for_each_counter(&body, request, buffer, |key, hits, span, bound| {
                 let included = increment.as_ref().is_none_or(|inc| inc[counts.len()]);
                 let hits = if included { hits } else { 0 };
-                let count = match span.op {
-                    CounterOp::Add => store.increment(key, hits, span.expires, now),
-                    CounterOp::Read => store.get(key, now),
-                    CounterOp::Gcra(bucket) => store.gcra(key, bucket, hits, now_ms),
+                let (count, used) = match span.op {
+                    CounterOp::Add => {
+                        let count = store.increment(key, hits, span.expires, now);
+                        (count, Some(count))
+                    }
+                    CounterOp::Read => (store.get(key, now), None),
+                    CounterOp::Gcra(bucket) => {
+                        let next = store.gcra(key, bucket, hits, now_ms);
+                        (next, Some(bucket.used(next, now_ms)))
+                    }
                 };
+                if let Some(used) = used {
+                    let bound = u32::try_from(bound).unwrap_or(u32::MAX);
+                    let end = span.start + span.window.seconds();
+                    engine.stats.nearest().observe(key, used, bound, end);
+                }
                 counts.push(count);
             });
             counts

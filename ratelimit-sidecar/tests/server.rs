@@ -566,7 +566,7 @@ fn client_and_config_check_tools() {
     // Every error is listed, not only the first.
     std::fs::write(
         server.config_dir().join("worse.yaml"),
-        "domain: y\ndescriptors:\n  - key: k\n    rate_limits: {}\n",
+        "domain: y\ndescriptors:\n  - key: k\n    rate_limitz: {}\n",
     )
     .unwrap();
     let worse = check(&server.config_dir());
@@ -574,7 +574,7 @@ fn client_and_config_check_tools() {
     assert_eq!(worse.status.code(), Some(1));
     assert!(
         stdout.contains("unknown key 'ratelimit' (line 4, column 5)")
-            && stdout.contains("worse.yaml: descriptors[0].rate_limits: config error, unknown key 'rate_limits' (line 4, column 5)"),
+            && stdout.contains("worse.yaml: descriptors[0].rate_limitz: config error, unknown key 'rate_limitz' (line 4, column 5)"),
         "{stdout}"
     );
 }

@@ -224,10 +224,11 @@ impl Server {
     fn wait_ready(&mut self) -> Result<(), String> {
         let deadline = Instant::now() + Duration::from_secs(20);
         while Instant::now() < deadline {
-            if std::net::TcpStream::connect(("127.0.0.1", self.http)).is_ok()
-                && (self.uds.is_some()
-                    || std::net::TcpStream::connect(("127.0.0.1", self.grpc)).is_ok())
-            {
+            let grpc_ready = match &self.uds {
+                Some(path) => std::os::unix::net::UnixStream::connect(path).is_ok(),
+                None => std::net::TcpStream::connect(("127.0.0.1", self.grpc)).is_ok(),
+            };
+            if std::net::TcpStream::connect(("127.0.0.1", self.http)).is_ok() && grpc_ready {
                 return Ok(());
             }
             let exited = self

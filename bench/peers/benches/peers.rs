@@ -12,7 +12,10 @@ use criterion::{Criterion, criterion_group, criterion_main};
 use governor::{DefaultKeyedRateLimiter, Quota, RateLimiter};
 use limitador::limit::{Context, Expression, Limit, Predicate};
 use ratelimit_core::Request;
-use scenarios::{DISTINCT, NOW, distinct, engine, one_entry, two_entries, wildcard};
+use scenarios::{
+    DISTINCT, NOW, distinct, distinct_on, engine, one_entry, one_entry_on, two_entries,
+    two_entries_distinct, wildcard,
+};
 
 fn governor() -> DefaultKeyedRateLimiter<String> {
     RateLimiter::keyed(Quota::per_minute(NonZeroU32::new(4_000_000_000).unwrap()))
@@ -51,8 +54,7 @@ fn compare(
     name: &str,
     requests: Vec<Request>,
     governor_keys: Option<Vec<String>>,
-    limitador_engine: limitador::RateLimiter,
-    contexts: Vec<Context<'static>>,
+    limitador_engine: Option<(limitador::RateLimiter, Vec<Context<'static>>)>,
 ) {
     let mut group = c.benchmark_group(name);
     let (core, store) = engine();
@@ -70,15 +72,17 @@ fn compare(
             b.iter(|| gov.check_key(black_box(next.next().unwrap())).is_ok())
         });
     }
-    let namespace = "bench".into();
-    let mut next = contexts.iter().cycle();
-    group.bench_function("limitador", |b| {
-        b.iter(|| {
-            limitador_engine
-                .check_rate_limited_and_update(&namespace, black_box(next.next().unwrap()), 1)
-                .unwrap()
-        })
-    });
+    if let Some((limitador_engine, contexts)) = limitador_engine {
+        let namespace = "bench".into();
+        let mut next = contexts.iter().cycle();
+        group.bench_function("limitador", |b| {
+            b.iter(|| {
+                limitador_engine
+                    .check_rate_limited_and_update(&namespace, black_box(next.next().unwrap()), 1)
+                    .unwrap()
+            })
+        });
+    }
     group.finish();
 }
 
@@ -88,19 +92,23 @@ fn workloads(c: &mut Criterion) {
         "one_entry_hot_key",
         vec![one_entry()],
         Some(vec!["alice".into()]),
-        limitador(&["user"]),
-        vec![context(&[("user", "alice".into())])],
+        Some((
+            limitador(&["user"]),
+            vec![context(&[("user", "alice".into())])],
+        )),
     );
     compare(
         c,
         "two_entries_hot_key",
         vec![two_entries()],
         Some(vec!["/api|alice".into()]),
-        limitador(&["route", "user"]),
-        vec![context(&[
-            ("route", "/api".into()),
-            ("user", "alice".into()),
-        ])],
+        Some((
+            limitador(&["route", "user"]),
+            vec![context(&[
+                ("route", "/api".into()),
+                ("user", "alice".into()),
+            ])],
+        )),
     );
     // Governor has no rules, so only limitador (a CEL condition) takes the pattern.
     compare(
@@ -108,8 +116,10 @@ fn workloads(c: &mut Criterion) {
         "wildcard",
         vec![wildcard()],
         None,
-        limitador_when(&["path.startsWith('/api/v1/users/')"], &["path"]),
-        vec![context(&[("path", "/api/v1/users/12345".into())])],
+        Some((
+            limitador_when(&["path.startsWith('/api/v1/users/')"], &["path"]),
+            vec![context(&[("path", "/api/v1/users/12345".into())])],
+        )),
     );
     let keys: Vec<String> = (0..DISTINCT).map(|i| format!("client-{i}")).collect();
     let contexts = keys
@@ -120,9 +130,35 @@ fn workloads(c: &mut Criterion) {
         c,
         "distinct_10000_keys",
         distinct(),
+        Some(keys.clone()),
+        Some((limitador(&["client"]), contexts)),
+    );
+    let route_keys: Vec<String> = keys.iter().map(|k| format!("/api|{k}")).collect();
+    let route_contexts = keys
+        .iter()
+        .map(|k| context(&[("route", "/api".into()), ("user", k.clone())]))
+        .collect();
+    compare(
+        c,
+        "two_entries_10000_keys",
+        two_entries_distinct(),
+        Some(route_keys),
+        Some((limitador(&["route", "user"]), route_contexts)),
+    );
+    // Governor is a keyed GCRA, so these are like for like; limitador has no bucket.
+    compare(
+        c,
+        "token_bucket_hot_key",
+        vec![one_entry_on("bucket")],
+        Some(vec!["alice".into()]),
+        None,
+    );
+    compare(
+        c,
+        "token_bucket_10000_keys",
+        distinct_on("bucket"),
         Some(keys),
-        limitador(&["client"]),
-        contexts,
+        None,
     );
 }
 

@@ -19,6 +19,10 @@ descriptors:
     rate_limit: {unit: minute, requests_per_unit: 4000000000}
   - key: client
     rate_limit: {unit: minute, requests_per_unit: 4000000000}
+  - key: bucket
+    rate_limit: {unit: minute, requests_per_unit: 4000000000, algorithm: token_bucket}
+  - key: sliding
+    rate_limit: {unit: minute, requests_per_unit: 4000000000, algorithm: sliding_window}
 ";
 
 /// A fixed clock: 20 seconds into a minute.
@@ -59,12 +63,38 @@ pub fn wildcard() -> Request {
 
 /// [`DISTINCT`] one-entry requests, each with its own counter.
 pub fn distinct() -> Vec<Request> {
+    distinct_on("client")
+}
+
+/// [`DISTINCT`] one-entry requests on the rule of `key`, each with its own counter.
+pub fn distinct_on(key: &str) -> Vec<Request> {
     (0..DISTINCT)
         .map(|i| {
             Request::new(
                 "bench",
-                vec![Descriptor::new([("client", format!("client-{i}"))])],
+                vec![Descriptor::new([(key, format!("client-{i}"))])],
             )
         })
         .collect()
+}
+
+/// [`DISTINCT`] two-entry requests (one route, many users), each with its own counter.
+pub fn two_entries_distinct() -> Vec<Request> {
+    (0..DISTINCT)
+        .map(|i| {
+            let user = format!("client-{i}");
+            Request::new(
+                "bench",
+                vec![Descriptor::new([
+                    ("route", "/api".to_owned()),
+                    ("user", user),
+                ])],
+            )
+        })
+        .collect()
+}
+
+/// One entry, one hot key, on the rule of `key` (`bucket`, `sliding`).
+pub fn one_entry_on(key: &str) -> Request {
+    Request::new("bench", vec![Descriptor::new([(key, "alice")])])
 }
