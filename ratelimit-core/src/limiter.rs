@@ -171,10 +171,29 @@ impl Limiter {
     where
         S: CounterStore + ?Sized,
     {
+        self.should_rate_limit_shared(request, store, now_ms, 1)
+    }
+
+    /// Decides `request` as one of `deciders` that share every limit, each allowing its
+    /// share (`requests_per_unit / deciders`, rounded up), against counters of its own in
+    /// `store`: a server's fallback while the store its fleet shares is unavailable.
+    pub fn should_rate_limit_shared<S>(
+        &self,
+        request: &Request,
+        store: &S,
+        now_ms: u64,
+        deciders: u32,
+    ) -> Result<Response, RequestError>
+    where
+        S: CounterStore + ?Sized,
+    {
         let guard = self.engine.load();
         let engine = guard.as_ref().ok_or(RequestError::NoConfiguration)?;
         check(request, &self.settings.bounds)?;
-        let body = engine.match_request(request, now_ms, false);
+        let mut body = engine.match_request(request, now_ms, false);
+        if deciders > 1 {
+            body.share_among(deciders);
+        }
         let now = now_ms / 1_000;
         let counts = KEY_BUFFER.with_borrow_mut(|buffer| {
             let increment = if engine.settings.stop_cache_key_increment_when_overlimit {

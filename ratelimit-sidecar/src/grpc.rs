@@ -89,6 +89,7 @@ fn status(error: &ServiceError) -> Status {
         ServiceError::Request(e) => Status::unknown(e.to_string()),
         ServiceError::Backend(e @ BackendError::Key(_)) => Status::invalid_argument(e.to_string()),
         ServiceError::Backend(e) => Status::unavailable(e.to_string()),
+        ServiceError::Overloaded(e) => Status::resource_exhausted(e.to_string()),
     }
 }
 

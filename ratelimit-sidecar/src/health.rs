@@ -56,8 +56,9 @@ impl Health {
 
     /// Whether the counter store is reachable.
     pub async fn set_backend(&self, healthy: bool) {
-        self.backend.store(healthy, Ordering::Release);
-        self.publish().await;
+        if self.backend.swap(healthy, Ordering::AcqRel) != healthy {
+            self.publish().await;
+        }
     }
 
     /// SIGTERM arrived: unhealthy from now on.

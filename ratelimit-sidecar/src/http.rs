@@ -61,6 +61,10 @@ async fn json(service: &Service, body: &[u8], headers: &HeaderMap) -> Response {
             StatusCode::INTERNAL_SERVER_ERROR,
             format!("Internal Server Error: {e}\n"),
         ),
+        Err(ServiceError::Overloaded(e)) => text(
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("Service Unavailable: {e}\n"),
+        ),
         Err(e) => text(StatusCode::BAD_REQUEST, format!("Bad Request: {e}\n")),
     }
 }

@@ -15,6 +15,7 @@ pub mod json;
 pub mod listeners;
 pub mod logging;
 pub mod metadata;
+pub mod outage;
 pub mod provider;
 pub mod runner;
 pub mod serve;

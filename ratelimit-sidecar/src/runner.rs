@@ -5,6 +5,7 @@ use std::sync::Arc;
 use notify::RecommendedWatcher;
 use ratelimit_core::{HeaderFormat, HeaderNames, Limiter};
 
+use crate::outage::Outage;
 use crate::settings::HeadersFormat;
 use tokio::signal::unix::{SignalKind, signal};
 use tokio::sync::{mpsc, oneshot, watch};
@@ -64,7 +65,7 @@ pub async fn run(settings: Settings) -> Result<(), StartError> {
     let limiter = Limiter::without_config(settings.core());
     let backend = backend::open(&settings, &pool, limiter.stats()).await?;
     let traces = Traces::start(&settings.tracing).map_err(StartError::Traces)?;
-    let (service, health) = service(&settings, limiter, backend, traces).await;
+    let (service, health) = service(&settings, limiter, backend, traces, pool.workers()).await;
     let _watcher = match settings.config.config_type {
         ConfigType::File => load_rules(&settings, &service).await,
         ConfigType::GrpcXdsSotw => {
@@ -72,10 +73,9 @@ pub async fn run(settings: Settings) -> Result<(), StartError> {
             None
         }
     };
-    if matches!(service.backend, Backend::Remote(_))
-        && settings.redis.redis_health_check_active_connection
-    {
-        tokio::spawn(watch_backend(Arc::clone(&service)));
+    if matches!(service.backend, Backend::Remote(_)) {
+        let ping = settings.redis.redis_health_check_active_connection;
+        tokio::spawn(watch_backend(Arc::clone(&service), ping));
     }
 
     let server = &settings.server;
@@ -180,6 +180,7 @@ async fn service(
     limiter: Limiter,
     backend: Backend,
     traces: Option<Traces>,
+    workers: usize,
 ) -> (Arc<Service>, HealthServer<HealthService>) {
     let headers = settings.limiter.limit_response_headers_enabled.then(|| {
         match settings.limiter.limit_response_headers_format {
@@ -200,6 +201,16 @@ async fn service(
         settings.config.healthy_with_at_least_one_config_loaded,
         reporter,
     );
+    let max_inflight = match settings.outage.max_inflight_requests {
+        0 => 1_024 * workers,
+        n => n,
+    };
+    tracing::warn!(
+        max_inflight,
+        failure_mode = ?settings.outage.backend_failure_mode,
+        "requests beyond MAX_INFLIGHT_REQUESTS are refused at once"
+    );
+    let outage = Outage::new(&settings.outage, max_inflight, limiter.stats());
     let service = Service::new(
         limiter,
         backend,
@@ -207,6 +218,7 @@ async fn service(
         headers,
         settings.limiter.response_dynamic_metadata,
         traces,
+        outage,
     );
     (Arc::new(service), health_server)
 }
@@ -257,15 +269,24 @@ async fn follow_xds(settings: &Settings, service: &Arc<Service>) -> Result<(), S
     Ok(())
 }
 
-/// Backend health follows whether the remote store answers, checked every second.
-async fn watch_backend(service: Arc<Service>) {
+/// Backend health follows the circuit breaker (checked four times a second) and, with
+/// `ping`, whether the remote store answers a ping (every second).
+async fn watch_backend(service: Arc<Service>, ping: bool) {
     let Backend::Remote(remote) = &service.backend else {
         return;
     };
+    let mut alive = true;
+    let mut pinged: Option<std::time::Instant> = None;
     loop {
-        let alive = remote.ping().await;
-        service.health.set_backend(alive).await;
-        tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+        if ping && pinged.is_none_or(|at| at.elapsed() >= std::time::Duration::from_secs(1)) {
+            alive = remote.ping().await;
+            pinged = Some(std::time::Instant::now());
+        }
+        service
+            .health
+            .set_backend(alive && !remote.breaker_open())
+            .await;
+        tokio::time::sleep(std::time::Duration::from_millis(250)).await;
     }
 }
 

@@ -1,7 +1,7 @@
 //! The decision service shared by the gRPC and HTTP front ends.
 
 use std::sync::Arc;
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use http::HeaderMap;
@@ -12,6 +12,7 @@ use ratelimit_proto::envoy::{InvalidRequest, request_from_pb, response_to_pb};
 use crate::backend::{Backend, BackendError};
 use crate::health::Health;
 use crate::metadata::dynamic_metadata;
+use crate::outage::{Outage, Overloaded};
 use crate::traces::{self, RequestSpan, Traces};
 
 /// Why a request got no decision.
@@ -26,6 +27,9 @@ pub enum ServiceError {
     /// The counter store failed or did not answer in time.
     #[error("{0}")]
     Backend(#[from] BackendError),
+    /// MAX_INFLIGHT_REQUESTS requests are being decided.
+    #[error("{0}")]
+    Overloaded(#[from] Overloaded),
 }
 
 /// What the last configuration load did.
@@ -62,6 +66,8 @@ pub struct Service {
     pub last_load: std::sync::Mutex<Option<LoadResult>>,
     /// The span exporter, when TRACING_ENABLED.
     pub traces: Option<Traces>,
+    /// The answer while the store is unavailable, and the bound on work in flight.
+    pub outage: Outage,
     response_time: Arc<Timer>,
     total_requests: Arc<Counter>,
     service_errors: Arc<Counter>,
@@ -76,6 +82,7 @@ impl Service {
         headers: Option<HeaderFormat>,
         dynamic_metadata: bool,
         traces: Option<Traces>,
+        outage: Outage,
     ) -> Service {
         let stats = limiter.stats();
         Service {
@@ -89,6 +96,7 @@ impl Service {
             dynamic_metadata,
             last_load: std::sync::Mutex::new(None),
             traces,
+            outage,
         }
     }
 
@@ -124,11 +132,14 @@ impl Service {
         request: RateLimitRequest,
         headers: &HeaderMap,
     ) -> Result<RateLimitResponse, ServiceError> {
+        let _place = self.outage.enter()?;
         let span = self
             .traces
             .as_ref()
             .map(|traces| traces.request(span, headers, &request));
-        let result = self.decide(request, span.as_ref()).await;
+        let result = self
+            .decide(request, span.as_ref(), grpc_timeout(headers))
+            .await;
         if matches!(
             result,
             Err(ServiceError::Invalid(_) | ServiceError::Request(_))
@@ -145,6 +156,7 @@ impl Service {
         &self,
         request: RateLimitRequest,
         span: Option<&RequestSpan>,
+        caller_deadline: Option<Duration>,
     ) -> Result<RateLimitResponse, ServiceError> {
         let request = request_from_pb(request)?;
         let now_ms = unix_now_ms();
@@ -160,9 +172,15 @@ impl Service {
             Backend::Remote(remote) => {
                 let mut plan = self.limiter.plan_millis(&request, now_ms)?;
                 let counters = Some(plan.increments().len());
-                let counts =
-                    traces::backend(span, backend, counters, remote.run(&mut plan)).await?;
-                plan.decide(&counts)
+                let run = remote.run(&mut plan, caller_deadline);
+                match traces::backend(span, backend, counters, run).await {
+                    Ok(counts) => {
+                        self.outage.recovered();
+                        plan.decide(&counts)
+                    }
+                    Err(error @ BackendError::Key(_)) => return Err(error.into()),
+                    Err(error) => self.outage.answer(&self.limiter, &request, now_ms, error)?,
+                }
             }
         };
         let mut answer = response_to_pb(&response, self.headers.as_ref());
@@ -195,6 +213,22 @@ impl Service {
         let answer = explanation.answer(&current);
         Ok((explanation, current, answer))
     }
+}
+
+/// The caller's deadline from gRPC's `grpc-timeout` header (`100m`, `2S`, ...).
+fn grpc_timeout(headers: &HeaderMap) -> Option<Duration> {
+    let value = headers.get("grpc-timeout")?.to_str().ok()?;
+    let (amount, unit) = value.split_at(value.len().checked_sub(1)?);
+    let amount: u64 = amount.parse().ok()?;
+    Some(match unit {
+        "H" => Duration::from_secs(amount.saturating_mul(3_600)),
+        "M" => Duration::from_secs(amount.saturating_mul(60)),
+        "S" => Duration::from_secs(amount),
+        "m" => Duration::from_millis(amount),
+        "u" => Duration::from_micros(amount),
+        "n" => Duration::from_nanos(amount),
+        _ => return None,
+    })
 }
 
 /// The current unix time in seconds.

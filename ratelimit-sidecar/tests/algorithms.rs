@@ -130,6 +130,6 @@ async fn memory_wasm_slots_redis_and_memcached_agree() {
 
 async fn through(limiter: &Limiter, remote: &Remote, request: &Request, now_ms: u64) -> Response {
     let mut plan = limiter.plan_millis(request, now_ms).unwrap();
-    let counts = remote.run(&mut plan).await.unwrap();
+    let counts = remote.run(&mut plan, None).await.unwrap();
     plan.decide(&counts)
 }

@@ -283,9 +283,7 @@ impl Server {
     }
 
     pub async fn client(&self) -> RateLimitServiceClient<Channel> {
-        RateLimitServiceClient::connect(format!("http://127.0.0.1:{}", self.grpc))
-            .await
-            .unwrap()
+        client_on(self.grpc).await
     }
 
     /// A client on a new connection to the unix socket (`Options::uds`).
@@ -361,6 +359,13 @@ pub fn request(domain: &str, descriptors: &[&[(&str, &str)]]) -> RateLimitReques
             .collect(),
         hits_addend: 0,
     }
+}
+
+/// A client on a new connection to the gRPC port `port` on loopback.
+pub async fn client_on(port: u16) -> RateLimitServiceClient<Channel> {
+    RateLimitServiceClient::connect(format!("http://127.0.0.1:{port}"))
+        .await
+        .unwrap()
 }
 
 /// The `requests_per_unit` of the limit applied to a one-descriptor request, if any.
@@ -461,6 +466,31 @@ impl Redis {
         let _ = self.child.wait();
     }
 
+    /// Freezes the server (SIGSTOP): connections stay open and nothing answers.
+    pub fn freeze(&self) {
+        self.signal("-STOP");
+    }
+
+    /// Lets a frozen server run again (SIGCONT).
+    pub fn thaw(&self) {
+        self.signal("-CONT");
+    }
+
+    /// A frozen server cannot be killed until it runs again.
+    fn signal_quietly(&self) {
+        let _ = Command::new("kill")
+            .args(["-CONT", &self.child.id().to_string()])
+            .status();
+    }
+
+    fn signal(&self, signal: &str) {
+        let status = Command::new("kill")
+            .args([signal, &self.child.id().to_string()])
+            .status()
+            .expect("kill runs");
+        assert!(status.success(), "kill {signal} redis-server");
+    }
+
     /// Starts it again on the same port with the same arguments.
     pub fn restart(&mut self) {
         self.kill();
@@ -488,6 +518,7 @@ impl Redis {
 
 impl Drop for Redis {
     fn drop(&mut self) {
+        self.signal_quietly();
         self.kill();
     }
 }

@@ -11,6 +11,15 @@ use crate::local_cache::OverLimitCache;
 use crate::response::{Code, DescriptorStatus, RateLimitHeaders, Response};
 
 impl PlanBody {
+    /// Every limit of the plan is shared among `deciders`.
+    pub(crate) fn share_among(&mut self, deciders: u32) {
+        for item in &mut self.items {
+            if let Item::Limited(limited) = item {
+                limited.divisor = deciders.max(1);
+            }
+        }
+    }
+
     /// With `STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT`: given each counter's current
     /// value, which counters to increment. `None` means all: no descriptor would go over.
     /// Otherwise only the ones that would go over are incremented, as upstream does.

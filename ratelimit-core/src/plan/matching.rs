@@ -35,6 +35,7 @@ impl Engine {
                 source,
                 descriptor: index,
                 follows: false,
+                divisor: 1,
                 addend: descriptor.hits_addend.unwrap_or(default_addend),
                 stats,
                 increment: 0,
@@ -189,6 +190,14 @@ impl Engine {
     }
 
     pub(super) fn applied<'a>(&'a self, limited: &'a Limited) -> Applied<'a> {
+        let applied = self.applied_whole(limited);
+        match limited.divisor {
+            1 => applied,
+            n => applied.divided(n),
+        }
+    }
+
+    fn applied_whole<'a>(&'a self, limited: &'a Limited) -> Applied<'a> {
         let global_quota = self.settings.quota_mode;
         match limited.source {
             Source::Override(limit) => Applied {

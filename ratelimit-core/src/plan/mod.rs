@@ -22,6 +22,7 @@ use smallvec::SmallVec;
 
 use crate::counting::{CounterOp, Counting};
 use crate::engine::Engine;
+use crate::gcra::Bucket;
 use crate::request::LimitOverride;
 use crate::response::{Code, CurrentLimit, DescriptorStatus, Response};
 use crate::rules::NodeId;
@@ -144,6 +145,8 @@ struct Limited {
     descriptor: usize,
     /// Another limit of the same descriptor comes before it (`rate_limits`).
     follows: bool,
+    /// Each of this many deciders allows its share of the limit (1: all of it).
+    divisor: u32,
     addend: u64,
     /// Statistics whose key depends on the request; otherwise the node's own.
     stats: Option<Arc<RuleStats>>,
@@ -177,6 +180,25 @@ struct Applied<'a> {
 }
 
 impl Applied<'_> {
+    /// This limit shared among `n` deciders: each allows `requests_per_unit / n` and, for
+    /// a bucket, `burst / n`, rounded up so that no share of a limit above 0 becomes 0.
+    fn divided(mut self, n: u32) -> Self {
+        let share = |value: u32| value.div_ceil(n);
+        self.requests_per_unit = share(self.requests_per_unit);
+        self.counting = match self.counting {
+            Counting::TokenBucket(bucket, window) => {
+                let burst = share(bucket.burst);
+                self.bound = u64::from(burst);
+                Counting::TokenBucket(Bucket::new(window, self.requests_per_unit, burst), window)
+            }
+            other => {
+                self.bound = u64::from(self.requests_per_unit);
+                other
+            }
+        };
+        self
+    }
+
     /// The status of a descriptor this limit applied to.
     pub(super) fn status(&self, code: Code, remaining: u32, reset: u64) -> DescriptorStatus {
         DescriptorStatus {

@@ -6,6 +6,7 @@
 //! current-counts step of STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT (whose rule the core
 //! owns: [`Plan::needs_current_counts`] and [`Plan::apply_current`]).
 
+pub mod breaker;
 pub mod memcache;
 pub mod redis;
 
@@ -16,6 +17,7 @@ use futures_util::future::BoxFuture;
 use ratelimit_core::stats::{Counter, StatsRegistry, names};
 use ratelimit_core::{Increment, MemoryStore, MemoryUsage, Plan};
 
+use self::breaker::Breaker;
 use crate::settings::{BackendType, Settings};
 use crate::workers::{PerWorker, Pool};
 
@@ -91,6 +93,7 @@ pub async fn open(
                 per_second,
                 (settings.redis.redis_timeout, "REDIS_TIMEOUT"),
                 stats.counter(names::REDIS_ERROR),
+                breaker("redis", settings, stats),
             )))
         }
         BackendType::Memcache => {
@@ -107,9 +110,19 @@ pub async fn open(
                 None,
                 (settings.memcache.memcache_timeout, "MEMCACHE_TIMEOUT"),
                 stats.counter(names::MEMCACHE_ERROR),
+                breaker("memcache", settings, stats),
             )))
         }
     }
+}
+
+fn breaker(name: &'static str, settings: &Settings, stats: &StatsRegistry) -> Breaker {
+    Breaker::new(
+        name,
+        settings.outage.backend_breaker_failures,
+        settings.outage.backend_breaker_open_duration,
+        stats,
+    )
 }
 
 /// Where counters live.
@@ -142,18 +155,21 @@ pub struct Remote {
     /// The setting that names `deadline`, for the error.
     deadline_setting: &'static str,
     errors: Arc<Counter>,
+    breaker: Breaker,
 }
 
 impl Remote {
     /// Counters in `main`, except those of `second` limits, which go to `per_second`
     /// when there is one. Every call gets at most `deadline` (named by the setting
-    /// `deadline_setting`); `errors` counts the calls that fail.
+    /// `deadline_setting`); `errors` counts the calls that fail, and `breaker` keeps
+    /// calls from the store while it keeps failing.
     pub fn new(
         name: &'static str,
         main: PerWorkerStore,
         per_second: Option<PerWorkerStore>,
         deadline: (Duration, &'static str),
         errors: Arc<Counter>,
+        breaker: Breaker,
     ) -> Remote {
         Remote {
             name,
@@ -162,16 +178,43 @@ impl Remote {
             deadline: deadline.0,
             deadline_setting: deadline.1,
             errors,
+            breaker,
         }
     }
 
-    /// Runs the plan's counters and returns their totals, in plan order.
-    pub async fn run(&self, plan: &mut Plan) -> Result<Vec<u64>, BackendError> {
-        let result = self.within_deadline(self.exchange(plan)).await;
+    /// Runs the plan's counters and returns their totals, in plan order, within the
+    /// store's deadline or `caller_deadline` when that is shorter. While the breaker is
+    /// open, nothing is sent and the answer is `Unavailable` at once.
+    pub async fn run(
+        &self,
+        plan: &mut Plan,
+        caller_deadline: Option<Duration>,
+    ) -> Result<Vec<u64>, BackendError> {
+        let Some(pass) = self.breaker.admit() else {
+            return Err(BackendError::Unavailable(format!(
+                "{} circuit breaker is open after repeated failures",
+                self.name
+            )));
+        };
+        // A tenth of the caller's time is kept for answering (the failure mode's answer
+        // must reach it before it gives up).
+        let deadline = caller_deadline.map_or(self.deadline, |d| (d - d / 10).min(self.deadline));
+        let result = self.within(deadline, self.exchange(plan)).await;
+        // A key the store refuses is the request's fault, not the store's.
+        let failed = matches!(
+            result,
+            Err(BackendError::Unavailable(_) | BackendError::Settings(_))
+        );
+        self.breaker.record(pass, !failed);
         if result.is_err() {
             self.errors.add(1);
         }
         result
+    }
+
+    /// Whether the breaker keeps calls from the store.
+    pub fn breaker_open(&self) -> bool {
+        self.breaker.is_open()
     }
 
     /// The counters' current totals, in order, without adding to them (an explanation).
@@ -185,12 +228,24 @@ impl Remote {
         &self,
         call: impl Future<Output = Result<Vec<u64>, BackendError>>,
     ) -> Result<Vec<u64>, BackendError> {
-        tokio::time::timeout(self.deadline, call)
+        self.within(self.deadline, call).await
+    }
+
+    async fn within(
+        &self,
+        deadline: Duration,
+        call: impl Future<Output = Result<Vec<u64>, BackendError>>,
+    ) -> Result<Vec<u64>, BackendError> {
+        tokio::time::timeout(deadline, call)
             .await
             .unwrap_or_else(|_| {
+                let whose = if deadline < self.deadline {
+                    "the caller's grpc-timeout".to_owned()
+                } else {
+                    self.deadline_setting.to_owned()
+                };
                 Err(BackendError::Unavailable(format!(
-                    "no answer within {} ({:?})",
-                    self.deadline_setting, self.deadline
+                    "no answer within {whose} ({deadline:?})"
                 )))
             })
     }

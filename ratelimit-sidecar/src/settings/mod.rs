@@ -7,6 +7,7 @@
 mod config;
 mod limiter;
 mod memcache;
+mod outage;
 mod redis;
 mod server;
 mod stats;
@@ -21,6 +22,7 @@ use clap::{CommandFactory, FromArgMatches, Parser};
 pub use self::config::{ConfigSettings, ConfigType};
 pub use self::limiter::{BackendType, HeadersFormat, LimiterSettings};
 pub use self::memcache::MemcacheSettings;
+pub use self::outage::{FailureMode, OutageSettings};
 pub use self::redis::{RedisSettings, RedisType};
 pub use self::server::{LogFormat, ServerSettings};
 pub use self::stats::{Outputs, StatsSettings};
@@ -50,6 +52,8 @@ pub struct Settings {
     pub redis: RedisSettings,
     #[command(flatten, next_help_heading = "memcached backend")]
     pub memcache: MemcacheSettings,
+    #[command(flatten, next_help_heading = "Backend outages")]
+    pub outage: OutageSettings,
     #[command(flatten, next_help_heading = "Bounds")]
     pub bounds: BoundsSettings,
     #[command(flatten, next_help_heading = "Statistics")]

@@ -1,0 +1,109 @@
+//! What the service answers while its remote store is unavailable
+//! (`BACKEND_FAILURE_MODE`), and the bound on requests decided at once
+//! (`MAX_INFLIGHT_REQUESTS`).
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use arc_swap::ArcSwap;
+use ratelimit_core::stats::{Counter, StatsRegistry};
+use ratelimit_core::{Code, DescriptorStatus, Limiter, MemoryStore, Request, Response};
+use tokio::sync::{Semaphore, SemaphorePermit};
+
+use crate::backend::BackendError;
+use crate::settings::{FailureMode, OutageSettings};
+
+/// Statistic of requests answered OK because the store was unavailable (`allow`).
+pub const FALLBACK_ALLOWED: &str = "ratelimit.service.backend_fallback_allowed";
+/// Statistic of requests decided in process because the store was unavailable (`local`).
+pub const FALLBACK_LOCAL: &str = "ratelimit.service.backend_fallback_local";
+/// Statistic of requests refused because MAX_INFLIGHT_REQUESTS were being decided.
+pub const INFLIGHT_REJECTED: &str = "ratelimit.service.inflight_rejected";
+
+/// Counters of the `local` fallback: at most this many (a bounded store).
+const LOCAL_COUNTERS: usize = 1 << 16;
+
+/// The failure mode and the bound on work in flight.
+#[derive(Debug)]
+pub struct Outage {
+    mode: FailureMode,
+    replicas: u32,
+    /// The `local` mode's counters, replaced by an empty store once the remote one
+    /// answers again.
+    local: ArcSwap<MemoryStore>,
+    local_used: AtomicBool,
+    allowed: Arc<Counter>,
+    decided_locally: Arc<Counter>,
+    inflight: Semaphore,
+    max_inflight: usize,
+    rejected: Arc<Counter>,
+}
+
+/// Why a request was not decided.
+#[derive(Debug, thiserror::Error)]
+#[error("{0} requests are being decided (MAX_INFLIGHT_REQUESTS); try again")]
+pub struct Overloaded(pub usize);
+
+impl Outage {
+    /// From the settings; `max_inflight` is MAX_INFLIGHT_REQUESTS resolved (never 0).
+    pub fn new(settings: &OutageSettings, max_inflight: usize, stats: &StatsRegistry) -> Outage {
+        Outage {
+            mode: settings.backend_failure_mode,
+            replicas: settings.backend_fallback_replicas,
+            local: ArcSwap::from_pointee(MemoryStore::new(LOCAL_COUNTERS)),
+            local_used: AtomicBool::new(false),
+            allowed: stats.counter(FALLBACK_ALLOWED),
+            decided_locally: stats.counter(FALLBACK_LOCAL),
+            inflight: Semaphore::new(max_inflight.max(1)),
+            max_inflight: max_inflight.max(1),
+            rejected: stats.counter(INFLIGHT_REJECTED),
+        }
+    }
+
+    /// A place among the requests being decided, or `Overloaded` at once.
+    pub fn enter(&self) -> Result<SemaphorePermit<'_>, Overloaded> {
+        self.inflight.try_acquire().map_err(|_| {
+            self.rejected.add(1);
+            Overloaded(self.max_inflight)
+        })
+    }
+
+    /// The answer to `request` when the store failed with `error`.
+    pub fn answer(
+        &self,
+        limiter: &Limiter,
+        request: &Request,
+        now_ms: u64,
+        error: BackendError,
+    ) -> Result<Response, BackendError> {
+        match self.mode {
+            FailureMode::Error => Err(error),
+            FailureMode::Allow => {
+                self.allowed.add(1);
+                Ok(Response {
+                    overall_code: Code::Ok,
+                    statuses: vec![DescriptorStatus::NO_LIMIT; request.descriptors.len()],
+                    headers: None,
+                    policies: Vec::new(),
+                })
+            }
+            FailureMode::Local => {
+                self.decided_locally.add(1);
+                self.local_used.store(true, Ordering::Release);
+                let store = self.local.load();
+                limiter
+                    .should_rate_limit_shared(request, &**store, now_ms, self.replicas)
+                    .map_err(|e| BackendError::Unavailable(e.to_string()))
+            }
+        }
+    }
+
+    /// The store answered: counts made locally during an outage are dropped.
+    pub fn recovered(&self) {
+        if self.local_used.load(Ordering::Acquire) && self.local_used.swap(false, Ordering::AcqRel)
+        {
+            self.local.store(Arc::new(MemoryStore::new(LOCAL_COUNTERS)));
+            tracing::warn!("the backend answers again: local fallback counts dropped");
+        }
+    }
+}

@@ -1,0 +1,242 @@
+//! Surviving a Redis outage: the circuit breaker, the failure modes, the caller's
+//! deadline, the bound on work in flight and health, against a real redis-server that
+//! the tests freeze (SIGSTOP), thaw, kill and restart.
+
+use std::time::{Duration, Instant};
+
+use ratelimit_tests::sidecar as support;
+use support::{Options, Redis, Server, redis_env, request};
+use tonic::Code as GrpcCode;
+
+const OK: i32 = 1;
+const OVER: i32 = 2;
+const RULES: &str =
+    "domain: o\ndescriptors: [{key: user, rate_limit: {unit: hour, requests_per_unit: 10}}]\n";
+
+fn start(redis: &Redis, extra: &[(&'static str, &str)]) -> Server {
+    let mut env = redis_env(redis.port);
+    env.extend([
+        ("REDIS_TIMEOUT", "3s".to_owned()),
+        ("BACKEND_BREAKER_FAILURES", "2".to_owned()),
+        ("BACKEND_BREAKER_OPEN_DURATION", "1s".to_owned()),
+        ("REDIS_POOL_SIZE", "1".to_owned()),
+        ("GRPC_WORKERS", "1".to_owned()),
+    ]);
+    env.extend(extra.iter().map(|(k, v)| (*k, (*v).to_owned())));
+    Server::start_with(Options {
+        files: vec![("rules.yaml", RULES.to_owned())],
+        env,
+        ..Options::default()
+    })
+}
+
+/// One call: its gRPC code (or the decision's code) and how long it took.
+async fn call(server: &Server, user: &str) -> (Result<i32, GrpcCode>, Duration) {
+    let mut client = server.client().await;
+    let started = Instant::now();
+    let answer = client
+        .should_rate_limit(request("o", &[&[("user", user)]]))
+        .await
+        .map(|r| r.into_inner().overall_code)
+        .map_err(|status| status.code());
+    (answer, started.elapsed())
+}
+
+/// Calls until the breaker has opened (an answer that did not wait for REDIS_TIMEOUT
+/// after answers that did); returns how many calls that took.
+async fn until_open(server: &Server, user: &str) -> usize {
+    for calls in 1..=10 {
+        let (_, took) = call(server, user).await;
+        if took < Duration::from_secs(1) && calls > 1 {
+            return calls;
+        }
+    }
+    panic!("the breaker never opened: {}", server.log());
+}
+
+async fn healthy(server: &Server) -> bool {
+    reqwest::get(server.http_url("/healthcheck"))
+        .await
+        .unwrap()
+        .status()
+        .is_success()
+}
+
+#[tokio::test]
+async fn error_mode_answers_unavailable_at_once_while_the_breaker_is_open() {
+    let redis = Redis::start(&[]);
+    let server = start(&redis, &[]);
+    assert_eq!(call(&server, "a").await.0, Ok(OK));
+    assert!(healthy(&server).await);
+    redis.freeze();
+    // Two calls wait for REDIS_TIMEOUT and fail; then the breaker is open.
+    assert_eq!(until_open(&server, "a").await, 3);
+    for _ in 0..20 {
+        let (answer, took) = call(&server, "a").await;
+        assert_eq!(answer, Err(GrpcCode::Unavailable));
+        assert!(took < Duration::from_millis(500), "{took:?}");
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!healthy(&server).await, "health follows the breaker");
+    assert_eq!(server.stat("ratelimit.redis.breaker_opened").await, Some(1));
+    redis.thaw();
+    // Within the open period plus one probe, Redis decides again and counts resume.
+    // (The two calls that timed out were sent: Redis runs them when it is thawed.)
+    tokio::time::sleep(Duration::from_millis(1_100)).await;
+    let keys = redis.keys();
+    let before: u64 = redis.cli(&["GET", &keys[0]]).parse().unwrap();
+    assert_eq!(call(&server, "a").await.0, Ok(OK));
+    assert_eq!(call(&server, "a").await.0, Ok(OK));
+    let after: u64 = redis.cli(&["GET", &keys[0]]).parse().unwrap();
+    assert_eq!(after, before + 2, "{keys:?}");
+    assert_eq!(server.stat("ratelimit.redis.breaker_closed").await, Some(1));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(healthy(&server).await);
+}
+
+#[tokio::test]
+async fn allow_mode_answers_ok_and_counts_it() {
+    let redis = Redis::start(&[]);
+    let server = start(&redis, &[("BACKEND_FAILURE_MODE", "allow")]);
+    redis.freeze();
+    until_open(&server, "b").await;
+    for _ in 0..15 {
+        let (answer, took) = call(&server, "b").await;
+        assert_eq!(answer, Ok(OK), "over the limit of 10, but allowed");
+        assert!(took < Duration::from_millis(500), "{took:?}");
+    }
+    assert!(
+        server
+            .stat("ratelimit.service.backend_fallback_allowed")
+            .await
+            .unwrap()
+            >= 15
+    );
+}
+
+#[tokio::test]
+async fn local_mode_holds_each_replica_to_its_share_and_drops_it_on_recovery() {
+    let mut redis = Redis::start(&[]);
+    let server = start(
+        &redis,
+        &[
+            ("BACKEND_FAILURE_MODE", "local"),
+            ("BACKEND_FALLBACK_REPLICAS", "2"),
+        ],
+    );
+    // Killed, not frozen: connections are refused at once.
+    redis.kill();
+    let mut codes = Vec::new();
+    for _ in 0..8 {
+        let (answer, took) = call(&server, "c").await;
+        assert!(took < Duration::from_secs(1), "{took:?}");
+        codes.push(answer.unwrap());
+    }
+    assert_eq!(
+        codes,
+        [OK, OK, OK, OK, OK, OVER, OVER, OVER],
+        "10 / 2 replicas = 5"
+    );
+    let mut client = server.client().await;
+    let over = client
+        .should_rate_limit(request("o", &[&[("user", "c")]]))
+        .await
+        .unwrap()
+        .into_inner();
+    let limit = over.statuses[0].current_limit.as_ref().unwrap();
+    assert_eq!(
+        limit.requests_per_unit, 5,
+        "the answer carries the local decision"
+    );
+    assert!(
+        server
+            .stat("ratelimit.service.backend_fallback_local")
+            .await
+            .unwrap()
+            >= 9
+    );
+    redis.restart();
+    tokio::time::sleep(Duration::from_millis(1_100)).await;
+    // Redis decides again from its own count, which the outage never reached.
+    let mut after = Vec::new();
+    for _ in 0..3 {
+        after.push(call(&server, "c").await.0.unwrap());
+    }
+    assert_eq!(after, [OK, OK, OK], "{}", server.log());
+    assert_eq!(redis.cli(&["GET", &redis.keys()[0]]), "3");
+}
+
+#[tokio::test]
+async fn the_callers_deadline_bounds_the_backend_call() {
+    let redis = Redis::start(&[]);
+    let server = start(
+        &redis,
+        &[
+            ("BACKEND_FAILURE_MODE", "allow"),
+            ("BACKEND_BREAKER_FAILURES", "100"),
+        ],
+    );
+    redis.freeze();
+    let mut client = server.client().await;
+    let mut asked = tonic::Request::new(request("o", &[&[("user", "d")]]));
+    asked.set_timeout(Duration::from_millis(400));
+    let started = Instant::now();
+    let answer = client.should_rate_limit(asked).await;
+    let took = started.elapsed();
+    assert_eq!(
+        answer
+            .map(|r| r.into_inner().overall_code)
+            .map_err(|s| s.code()),
+        Ok(OK)
+    );
+    assert!(
+        took < Duration::from_secs(2),
+        "REDIS_TIMEOUT is 3 s: {took:?}"
+    );
+}
+
+#[tokio::test]
+async fn work_in_flight_is_bounded_and_the_service_recovers() {
+    let redis = Redis::start(&[]);
+    let server = start(
+        &redis,
+        &[
+            ("MAX_INFLIGHT_REQUESTS", "2"),
+            ("BACKEND_BREAKER_FAILURES", "100"),
+        ],
+    );
+    redis.freeze();
+    let calls: Vec<_> = (0..10)
+        .map(|i| {
+            let port = server.grpc;
+            tokio::spawn(async move {
+                let mut client = support::client_on(port).await;
+                let user = format!("e{i}");
+                client
+                    .should_rate_limit(request("o", &[&[("user", user.as_str())]]))
+                    .await
+                    .map(|_| ())
+                    .map_err(|s| s.code())
+            })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(1_000)).await;
+    redis.thaw();
+    let mut exhausted = 0;
+    for call in calls {
+        match call.await.unwrap() {
+            Err(GrpcCode::ResourceExhausted) => exhausted += 1,
+            Ok(()) => {}
+            Err(other) => panic!("{other:?}"),
+        }
+    }
+    assert_eq!(exhausted, 8, "two decided, eight refused at once");
+    assert!(
+        server
+            .stat("ratelimit.service.inflight_rejected")
+            .await
+            .unwrap()
+            >= 8
+    );
+    assert_eq!(call(&server, "f").await.0, Ok(OK), "recovered");
+}
