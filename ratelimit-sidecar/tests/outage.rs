@@ -240,3 +240,23 @@ async fn work_in_flight_is_bounded_and_the_service_recovers() {
     );
     assert_eq!(call(&server, "f").await.0, Ok(OK), "recovered");
 }
+
+#[tokio::test]
+async fn two_replicas_in_local_mode_admit_the_limit_between_them() {
+    let mut redis = Redis::start(&[]);
+    let local = [
+        ("BACKEND_FAILURE_MODE", "local"),
+        ("BACKEND_FALLBACK_REPLICAS", "2"),
+    ];
+    let replicas = [start(&redis, &local), start(&redis, &local)];
+    redis.kill();
+    let mut admitted = 0;
+    for round in 0..12 {
+        let (answer, _) = call(&replicas[round % 2], "g").await;
+        admitted += usize::from(answer.unwrap() == OK);
+    }
+    assert_eq!(
+        admitted, 10,
+        "the limit of 10, shared by two replicas during the outage"
+    );
+}
