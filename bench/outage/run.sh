@@ -60,12 +60,15 @@ for mode in error allow local; do
 	opened=$(now_ms)
 	sleep 1.5
 	out=$(taskset -c 1 "$BIN/rls-load" "127.0.0.1:$grpc" 100 "$OPEN_SECONDS" 4 16)
+	# Steady load again, so that a probe goes through once the open period has passed.
+	(taskset -c 1 "$BIN/rls-load" "127.0.0.1:$grpc" 100 3 1 4 >/dev/null &)
 	thawed=$(now_ms)
 	kill -CONT "$REDIS"
 	until_stat "$debug" ratelimit.redis.breaker_closed
 	closed=$(now_ms)
 	eval "$(tr ' ' '\n' <<<"$out" | grep -E '^(p50_us|p99_us|errors)=')"
 	printf '%-6s %14d %10dus %10dus %14d %8d\n' "$mode" $((opened - frozen)) "$p50_us" "$p99_us" $((closed - thawed)) "$errors"
+	sleep 3
 	kill "$pid"
 	wait "$pid" 2>/dev/null || true
 done
