@@ -182,11 +182,12 @@ mod tests {
             },
             DescriptorStatus::NO_LIMIT,
         ];
+        // What a client reads back: the policies are the statuses' limits.
         let response = Response {
             overall_code: Code::OverLimit,
             headers: RateLimitHeaders::for_statuses(&statuses),
+            policies: ratelimit_core::Policy::from_statuses(&statuses),
             statuses,
-            policies: Vec::new(),
         };
         let format = HeaderFormat::RateLimit(HeaderNames::default());
         let wire = response_to_pb(&response, Some(&format));
