@@ -5,8 +5,8 @@
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitResponse;
-use ratelimit_tests::on_every_backend;
 use ratelimit_tests::sidecar as support;
+use ratelimit_tests::{on_every_backend, sf_list};
 use support::{Options, Server, Store, request};
 
 const OK: i32 = 1;
@@ -197,25 +197,6 @@ async fn windows_of_ten_minutes(store: &Store) {
     );
 }
 on_every_backend!(windows_of_ten_minutes);
-
-/// An RFC 8941 List of (string, parameters) from a header value.
-fn sf_list(value: &str) -> Vec<(String, Vec<(String, i64)>)> {
-    let list: sfv::List = sfv::Parser::new(value).parse().unwrap();
-    list.into_iter()
-        .map(|entry| {
-            let sfv::ListEntry::Item(item) = entry else {
-                panic!("an item, not an inner list: {value}")
-            };
-            let name = item.bare_item.as_string().unwrap().as_str().to_owned();
-            let params = item
-                .params
-                .iter()
-                .map(|(k, v)| (k.as_str().to_owned(), i64::from(v.as_integer().unwrap())))
-                .collect();
-            (name, params)
-        })
-        .collect()
-}
 
 async fn the_draft_11_headers_list_every_limit(store: &Store) {
     let server = start(

@@ -11,6 +11,28 @@ pub mod memcached;
 pub mod pki;
 pub mod sidecar;
 
+/// The names and integer parameters of a Structured Field List (RFC 8941) of strings,
+/// as the draft-11 rate-limit headers are: `"burst";q=2;w=1, ...`.
+pub fn sf_list(value: &str) -> Vec<(String, Vec<(String, i64)>)> {
+    let list: sfv::List = sfv::Parser::new(value).parse().unwrap();
+    list.into_iter()
+        .map(|entry| {
+            let sfv::ListEntry::Item(item) = entry else {
+                panic!("an item, not an inner list: {value}")
+            };
+            let params = item
+                .params
+                .iter()
+                .map(|(k, v)| (k.as_str().to_owned(), i64::from(v.as_integer().unwrap())))
+                .collect();
+            (
+                item.bare_item.as_string().unwrap().as_str().to_owned(),
+                params,
+            )
+        })
+        .collect()
+}
+
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};

@@ -4,6 +4,7 @@
 //! (`wasm-global.yaml`). `ENVOY_BIN` names the Envoy binary and `WASM_FILTER` the built
 //! filter (scripts/test.sh provides both).
 
+use ratelimit_tests::sf_list;
 use ratelimit_tests::sidecar as support;
 
 use std::path::{Path, PathBuf};
@@ -188,27 +189,6 @@ async fn envoy_enforces_the_sidecars_decisions_and_passes_its_headers() {
     assert_eq!(get(envoy.port, "/slow/a", None).await.status(), 200);
     assert_eq!(get(envoy.port, "/slow/a", None).await.status(), 429);
     assert_eq!(get(envoy.port, "/slow/b", None).await.status(), 200);
-}
-
-/// The names and parameters of a Structured Field List (RFC 8941) of strings.
-fn sf_list(value: &str) -> Vec<(String, Vec<(String, i64)>)> {
-    let list: sfv::List = sfv::Parser::new(value).parse().unwrap();
-    list.into_iter()
-        .map(|entry| {
-            let sfv::ListEntry::Item(item) = entry else {
-                panic!("an item, not an inner list: {value}")
-            };
-            let params = item
-                .params
-                .iter()
-                .map(|(k, v)| (k.as_str().to_owned(), i64::from(v.as_integer().unwrap())))
-                .collect();
-            (
-                item.bare_item.as_string().unwrap().as_str().to_owned(),
-                params,
-            )
-        })
-        .collect()
 }
 
 #[tokio::test]

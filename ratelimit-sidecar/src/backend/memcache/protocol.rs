@@ -133,16 +133,22 @@ impl Connection {
                 return Err(unexpected("get", &line));
             };
             let length: usize = length.parse().map_err(|_| unexpected("get", &line))?;
-            let mut data = vec![0; length + 2];
-            self.stream.read_exact(&mut data).await?;
-            let value = std::str::from_utf8(&data[..length])
-                .ok()
-                .and_then(|text| text.trim().parse().ok())
-                .unwrap_or(0);
+            let value = self.value(length).await?;
             for (slot, _) in keys.iter().enumerate().filter(|(_, k)| **k == key) {
                 values[slot] = value;
             }
         }
+    }
+
+    /// A `VALUE` line's data block of `length` bytes (and its line end), as a number: 0
+    /// when it is not one.
+    async fn value(&mut self, length: usize) -> io::Result<u64> {
+        let mut data = vec![0; length + 2];
+        self.stream.read_exact(&mut data).await?;
+        Ok(std::str::from_utf8(&data[..length])
+            .ok()
+            .and_then(|text| text.trim().parse().ok())
+            .unwrap_or(0))
     }
 
     /// `gets key`: its value and compare-and-swap token, `None` when missing.
@@ -165,13 +171,7 @@ impl Connection {
             };
             let length: usize = length.parse().map_err(|_| unexpected("gets", &line))?;
             let token: u64 = token.parse().map_err(|_| unexpected("gets", &line))?;
-            let mut data = vec![0; length + 2];
-            self.stream.read_exact(&mut data).await?;
-            let value = std::str::from_utf8(&data[..length])
-                .ok()
-                .and_then(|text| text.trim().parse().ok())
-                .unwrap_or(0);
-            found = Some((value, token));
+            found = Some((self.value(length).await?, token));
         }
     }
 
