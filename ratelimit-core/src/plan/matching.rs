@@ -70,6 +70,10 @@ impl Engine {
                     Limit::Unlimited => Item::Unlimited { node: id },
                     Limit::Counted { .. } => {
                         let stats = runtime_key.as_ref().map(|key| {
+                            // A single `rate_limit` (no suffix) builds no more strings.
+                            if limit.stats_suffix.is_empty() {
+                                return self.stats.request_rule(key, &node.full_key);
+                            }
                             let key = format!("{key}{}", limit.stats_suffix);
                             let static_key = format!("{}{}", node.full_key, limit.stats_suffix);
                             self.stats.request_rule(&key, &static_key)
