@@ -269,7 +269,8 @@ async fn follow_xds(settings: &Settings, service: &Arc<Service>) -> Result<(), S
     Ok(())
 }
 
-/// Backend health follows the circuit breaker (checked four times a second) and, with
+/// Backend health follows the nodes' circuit breakers (checked four times a second:
+/// unhealthy while any is open) and, with
 /// `ping`, whether the remote store answers a ping (every second).
 async fn watch_backend(service: Arc<Service>, ping: bool) {
     let Backend::Remote(remote) = &service.backend else {
@@ -284,7 +285,7 @@ async fn watch_backend(service: Arc<Service>, ping: bool) {
         }
         service
             .health
-            .set_backend(alive && !remote.breaker_open())
+            .set_backend(alive && remote.open_breakers().is_empty())
             .await;
         tokio::time::sleep(std::time::Duration::from_millis(250)).await;
     }

@@ -200,6 +200,51 @@ async fn a_node_that_dies_fails_calls_promptly_and_is_used_again_when_it_returns
 }
 
 #[tokio::test]
+async fn a_dead_node_opens_its_own_breaker_and_the_other_node_keeps_deciding() {
+    let (mut dead, alive) = (Memcached::start(), Memcached::start());
+    let list = format!("{},{}", dead.address(), alive.address());
+    let server = Server::start_with(Options {
+        files: vec![("rules.yaml", RULES.to_owned())],
+        env: vec![
+            ("BACKEND_TYPE", "memcache".into()),
+            ("MEMCACHE_HOST_PORT", list),
+            ("BACKEND_BREAKER_FAILURES", "2".into()),
+            ("BACKEND_BREAKER_OPEN_DURATION", "1h".into()),
+        ],
+        ..Options::default()
+    });
+    // Yearly counters: each user's node cannot change during the test.
+    let home = |user: &str| {
+        let key = format!("m_yearly_{user}_{}", yearly_window_start());
+        crc32fast::hash(key.as_bytes()) as usize % 2
+    };
+    let users: Vec<String> = (0..40).map(|i| format!("y{i}")).collect();
+    let (on_dead, on_alive): (Vec<&String>, Vec<&String>) =
+        users.iter().partition(|user| home(user) == 0);
+    dead.kill();
+    let mut client = server.client().await;
+    let mut refusals = Vec::new();
+    for round in 0..4 {
+        let ask = |user: &str| request("m", &[&[("yearly", user)]]);
+        let answer = client.should_rate_limit(ask(on_alive[round])).await;
+        assert_eq!(answer.unwrap().into_inner().overall_code, 1);
+        let failed = client.should_rate_limit(ask(on_dead[round])).await;
+        let failed = failed.unwrap_err();
+        assert_eq!(failed.code(), Code::Unavailable);
+        refusals.push(failed.message().contains("circuit breaker open"));
+    }
+    assert_eq!(
+        refusals,
+        [false, false, true, true],
+        "opens after 2 failures"
+    );
+    assert_eq!(
+        server.stat("ratelimit.memcache.breaker_opened").await,
+        Some(1)
+    );
+}
+
+#[tokio::test]
 async fn srv_discovery_finds_the_nodes_and_a_refresh_adds_one() {
     let name = "_memcache._tcp.rl.test";
     let (first, second) = (Memcached::start(), Memcached::start());

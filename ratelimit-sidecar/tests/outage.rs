@@ -1,11 +1,11 @@
-//! Surviving a Redis outage: the circuit breaker, the failure modes, the caller's
-//! deadline, the bound on work in flight and health, against a real redis-server that
-//! the tests freeze (SIGSTOP), thaw, kill and restart.
+//! Surviving a Redis outage: the circuit breakers, the failure modes, the caller's
+//! deadline, the bound on work in flight and health, against real redis-servers (one,
+//! or a cluster) that the tests freeze (SIGSTOP), thaw, kill and restart.
 
 use std::time::{Duration, Instant};
 
 use ratelimit_tests::sidecar as support;
-use support::{Options, Redis, Server, redis_env, request};
+use support::{Options, Redis, Server, redis_addresses, redis_cluster, redis_env, request};
 use tonic::Code as GrpcCode;
 
 const OK: i32 = 1;
@@ -14,7 +14,10 @@ const RULES: &str =
     "domain: o\ndescriptors: [{key: user, rate_limit: {unit: hour, requests_per_unit: 10}}]\n";
 
 fn start(redis: &Redis, extra: &[(&'static str, &str)]) -> Server {
-    let mut env = redis_env(redis.port);
+    start_on(redis_env(redis.port), extra)
+}
+
+fn start_on(mut env: Vec<(&'static str, String)>, extra: &[(&'static str, &str)]) -> Server {
     env.extend([
         ("REDIS_TIMEOUT", "3s".to_owned()),
         ("BACKEND_BREAKER_FAILURES", "2".to_owned()),
@@ -259,4 +262,46 @@ async fn two_replicas_in_local_mode_admit_the_limit_between_them() {
         admitted, 10,
         "the limit of 10, shared by two replicas during the outage"
     );
+}
+
+#[tokio::test]
+async fn a_cluster_master_down_affects_only_the_keys_it_holds() {
+    // Without full coverage required, the other masters keep serving their slots.
+    let nodes = redis_cluster(3, &["--cluster-require-full-coverage", "no"]);
+    let mut env = redis_env(nodes[0].port);
+    env.extend([
+        ("REDIS_TYPE", "cluster".to_owned()),
+        ("REDIS_URL", redis_addresses(&nodes).join(",")),
+    ]);
+    let server = start_on(env, &[]);
+    // A hash tag in the value keeps each user's counter in one slot whatever the window.
+    let users: Vec<String> = (0..12).map(|i| format!("{{u{i}}}")).collect();
+    for user in &users {
+        assert_eq!(call(&server, user).await.0, Ok(OK));
+    }
+    let holder = |user: &str| {
+        let holds = |node: &Redis| node.keys().iter().any(|key| key.contains(user));
+        nodes.iter().position(holds).unwrap()
+    };
+    let down = holder(&users[0]);
+    let (on_down, elsewhere): (Vec<&String>, Vec<&String>) =
+        users.iter().partition(|user| holder(user) == down);
+    assert!(!elsewhere.is_empty(), "12 users on one master of 3");
+    nodes[down].freeze();
+    assert_eq!(until_open(&server, on_down[0]).await, 3);
+    for round in 0..10 {
+        let (answer, took) = call(&server, elsewhere[round % elsewhere.len()]).await;
+        assert_eq!(answer, Ok(OK), "other masters decide: {}", server.log());
+        assert!(took < Duration::from_millis(500), "{took:?}");
+        let (answer, took) = call(&server, on_down[round % on_down.len()]).await;
+        assert_eq!(answer, Err(GrpcCode::Unavailable));
+        assert!(took < Duration::from_millis(500), "{took:?}");
+    }
+    assert_eq!(server.stat("ratelimit.redis.breaker_opened").await, Some(1));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!healthy(&server).await, "health follows any open breaker");
+    nodes[down].thaw();
+    tokio::time::sleep(Duration::from_millis(1_100)).await;
+    assert_eq!(call(&server, on_down[0]).await.0, Ok(OK));
+    assert_eq!(server.stat("ratelimit.redis.breaker_closed").await, Some(1));
 }

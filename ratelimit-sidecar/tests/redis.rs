@@ -5,7 +5,7 @@ use ratelimit_tests::sidecar as support;
 
 use std::time::{Duration, Instant};
 
-use support::{Options, Redis, Server, codes, redis_env, request};
+use support::{Options, Redis, Server, codes, redis_addresses, redis_cluster, redis_env, request};
 use tonic::Code;
 
 const OK: i32 = 1;
@@ -216,32 +216,8 @@ async fn a_redis_outage_is_a_prompt_unavailable_and_recovers_by_itself() {
 
 #[tokio::test]
 async fn a_three_master_cluster_spreads_keys_over_slots() {
-    let nodes: Vec<Redis> = (0..3)
-        .map(|i| {
-            let conf = format!("nodes-{i}.conf");
-            Redis::start(&["--cluster-enabled", "yes", "--cluster-config-file", &conf])
-        })
-        .collect();
-    let addresses: Vec<String> = nodes
-        .iter()
-        .map(|n| format!("127.0.0.1:{}", n.port))
-        .collect();
-    let created = std::process::Command::new("redis-cli")
-        .args(["--cluster", "create"])
-        .args(&addresses)
-        .args(["--cluster-replicas", "0", "--cluster-yes"])
-        .output()
-        .unwrap();
-    assert!(
-        created.status.success(),
-        "{}",
-        String::from_utf8_lossy(&created.stdout)
-    );
-    let deadline = Instant::now() + Duration::from_secs(15);
-    while nodes[0].cli(&["CLUSTER", "INFO"]).lines().next() != Some("cluster_state:ok") {
-        assert!(Instant::now() < deadline, "cluster never became ok");
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    let nodes = redis_cluster(3, &[]);
+    let addresses = redis_addresses(&nodes);
     let server = sidecar(vec![
         ("BACKEND_TYPE", "redis".into()),
         ("REDIS_SOCKET_TYPE", "tcp".into()),

@@ -516,6 +516,45 @@ impl Redis {
     }
 }
 
+/// A cluster of `masters` real redis-servers (no replicas), slots spread by `redis-cli
+/// --cluster create`, ready (`cluster_state:ok`) when returned. `extra` goes to every
+/// server.
+pub fn redis_cluster(masters: usize, extra: &[&str]) -> Vec<Redis> {
+    let nodes: Vec<Redis> = (0..masters)
+        .map(|i| {
+            let conf = format!("nodes-{i}.conf");
+            let mut args = vec!["--cluster-enabled", "yes", "--cluster-config-file", &conf];
+            args.extend(extra);
+            Redis::start(&args)
+        })
+        .collect();
+    let created = Command::new("redis-cli")
+        .args(["--cluster", "create"])
+        .args(redis_addresses(&nodes))
+        .args(["--cluster-replicas", "0", "--cluster-yes"])
+        .output()
+        .unwrap();
+    assert!(
+        created.status.success(),
+        "{}",
+        String::from_utf8_lossy(&created.stdout)
+    );
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while nodes[0].cli(&["CLUSTER", "INFO"]).lines().next() != Some("cluster_state:ok") {
+        assert!(Instant::now() < deadline, "cluster never became ok");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    nodes
+}
+
+/// `127.0.0.1:<port>` of each server.
+pub fn redis_addresses(nodes: &[Redis]) -> Vec<String> {
+    nodes
+        .iter()
+        .map(|n| format!("127.0.0.1:{}", n.port))
+        .collect()
+}
+
 impl Drop for Redis {
     fn drop(&mut self) {
         self.signal_quietly();

@@ -1,9 +1,11 @@
-//! A circuit breaker for a remote store: after `BACKEND_BREAKER_FAILURES` failed or
-//! timed-out calls in a row it opens, and for `BACKEND_BREAKER_OPEN_DURATION` no call
-//! reaches the store; then one call goes through as a probe (half-open), and its success
-//! closes the breaker, its failure opens it again. Every transition is logged once and
-//! counted.
+//! Circuit breakers, one per node of a remote store (a Redis server, a cluster master, a
+//! memcached node): after `BACKEND_BREAKER_FAILURES` failed or timed-out calls in a row
+//! a node's breaker opens, and for `BACKEND_BREAKER_OPEN_DURATION` no call reaches that
+//! node; then one call goes through as a probe (half-open), and its success closes the
+//! breaker, its failure opens it again. Every transition is logged once, naming the
+//! node, and counted in the store's statistics.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
@@ -11,15 +13,99 @@ use std::time::{Duration, Instant};
 
 use ratelimit_core::stats::{Counter, StatsRegistry};
 
-/// Statistics of the breaker of store `name`: `ratelimit.<name>.breaker_opened`, ...
+use super::BackendError;
+
+/// Breakers kept at most: nodes come from the settings and the cluster's topology, never
+/// from requests, so this is only reached by a store whose nodes keep changing; then the
+/// closed breakers nobody holds are forgotten.
+const MAX_NODES: usize = 4096;
+
+/// Statistics of the breakers of store `name`: `ratelimit.<name>.breaker_opened`, ...
 fn stat(name: &str, event: &str) -> String {
     format!("ratelimit.{name}.breaker_{event}")
 }
 
-/// One store's breaker.
+/// The breakers of one store's nodes, made as nodes are first named.
+#[derive(Debug)]
+pub struct Breakers {
+    store: &'static str,
+    failures_to_open: u32,
+    open_for: Duration,
+    nodes: Mutex<HashMap<String, Arc<Breaker>>>,
+    counts: Counts,
+}
+
+/// The store's transition counters, shared by its nodes' breakers.
+#[derive(Debug, Clone)]
+struct Counts {
+    opened: Arc<Counter>,
+    closed: Arc<Counter>,
+    refused: Arc<Counter>,
+}
+
+impl Breakers {
+    /// No breakers yet for store `store`; each opens after `failures_to_open` failures in
+    /// a row and stays open for `open_for`. Transitions are counted in `stats`.
+    pub fn new(
+        store: &'static str,
+        failures_to_open: u32,
+        open_for: Duration,
+        stats: &StatsRegistry,
+    ) -> Breakers {
+        Breakers {
+            store,
+            failures_to_open: failures_to_open.max(1),
+            open_for,
+            nodes: Mutex::new(HashMap::new()),
+            counts: Counts {
+                opened: stats.counter(&stat(store, "opened")),
+                closed: stats.counter(&stat(store, "closed")),
+                refused: stats.counter(&stat(store, "refused")),
+            },
+        }
+    }
+
+    /// The breaker of the node named `node` (`host:port`, or a socket's path).
+    pub fn node(&self, node: &str) -> Arc<Breaker> {
+        let mut nodes = self.nodes.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(breaker) = nodes.get(node) {
+            return Arc::clone(breaker);
+        }
+        if nodes.len() >= MAX_NODES {
+            nodes.retain(|_, b| Arc::strong_count(b) > 1 || b.is_open());
+        }
+        let breaker = Arc::new(Breaker {
+            store: self.store,
+            node: node.to_owned(),
+            failures_to_open: self.failures_to_open,
+            open_for: self.open_for,
+            failures: AtomicU32::new(0),
+            closed: AtomicBool::new(true),
+            state: Mutex::new(State::Closed),
+            counts: self.counts.clone(),
+        });
+        nodes.insert(node.to_owned(), Arc::clone(&breaker));
+        breaker
+    }
+
+    /// The nodes whose breakers keep calls away (open or half-open).
+    pub fn open_nodes(&self) -> Vec<String> {
+        let nodes = self.nodes.lock().unwrap_or_else(|p| p.into_inner());
+        let mut open: Vec<String> = nodes
+            .iter()
+            .filter(|(_, b)| b.is_open())
+            .map(|(name, _)| name.clone())
+            .collect();
+        open.sort();
+        open
+    }
+}
+
+/// One node's breaker.
 #[derive(Debug)]
 pub struct Breaker {
-    name: &'static str,
+    store: &'static str,
+    node: String,
     failures_to_open: u32,
     open_for: Duration,
     /// Failed calls in a row while closed.
@@ -27,9 +113,7 @@ pub struct Breaker {
     /// Whether calls go through without asking (the fast path).
     closed: AtomicBool,
     state: Mutex<State>,
-    opened: Arc<Counter>,
-    closed_count: Arc<Counter>,
-    refused: Arc<Counter>,
+    counts: Counts,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -42,9 +126,9 @@ enum State {
     HalfOpen,
 }
 
-/// Leave to call the store, which [`Breaker::record`] takes back with the outcome.
+/// Leave to call the node, which [`Breaker::record`] takes back with the outcome.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Pass {
+enum Pass {
     /// The breaker is closed.
     Closed,
     /// The one call let through after the open period.
@@ -52,29 +136,38 @@ pub enum Pass {
 }
 
 impl Breaker {
-    /// A closed breaker for store `name`, counted in `stats`.
-    pub fn new(
-        name: &'static str,
-        failures_to_open: u32,
-        open_for: Duration,
-        stats: &StatsRegistry,
-    ) -> Breaker {
-        Breaker {
-            name,
-            failures_to_open: failures_to_open.max(1),
-            open_for,
-            failures: AtomicU32::new(0),
-            closed: AtomicBool::new(true),
-            state: Mutex::new(State::Closed),
-            opened: stats.counter(&stat(name, "opened")),
-            closed_count: stats.counter(&stat(name, "closed")),
-            refused: stats.counter(&stat(name, "refused")),
-        }
+    /// Runs `call` on this breaker's node: at once `Unavailable` while the breaker is
+    /// open, otherwise the call's result, whose outcome the breaker records. A call
+    /// dropped before it ends (its deadline passed) counts as a failure.
+    pub async fn call<T>(
+        &self,
+        call: impl Future<Output = Result<T, BackendError>>,
+    ) -> Result<T, BackendError> {
+        let Some(pass) = self.admit() else {
+            return Err(BackendError::Unavailable(format!(
+                "{} {}: circuit breaker open after repeated failures",
+                self.store, self.node
+            )));
+        };
+        let mut outcome = Outcome {
+            breaker: self,
+            pass,
+            settled: false,
+        };
+        let result = call.await;
+        // A key the store refuses is the request's fault, not the node's.
+        let failed = matches!(
+            result,
+            Err(BackendError::Unavailable(_) | BackendError::Settings(_))
+        );
+        outcome.settled = true;
+        self.record(pass, !failed);
+        result
     }
 
-    /// Whether a call may go to the store now; `None` while the breaker is open (the
+    /// Whether a call may go to the node now; `None` while the breaker is open (the
     /// call is counted as refused).
-    pub fn admit(&self) -> Option<Pass> {
+    fn admit(&self) -> Option<Pass> {
         if self.closed.load(Ordering::Acquire) {
             return Some(Pass::Closed);
         }
@@ -84,20 +177,21 @@ impl Breaker {
             State::Open { until } if Instant::now() >= until => {
                 *state = State::HalfOpen;
                 tracing::warn!(
-                    store = self.name,
-                    "circuit breaker half-open: probing the store"
+                    store = self.store,
+                    node = self.node,
+                    "circuit breaker half-open: probing the node"
                 );
                 Some(Pass::Probe)
             }
             State::Open { .. } | State::HalfOpen => {
-                self.refused.add(1);
+                self.counts.refused.add(1);
                 None
             }
         }
     }
 
     /// The outcome of a call `admit` let through.
-    pub fn record(&self, pass: Pass, succeeded: bool) {
+    fn record(&self, pass: Pass, succeeded: bool) {
         match (pass, succeeded) {
             (Pass::Closed, true) => {
                 if self.failures.load(Ordering::Relaxed) != 0 {
@@ -118,10 +212,11 @@ impl Breaker {
                 *state = State::Closed;
                 self.failures.store(0, Ordering::Relaxed);
                 self.closed.store(true, Ordering::Release);
-                self.closed_count.add(1);
+                self.counts.closed.add(1);
                 tracing::warn!(
-                    store = self.name,
-                    "circuit breaker closed: the store answers again"
+                    store = self.store,
+                    node = self.node,
+                    "circuit breaker closed: the node answers again"
                 );
             }
             (Pass::Probe, false) => {
@@ -131,7 +226,7 @@ impl Breaker {
         }
     }
 
-    /// Whether calls are being kept from the store (open or half-open).
+    /// Whether calls are being kept from the node (open or half-open).
     pub fn is_open(&self) -> bool {
         !self.closed.load(Ordering::Acquire)
     }
@@ -141,12 +236,13 @@ impl Breaker {
             until: Instant::now() + self.open_for,
         };
         self.closed.store(false, Ordering::Release);
-        self.opened.add(1);
+        self.counts.opened.add(1);
         tracing::warn!(
-            store = self.name,
+            store = self.store,
+            node = self.node,
             reason = why,
             open_for = ?self.open_for,
-            "circuit breaker open: no calls to the store until it has passed"
+            "circuit breaker open: no calls to the node until it has passed"
         );
     }
 
@@ -155,14 +251,33 @@ impl Breaker {
     }
 }
 
+/// A call let through and not yet ended: dropped unsettled, it is a failure.
+struct Outcome<'a> {
+    breaker: &'a Breaker,
+    pass: Pass,
+    settled: bool,
+}
+
+impl Drop for Outcome<'_> {
+    fn drop(&mut self) {
+        if !self.settled {
+            self.breaker.record(self.pass, false);
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    fn breakers(stats: &StatsRegistry) -> Breakers {
+        Breakers::new("redis", 3, Duration::from_millis(50), stats)
+    }
+
     #[test]
     fn opens_after_failures_in_a_row_then_probes_once_and_closes() {
         let stats = StatsRegistry::new(10);
-        let breaker = Breaker::new("redis", 3, Duration::from_millis(50), &stats);
+        let breaker = breakers(&stats).node("10.0.0.1:6379");
         for _ in 0..2 {
             let pass = breaker.admit().unwrap();
             breaker.record(pass, false);
@@ -188,5 +303,40 @@ mod tests {
         assert_eq!(snapshot.counter("ratelimit.redis.breaker_opened"), Some(2));
         assert_eq!(snapshot.counter("ratelimit.redis.breaker_closed"), Some(1));
         assert_eq!(snapshot.counter("ratelimit.redis.breaker_refused"), Some(3));
+    }
+
+    #[tokio::test]
+    async fn each_node_has_its_own_breaker_and_an_abandoned_call_is_a_failure() {
+        let stats = StatsRegistry::new(10);
+        let breakers = breakers(&stats);
+        let (down, up) = (
+            breakers.node("10.0.0.1:6379"),
+            breakers.node("10.0.0.2:6379"),
+        );
+        assert!(Arc::ptr_eq(&down, &breakers.node("10.0.0.1:6379")));
+        let failing = || async { Err::<(), _>(BackendError::Unavailable("refused".into())) };
+        down.call(failing()).await.unwrap_err();
+        down.call(failing()).await.unwrap_err();
+        // The third never ends: its deadline drops it.
+        let hanging = down.call(std::future::pending::<Result<(), BackendError>>());
+        assert!(
+            tokio::time::timeout(Duration::from_millis(5), hanging)
+                .await
+                .is_err()
+        );
+        assert!(down.is_open());
+        let refused = down.call(async { Ok(()) }).await.unwrap_err();
+        assert_eq!(
+            refused.to_string(),
+            "redis 10.0.0.1:6379: circuit breaker open after repeated failures"
+        );
+        up.call(async { Ok(()) }).await.unwrap();
+        assert!(!up.is_open());
+        for _ in 0..3 {
+            let refused_key = async { Err::<(), _>(BackendError::Key("too long".into())) };
+            up.call(refused_key).await.unwrap_err();
+        }
+        assert!(!up.is_open(), "a refused key is not the node's failure");
+        assert_eq!(breakers.open_nodes(), ["10.0.0.1:6379"]);
     }
 }

@@ -17,7 +17,7 @@ use futures_util::future::BoxFuture;
 use ratelimit_core::stats::{Counter, StatsRegistry, names};
 use ratelimit_core::{Increment, MemoryStore, MemoryUsage, Plan};
 
-use self::breaker::Breaker;
+use self::breaker::Breakers;
 use crate::settings::{BackendType, Settings};
 use crate::workers::{PerWorker, Pool};
 
@@ -85,7 +85,8 @@ pub async fn open(
             Ok(Backend::Memory(store))
         }
         BackendType::Redis => {
-            let (main, per_second) = redis::per_worker(pool, settings).await?;
+            let breakers = breakers("redis", settings, stats);
+            let (main, per_second) = redis::per_worker(pool, settings, &breakers).await?;
             tracing::warn!(redis_type = %settings.redis.redis_type, per_second = settings.redis.redis_persecond, "using the redis backend");
             Ok(Backend::Remote(Remote::new(
                 "redis",
@@ -93,16 +94,18 @@ pub async fn open(
                 per_second,
                 (settings.redis.redis_timeout, "REDIS_TIMEOUT"),
                 stats.counter(names::REDIS_ERROR),
-                breaker("redis", settings, stats),
+                breakers,
             )))
         }
         BackendType::Memcache => {
             let jitter = settings.limiter.expiration_jitter_max_seconds;
-            let workers = memcache::per_worker(&settings.memcache, jitter, pool.workers())
-                .await?
-                .into_iter()
-                .map(|c| Box::new(c) as Box<dyn RemoteCounters>)
-                .collect();
+            let breakers = breakers("memcache", settings, stats);
+            let workers =
+                memcache::per_worker(&settings.memcache, jitter, pool.workers(), &breakers)
+                    .await?
+                    .into_iter()
+                    .map(|c| Box::new(c) as Box<dyn RemoteCounters>)
+                    .collect();
             tracing::warn!(nodes = %settings.memcache.memcache_host_port, "using the memcache backend");
             Ok(Backend::Remote(Remote::new(
                 "memcache",
@@ -110,19 +113,19 @@ pub async fn open(
                 None,
                 (settings.memcache.memcache_timeout, "MEMCACHE_TIMEOUT"),
                 stats.counter(names::MEMCACHE_ERROR),
-                breaker("memcache", settings, stats),
+                breakers,
             )))
         }
     }
 }
 
-fn breaker(name: &'static str, settings: &Settings, stats: &StatsRegistry) -> Breaker {
-    Breaker::new(
+fn breakers(name: &'static str, settings: &Settings, stats: &StatsRegistry) -> Arc<Breakers> {
+    Arc::new(Breakers::new(
         name,
         settings.outage.backend_breaker_failures,
         settings.outage.backend_breaker_open_duration,
         stats,
-    )
+    ))
 }
 
 /// Where counters live.
@@ -155,21 +158,22 @@ pub struct Remote {
     /// The setting that names `deadline`, for the error.
     deadline_setting: &'static str,
     errors: Arc<Counter>,
-    breaker: Breaker,
+    breakers: Arc<Breakers>,
 }
 
 impl Remote {
     /// Counters in `main`, except those of `second` limits, which go to `per_second`
     /// when there is one. Every call gets at most `deadline` (named by the setting
-    /// `deadline_setting`); `errors` counts the calls that fail, and `breaker` keeps
-    /// calls from the store while it keeps failing.
+    /// `deadline_setting`); `errors` counts the calls that fail. The stores call each
+    /// node through its breaker in `breakers`, which keeps calls from a node while it
+    /// keeps failing.
     pub fn new(
         name: &'static str,
         main: PerWorkerStore,
         per_second: Option<PerWorkerStore>,
         deadline: (Duration, &'static str),
         errors: Arc<Counter>,
-        breaker: Breaker,
+        breakers: Arc<Breakers>,
     ) -> Remote {
         Remote {
             name,
@@ -178,43 +182,32 @@ impl Remote {
             deadline: deadline.0,
             deadline_setting: deadline.1,
             errors,
-            breaker,
+            breakers,
         }
     }
 
     /// Runs the plan's counters and returns their totals, in plan order, within the
-    /// store's deadline or `caller_deadline` when that is shorter. While the breaker is
-    /// open, nothing is sent and the answer is `Unavailable` at once.
+    /// store's deadline or `caller_deadline` when that is shorter. While the breaker of
+    /// a node the plan needs is open, nothing is sent to it and the answer is
+    /// `Unavailable` at once.
     pub async fn run(
         &self,
         plan: &mut Plan,
         caller_deadline: Option<Duration>,
     ) -> Result<Vec<u64>, BackendError> {
-        let Some(pass) = self.breaker.admit() else {
-            return Err(BackendError::Unavailable(format!(
-                "{} circuit breaker is open after repeated failures",
-                self.name
-            )));
-        };
         // A tenth of the caller's time is kept for answering (the failure mode's answer
         // must reach it before it gives up).
         let deadline = caller_deadline.map_or(self.deadline, |d| (d - d / 10).min(self.deadline));
         let result = self.within(deadline, self.exchange(plan)).await;
-        // A key the store refuses is the request's fault, not the store's.
-        let failed = matches!(
-            result,
-            Err(BackendError::Unavailable(_) | BackendError::Settings(_))
-        );
-        self.breaker.record(pass, !failed);
         if result.is_err() {
             self.errors.add(1);
         }
         result
     }
 
-    /// Whether the breaker keeps calls from the store.
-    pub fn breaker_open(&self) -> bool {
-        self.breaker.is_open()
+    /// The nodes whose breakers keep calls from them.
+    pub fn open_breakers(&self) -> Vec<String> {
+        self.breakers.open_nodes()
     }
 
     /// The counters' current totals, in order, without adding to them (an explanation).

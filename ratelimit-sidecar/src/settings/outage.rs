@@ -9,10 +9,10 @@ use super::values::go_duration;
 /// Settings for surviving a backend outage and bounding work in flight.
 #[derive(Clone, Debug, Args)]
 pub struct OutageSettings {
-    /// Failed or timed-out calls in a row that open the backend's circuit breaker.
+    /// Failed or timed-out calls in a row to one backend node that open its circuit breaker.
     #[arg(long, env, default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..))]
     pub backend_breaker_failures: u32,
-    /// How long an open breaker keeps calls from the backend before one probe.
+    /// How long an open breaker keeps calls from its node before one probe.
     #[arg(long, env, default_value = "1s", value_parser = go_duration)]
     pub backend_breaker_open_duration: Duration,
     /// The answer while the backend is unavailable: error (UNAVAILABLE / 500), allow

@@ -17,10 +17,11 @@ mod tls;
 use std::sync::{Arc, Mutex};
 
 use arc_swap::ArcSwap;
-use futures_util::future::{BoxFuture, try_join_all};
+use futures_util::future::{BoxFuture, join_all, try_join_all};
 use ratelimit_core::Increment;
 
 use self::protocol::{Connection, key_problem};
+use super::breaker::{Breaker, Breakers};
 use super::{BackendError, RemoteCounters};
 use crate::settings::MemcacheSettings;
 
@@ -50,6 +51,7 @@ pub struct MemcacheCounters {
     max_idle: usize,
     jitter_max: u64,
     tls: Option<tls::Tls>,
+    breakers: Arc<Breakers>,
 }
 
 /// A worker's view of the node list: the list, and a node (with its connections) for
@@ -60,10 +62,11 @@ struct Seen {
     nodes: Vec<Arc<Node>>,
 }
 
-/// One node and its idle connections.
+/// One node, its idle connections and its circuit breaker.
 #[derive(Debug)]
 struct Node {
     address: NodeAddress,
+    breaker: Arc<Breaker>,
     idle: Mutex<Vec<Connection>>,
     max_idle: usize,
     tls: Option<tls::Tls>,
@@ -75,6 +78,7 @@ pub async fn per_worker(
     settings: &MemcacheSettings,
     jitter_max: u64,
     workers: usize,
+    breakers: &Arc<Breakers>,
 ) -> Result<Vec<MemcacheCounters>, BackendError> {
     let fixed: Vec<NodeAddress> = settings
         .memcache_host_port
@@ -119,6 +123,7 @@ pub async fn per_worker(
         max_idle: settings.memcache_max_idle_conns.max(1),
         jitter_max,
         tls: tls.clone(),
+        breakers: Arc::clone(breakers),
     });
     Ok(counters.collect())
 }
@@ -137,6 +142,7 @@ impl MemcacheCounters {
                     kept.cloned().unwrap_or_else(|| {
                         Arc::new(Node {
                             address: address.clone(),
+                            breaker: self.breakers.node(&address.label),
                             idle: Mutex::new(Vec::new()),
                             max_idle: self.max_idle,
                             tls: self.tls.clone(),
@@ -193,8 +199,9 @@ impl MemcacheCounters {
         .await
     }
 
-    /// Runs `work` on each node with its share of `items`, all at once, and returns the
-    /// results in item order.
+    /// Runs `work` on each node with its share of `items`, all at once, each through its
+    /// node's breaker, and returns the results in item order. Every node's call runs to
+    /// its end, so that a failed node does not count against the others.
     async fn on_each_node<'a, F, Fut>(
         &self,
         items: &'a [&'a Increment],
@@ -212,9 +219,15 @@ impl MemcacheCounters {
             .filter(|(_, group)| !group.is_empty())
             .map(|(node, group)| {
                 let share = group.iter().map(|&i| items[i]).collect();
-                work(Arc::clone(&nodes[node]), share)
+                let node = Arc::clone(&nodes[node]);
+                let breaker = Arc::clone(&node.breaker);
+                let call = work(node, share);
+                async move { breaker.call(call).await }
             });
-        let results = try_join_all(calls).await?;
+        let results = join_all(calls)
+            .await
+            .into_iter()
+            .collect::<Result<Vec<_>, _>>()?;
         Ok(reassemble(items.len(), &groups, results))
     }
 }

@@ -8,6 +8,7 @@ use futures_util::future::BoxFuture;
 use ratelimit_core::{CounterOp, Increment};
 use redis::{Pipeline, Script};
 
+use super::nodes::Nodes;
 use super::{Store, query, redis_error};
 use crate::backend::{BackendError, RemoteCounters};
 
@@ -34,6 +35,7 @@ static GCRA: LazyLock<Script> = LazyLock::new(|| Script::new(GCRA_LUA));
 #[derive(Clone)]
 pub struct RedisCounters {
     pub(super) store: Store,
+    pub(super) nodes: Nodes,
     pub(super) jitter_max: u64,
 }
 
@@ -46,7 +48,7 @@ impl std::fmt::Debug for RedisCounters {
 impl RedisCounters {
     async fn run(&self, items: &[&Increment]) -> Result<Vec<u64>, BackendError> {
         let totals: Vec<redis::RedisResult<Option<i64>>> =
-            run_batched(&self.store, items, |pipe, increment| {
+            run_batched(self, items, |pipe, increment| {
                 self.add(pipe, increment, false)
             })
             .await?;
@@ -68,7 +70,7 @@ impl RedisCounters {
         if !unloaded.is_empty() {
             let again: Vec<&Increment> = unloaded.iter().map(|&i| items[i]).collect();
             let totals: Vec<redis::RedisResult<Option<i64>>> =
-                run_batched(&self.store, &again, |pipe, increment| {
+                run_batched(self, &again, |pipe, increment| {
                     self.add(pipe, increment, true)
                 })
                 .await?;
@@ -116,7 +118,7 @@ impl RedisCounters {
 
     async fn get(&self, items: &[&Increment]) -> Result<Vec<u64>, BackendError> {
         let values: Vec<redis::RedisResult<Option<u64>>> =
-            run_batched(&self.store, items, |pipe, increment| {
+            run_batched(self, items, |pipe, increment| {
                 pipe.cmd("GET").arg(&increment.key);
             })
             .await?;
@@ -165,15 +167,18 @@ fn saturated_total(total: redis::RedisResult<Option<i64>>) -> Result<u64, Backen
 
 /// Runs the commands `add` writes for each counter: in one pipeline on a single Redis; in
 /// one pipeline per counter, all at once, on a cluster, where a pipeline must stay within
-/// one hash slot. Results come back in `items` order.
+/// one hash slot. Each pipeline goes through the breaker of the node it is for, and runs
+/// to its end even when another fails, so that one node's failure does not count
+/// against the others. Results come back in `items` order.
 async fn run_batched<T: redis::FromRedisValue>(
-    store: &Store,
+    counters: &RedisCounters,
     items: &[&Increment],
     mut add: impl FnMut(&mut Pipeline, &Increment),
 ) -> Result<Vec<T>, BackendError> {
     if items.is_empty() {
         return Ok(Vec::new());
     }
+    let store = &counters.store;
     let mut pipes: Vec<Pipeline> = match store {
         Store::Single(..) | Store::Sentinel(_) => {
             let mut pipe = redis::pipe();
@@ -194,11 +199,19 @@ async fn run_batched<T: redis::FromRedisValue>(
     pipes.iter_mut().for_each(|pipe| {
         pipe.ignore_errors();
     });
+    // A pipeline's node is its first key's (every key of a cluster's pipeline is in one
+    // slot; a single Redis is one node).
+    let through_breaker = |pipe, key: &str| {
+        let breaker = counters.nodes.breaker(key);
+        async move { breaker.call(query::<Vec<T>>(store, pipe)).await }
+    };
     if let [pipe] = pipes.as_slice() {
-        return query::<Vec<T>>(store, pipe).await;
+        return through_breaker(pipe, &items[0].key).await;
     }
+    let calls = pipes.iter().zip(items);
     let results =
-        futures_util::future::join_all(pipes.iter().map(|pipe| query::<Vec<T>>(store, pipe))).await;
+        futures_util::future::join_all(calls.map(|(pipe, item)| through_breaker(pipe, &item.key)))
+            .await;
     let mut out = Vec::with_capacity(items.len());
     for result in results {
         out.extend(result?);

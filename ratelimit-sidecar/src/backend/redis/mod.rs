@@ -16,9 +16,12 @@ use redis::{
 };
 
 mod counters;
+mod nodes;
 
 use counters::RedisCounters;
+use nodes::{Nodes, SlotOwners};
 
+use super::breaker::Breakers;
 use super::{BackendError, PerWorkerStore, RemoteCounters};
 use crate::settings::{RedisSettings, RedisType, Settings};
 use crate::workers::{PerWorker, Pool};
@@ -101,19 +104,22 @@ struct TlsFiles {
 pub async fn per_worker(
     pool: &Pool,
     settings: &Settings,
+    breakers: &Arc<Breakers>,
 ) -> Result<(PerWorkerStore, Option<PerWorkerStore>), BackendError> {
     let jitter = settings.limiter.expiration_jitter_max_seconds;
-    let first = RedisCounters::connect(&settings.redis, jitter).await?;
+    let first = RedisCounters::connect(&settings.redis, jitter, breakers).await?;
     let mut inputs = vec![None; pool.workers()];
     inputs[0] = Some(first);
     let redis = Arc::new(settings.redis.clone());
+    let breakers = Arc::clone(breakers);
     let connected = pool
         .on_each(inputs, move |ready| {
             let redis = Arc::clone(&redis);
+            let breakers = Arc::clone(&breakers);
             async move {
                 match ready {
                     Some(counters) => Ok(counters),
-                    None => RedisCounters::connect(&redis, jitter).await,
+                    None => RedisCounters::connect(&redis, jitter, &breakers).await,
                 }
             }
         })
@@ -133,10 +139,12 @@ impl RedisCounters {
     /// Connects to the Redis deployments the settings describe (the main one, and the
     /// per-second one with `REDIS_PERSECOND`), retrying with back-off per
     /// `REDIS_STARTUP_*` while none answers. Counters expire a random
-    /// `0..jitter_max` seconds after their window.
+    /// `0..jitter_max` seconds after their window. Each node is called through its
+    /// breaker in `breakers`.
     pub async fn connect(
         settings: &RedisSettings,
         jitter_max: u64,
+        breakers: &Arc<Breakers>,
     ) -> Result<(RedisCounters, Option<RedisCounters>), BackendError> {
         let url = settings
             .redis_url
@@ -160,7 +168,7 @@ impl RedisCounters {
             timeout: settings.redis_timeout,
             tls: settings.redis_tls.then_some(&tls),
         };
-        let main = with_startup_backoff(settings, || open(&main)).await?;
+        let main = counters(&main, settings, jitter_max, breakers).await?;
         let per_second = if settings.redis_persecond {
             let target = Target {
                 socket_type: &settings.redis_persecond_socket_type,
@@ -172,13 +180,33 @@ impl RedisCounters {
                 timeout: settings.redis_persecond_timeout,
                 tls: settings.redis_persecond_tls.then_some(&tls),
             };
-            Some(with_startup_backoff(settings, || open(&target)).await?)
+            Some(counters(&target, settings, jitter_max, breakers).await?)
         } else {
             None
         };
-        let counters = |store| RedisCounters { store, jitter_max };
-        Ok((counters(main), per_second.map(counters)))
+        Ok((main, per_second))
     }
+}
+
+/// The counters of `target`, once it answers, with the breakers of its nodes.
+async fn counters(
+    target: &Target<'_>,
+    settings: &RedisSettings,
+    jitter_max: u64,
+    breakers: &Arc<Breakers>,
+) -> Result<RedisCounters, BackendError> {
+    let store = with_startup_backoff(settings, || open(target)).await?;
+    let nodes = match &store {
+        Store::Cluster(connection) => Nodes::Cluster(
+            SlotOwners::watch(connection.clone(), target.url, Arc::clone(breakers)).await,
+        ),
+        Store::Single(..) | Store::Sentinel(_) => Nodes::One(breakers.node(target.url)),
+    };
+    Ok(RedisCounters {
+        store,
+        nodes,
+        jitter_max,
+    })
 }
 
 async fn query<T: redis::FromRedisValue>(
