@@ -2,6 +2,7 @@
 
 use std::cell::RefCell;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use arc_swap::ArcSwapOption;
 use smallvec::SmallVec;
@@ -21,7 +22,16 @@ use crate::store::CounterStore;
 thread_local! {
     /// Cache keys of the in-process path are built here, not allocated per request.
     static KEY_BUFFER: RefCell<String> = const { RefCell::new(String::new()) };
+    /// The configuration this thread last decided with: a limiter's id, its generation
+    /// then, and the engine. A decision reads one atomic instead of taking (and giving
+    /// back) a reference from the `ArcSwap`, which costs two atomic read-modify-writes.
+    /// The engine of a replaced configuration stays here until this thread's next
+    /// decision.
+    static ENGINE: RefCell<Option<(u64, u64, Arc<Engine>)>> = const { RefCell::new(None) };
 }
+
+/// Ids of limiters, for [`ENGINE`].
+static LIMITER_IDS: AtomicU64 = AtomicU64::new(0);
 
 /// Decides rate-limit requests against a configuration that can be replaced at any time.
 ///
@@ -34,6 +44,11 @@ pub struct Limiter {
     global_shadow: Arc<Counter>,
     local_cache: Option<Arc<OverLimitCache>>,
     engine: ArcSwapOption<Engine>,
+    /// This limiter among others in the process.
+    id: u64,
+    /// How many configurations were set: a thread's cached engine is current while the
+    /// generation it was cached at is.
+    generation: AtomicU64,
 }
 
 impl Limiter {
@@ -56,6 +71,8 @@ impl Limiter {
             settings,
             stats,
             engine: ArcSwapOption::empty(),
+            id: LIMITER_IDS.fetch_add(1, Ordering::Relaxed),
+            generation: AtomicU64::new(0),
         }
     }
 
@@ -69,6 +86,30 @@ impl Limiter {
             local_cache: self.local_cache.clone(),
         };
         self.engine.store(Some(Arc::new(engine)));
+        self.generation.fetch_add(1, Ordering::Release);
+    }
+
+    /// `f` on the current configuration, through this thread's cached engine when it is
+    /// still current.
+    fn with_engine<R>(&self, f: impl FnOnce(&Engine) -> R) -> Result<R, RequestError> {
+        let generation = self.generation.load(Ordering::Acquire);
+        ENGINE.with(|cache| {
+            if let Ok(cached) = cache.try_borrow()
+                && let Some((id, at, engine)) = cached.as_ref()
+                && (*id, *at) == (self.id, generation)
+            {
+                return Ok(f(engine));
+            }
+            let engine = self
+                .engine
+                .load_full()
+                .ok_or(RequestError::NoConfiguration)?;
+            // A decision nested in another's (a store that decides) keeps the outer's.
+            if let Ok(mut cached) = cache.try_borrow_mut() {
+                *cached = Some((self.id, generation, Arc::clone(&engine)));
+            }
+            Ok(f(&engine))
+        })
     }
 
     /// Whether a configuration was loaded.
@@ -187,8 +228,20 @@ impl Limiter {
     where
         S: CounterStore + ?Sized,
     {
-        let guard = self.engine.load();
-        let engine = guard.as_ref().ok_or(RequestError::NoConfiguration)?;
+        self.with_engine(|engine| self.decide_with(engine, request, store, now_ms, deciders))?
+    }
+
+    fn decide_with<S>(
+        &self,
+        engine: &Engine,
+        request: &Request,
+        store: &S,
+        now_ms: u64,
+        deciders: u32,
+    ) -> Result<Response, RequestError>
+    where
+        S: CounterStore + ?Sized,
+    {
         check(request, &self.settings.bounds)?;
         let mut body = engine.match_request(request, now_ms, false);
         if deciders > 1 {

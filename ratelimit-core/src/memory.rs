@@ -208,17 +208,18 @@ impl Slot {
 
     /// One bucket step on the TAT this slot holds, atomically.
     fn step(&self, bucket: Bucket, cost: u64, now_ms: u64) -> u64 {
-        let mut reported = 0;
+        let (mut kept, mut reported) = (0, 0);
         let _ = self
             .count
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |stored| {
-                let (keep, next) = bucket.step(stored, now_ms, cost);
-                reported = next;
-                Some(keep)
+                (kept, reported) = bucket.step(stored, now_ms, cost);
+                Some(kept)
             });
-        let tat = self.count.load(Ordering::Acquire);
-        self.expires
-            .fetch_max(bucket_expiry(tat, now_ms), Ordering::Relaxed);
+        // Most steps leave the bucket's expiry where it is: only a later one is written.
+        let expiry = bucket_expiry(kept, now_ms);
+        if self.expires.load(Ordering::Relaxed) < expiry {
+            self.expires.fetch_max(expiry, Ordering::Relaxed);
+        }
         reported
     }
 

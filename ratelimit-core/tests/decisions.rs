@@ -724,6 +724,32 @@ fn reload_swaps_rules_and_keeps_counters_and_statistics() {
 }
 
 #[test]
+fn limiters_deciding_in_turn_on_one_thread_each_use_their_own_rules() {
+    let rules = |n: u32| {
+        format!(
+            "domain: re\ndescriptors:\n  - key: k\n    rate_limit: {{unit: minute, requests_per_unit: {n}}}\n"
+        )
+    };
+    let (five, two, s) = (
+        limiter(&rules(5)),
+        limiter(&rules(2)),
+        MemoryStore::default(),
+    );
+    let request = Request::new("re", vec![d(&[("k", "v")])]);
+    for _ in 0..2 {
+        let limit = |r: Response| {
+            r.statuses[0]
+                .current_limit
+                .as_ref()
+                .unwrap()
+                .requests_per_unit
+        };
+        assert_eq!(limit(five.should_rate_limit(&request, &s, NOW).unwrap()), 5);
+        assert_eq!(limit(two.should_rate_limit(&request, &s, NOW).unwrap()), 2);
+    }
+}
+
+#[test]
 fn a_remote_plan_with_the_stop_flag_increments_only_what_would_go_over() {
     let yaml = "
 domain: stop
