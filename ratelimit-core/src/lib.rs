@@ -47,6 +47,7 @@ mod request;
 mod response;
 mod rules;
 mod settings;
+mod shares;
 pub mod stats;
 mod store;
 mod unit;
@@ -59,13 +60,17 @@ pub use headers::{HeaderFormat, Policy};
 pub use limiter::Limiter;
 pub use local_cache::OverLimitCache;
 pub use memory::{DEFAULT_MAX_BYTES, MemoryStore, MemoryUsage};
-pub use plan::{DescriptorExplanation, Explanation, Increment, MatchedEntry, Outcome, Plan};
+pub use plan::{
+    DescriptorExplanation, Explanation, Increment, MatchedEntry, Outcome, Plan, QuotaLimit,
+    QuotaRule,
+};
 pub use request::{Descriptor, Entry, LimitOverride, Request, RequestBounds, RequestError};
 pub use response::{
     Code, CurrentLimit, DescriptorStatus, HeaderNames, RateLimitHeaders, Response, Retry,
 };
 pub use rules::{MatchKind, RuleView};
 pub use settings::Settings;
+pub use shares::shares;
 pub use store::CounterStore;
 pub use unit::{Unit, Window};
 pub use wildcard::Pattern;

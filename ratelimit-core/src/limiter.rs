@@ -11,8 +11,8 @@ use crate::config::Config;
 use crate::counting::CounterOp;
 use crate::engine::Engine;
 use crate::local_cache::OverLimitCache;
-use crate::plan::{Explanation, Plan};
-use crate::request::{Request, RequestBounds, RequestError};
+use crate::plan::{Explanation, Plan, QuotaRule};
+use crate::request::{Entry, Request, RequestBounds, RequestError};
 use crate::response::Response;
 use crate::rules::{RuleSet, RuleView};
 use crate::settings::Settings;
@@ -149,6 +149,17 @@ impl Limiter {
             .as_ref()
             .map(|e| e.rules.views())
             .unwrap_or_default()
+    }
+
+    /// What the rules say about the Rate Limit Quota Service bucket whose id is `bucket`
+    /// in `domain`, at `now_ms`: see [`QuotaRule`].
+    pub fn quota_rule(
+        &self,
+        domain: &str,
+        bucket: &[Entry],
+        now_ms: u64,
+    ) -> Result<QuotaRule, RequestError> {
+        self.with_engine(|engine| engine.quota_rule(domain, bucket, now_ms))
     }
 
     /// Plans `request` at `now` (unix seconds) for a remote counter store.

@@ -364,6 +364,29 @@ impl RuleSet {
         found
     }
 
+    /// The entries of `bucket` (key, value pairs in any order) as a descriptor of
+    /// `level`'s rules: at each level, the first entry (by key) that a rule there matches,
+    /// then the same under that rule, until no rule matches or there is no deeper level.
+    pub fn bucket_entries(&self, level: &Level, bucket: &[Entry]) -> Vec<Entry> {
+        let mut sorted: Vec<&Entry> = bucket.iter().collect();
+        sorted.sort_by(|a, b| a.key.cmp(&b.key));
+        let mut entries = Vec::new();
+        let mut level = Some(level);
+        while let Some(at) = level {
+            let Some((entry, id)) = sorted
+                .iter()
+                .enumerate()
+                .find_map(|(i, entry)| at.lookup(entry).map(|(id, _)| (i, id)))
+                .map(|(i, id)| (sorted.remove(i), id))
+            else {
+                break;
+            };
+            entries.push(entry.clone());
+            level = self.node(id).children.as_ref();
+        }
+        entries
+    }
+
     /// Every rule, domain by domain, in file order, depth first.
     pub fn views(&self) -> Vec<RuleView> {
         let mut out = Vec::with_capacity(self.nodes.len());

@@ -13,8 +13,10 @@ mod decision;
 mod explain;
 mod keys;
 mod matching;
+mod quota;
 
 pub use explain::{DescriptorExplanation, Explanation, MatchedEntry, Outcome};
+pub use quota::{QuotaLimit, QuotaRule};
 
 use std::sync::Arc;
 

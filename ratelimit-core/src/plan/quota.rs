@@ -1,0 +1,143 @@
+//! Envoy's Rate Limit Quota Service on the same rules: which rule a bucket id means, the
+//! counter that reserves quota for its window, and the rule's statistics for the usage
+//! Envoy reports.
+
+use std::sync::Arc;
+
+use super::{Increment, Item, Source};
+use crate::config::Limit;
+use crate::counting::{CounterOp, Counting};
+use crate::engine::Engine;
+use crate::request::{Descriptor, Entry, Request};
+use crate::stats::RuleStats;
+use crate::unit::Window;
+
+/// What the rules say about one RLQS bucket.
+#[derive(Debug)]
+pub enum QuotaRule {
+    /// No rule limits it (no rule matches, or the rule is `unlimited` or a whitelist):
+    /// every request is allowed.
+    Unlimited,
+    /// `requests_per_unit: 0`: every request is denied.
+    Denied,
+    /// A counted limit.
+    Limited(QuotaLimit),
+}
+
+/// A bucket's limit in the window that contains the time it was asked at.
+#[derive(Debug)]
+pub struct QuotaLimit {
+    /// The bucket as the descriptor the rules matched.
+    pub descriptor: Descriptor,
+    /// Requests per window.
+    pub requests_per_unit: u32,
+    /// The window.
+    pub window: Window,
+    /// Unix milliseconds at which the window ends.
+    pub window_end_ms: u64,
+    /// Shadow mode: the limit is counted, never enforced.
+    pub shadow: bool,
+    /// The window's counter (the rule's own key, as ShouldRateLimit counts it); quota
+    /// handed to Envoys is reserved by adding to it.
+    pub counter: Increment,
+    stats: Option<Arc<RuleStats>>,
+}
+
+impl QuotaLimit {
+    /// Counts usage an Envoy reported in the rule's statistics: `allowed` within the
+    /// limit, `denied` over it. In shadow mode nothing is denied; `over` of the allowed
+    /// hits went past the limit and are counted as over limit and as shadow mode.
+    pub fn count_usage(&self, allowed: u64, denied: u64, over: u64) {
+        let Some(stats) = &self.stats else { return };
+        let over = over.min(allowed);
+        stats.total_hits.add(allowed + denied);
+        stats.within_limit.add(allowed - over);
+        stats.over_limit.add(denied + over);
+        if self.shadow {
+            stats.shadow_mode.add(over);
+        }
+    }
+}
+
+impl Engine {
+    /// The rule of bucket `bucket` (its id's key, value pairs) in `domain` at `now_ms`.
+    pub(crate) fn quota_rule(&self, domain: &str, bucket: &[Entry], now_ms: u64) -> QuotaRule {
+        let Some(root) = self.rules.domain(domain) else {
+            return QuotaRule::Unlimited;
+        };
+        let entries = self.rules.bucket_entries(root, bucket);
+        if entries.is_empty() {
+            return QuotaRule::Unlimited;
+        }
+        let descriptor = Descriptor {
+            entries,
+            limit: None,
+            hits_addend: None,
+        };
+        let request = Request::new(domain, vec![descriptor]);
+        let body = self.match_request(&request, now_ms, false);
+        // The first limit of the descriptor (a `rate_limits` list is served by its first).
+        let Some(Item::Limited(limited)) = body.items.first() else {
+            return QuotaRule::Unlimited;
+        };
+        let Source::Node(id, which) = limited.source else {
+            return QuotaRule::Unlimited;
+        };
+        let node = self.rules.node(id);
+        let limit = &node.limits[usize::from(which)];
+        let Limit::Counted {
+            window,
+            requests_per_unit,
+            ..
+        } = limit.limit
+        else {
+            return QuotaRule::Unlimited;
+        };
+        if requests_per_unit == 0 && !node.shadow_mode {
+            return QuotaRule::Denied;
+        }
+        // Whatever the rule's algorithm, quota is handed out per window of its length. A
+        // fixed window shares ShouldRateLimit's counter; another algorithm's window gets
+        // a counter of its own.
+        let start = window.start(now_ms / 1_000);
+        let mut key = String::new();
+        self.cache_key(
+            &mut key,
+            domain,
+            Some(root),
+            &request.descriptors[0],
+            limited.source,
+        );
+        key.push_str(itoa::Buffer::new().format(start));
+        match limit.counting {
+            Counting::FixedWindow(_) if !limit.key_suffix.is_empty() => {
+                key.push('_');
+                key.push_str(&limit.key_suffix);
+            }
+            Counting::FixedWindow(_) => {}
+            _ => key.push_str("_rlqs"),
+        }
+        let window_end = start + window.seconds();
+        let counter = Increment {
+            key,
+            hits: 0,
+            op: CounterOp::Add,
+            window,
+            window_end,
+            expires: window_end,
+            now_ms,
+        };
+        let stats = limited.stats.clone().or_else(|| limit.stats.clone());
+        let [descriptor] =
+            <[Descriptor; 1]>::try_from(request.descriptors).expect("one descriptor was planned");
+        QuotaRule::Limited(QuotaLimit {
+            descriptor,
+            requests_per_unit,
+            window,
+            window_end_ms: window_end.saturating_mul(1_000),
+            shadow: node.shadow_mode,
+            counter,
+            stats,
+        })
+    }
+}
