@@ -112,6 +112,11 @@ impl Limiter {
         })
     }
 
+    /// A number that changes each time a configuration is set.
+    pub fn config_generation(&self) -> u64 {
+        self.generation.load(Ordering::Acquire)
+    }
+
     /// Whether a configuration was loaded.
     pub fn has_config(&self) -> bool {
         self.engine.load().is_some()

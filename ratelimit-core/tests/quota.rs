@@ -94,7 +94,7 @@ fn a_bucket_id_walks_the_rule_tree_whatever_the_order_of_its_entries() {
 #[test]
 fn unlimited_denied_shadow_and_unknown_buckets() {
     assert!(matches!(rule(&[("internal", "x")]), QuotaRule::Unlimited));
-    assert!(matches!(rule(&[("nobody", "x")]), QuotaRule::Unlimited));
+    assert!(matches!(rule(&[("nobody", "x")]), QuotaRule::NotConfigured));
     assert!(
         matches!(rule(&[("tenant", "acme")]), QuotaRule::Unlimited),
         "a rule without a limit at that depth"

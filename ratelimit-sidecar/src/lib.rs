@@ -17,6 +17,7 @@ pub mod logging;
 pub mod metadata;
 pub mod outage;
 pub mod provider;
+pub mod rlqs;
 pub mod runner;
 pub mod serve;
 pub mod service;

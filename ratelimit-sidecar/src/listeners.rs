@@ -17,6 +17,7 @@ use tonic_health::pb::health_server::HealthServer;
 use tonic_health::server::HealthService;
 
 use crate::grpc::Grpc;
+use crate::rlqs::Rlqs;
 use crate::serve::{self, ConnectionLimits, ConnectionSlots};
 use crate::service::Service;
 use crate::settings::ServerSettings;
@@ -57,6 +58,8 @@ pub struct Shared {
     pub stop: watch::Receiver<bool>,
     /// The listeners' TLS, when GRPC_SERVER_USE_TLS.
     pub tls: Option<Arc<ServerTls>>,
+    /// The Rate Limit Quota Service.
+    pub rlqs: Rlqs,
 }
 
 impl Shared {
@@ -178,6 +181,7 @@ pub async fn serve_worker(shared: Shared, listeners: WorkerListeners) {
         .max_connection_age(shared.server.grpc_max_connection_age)
         .max_connection_age_grace(shared.server.grpc_max_connection_age_grace)
         .add_service(Grpc(Arc::clone(&shared.service)))
+        .add_service(shared.rlqs.server())
         .add_service(shared.health.clone());
     let served = match grpc_source {
         Registered::Tcp(listener) => match &shared.tls {

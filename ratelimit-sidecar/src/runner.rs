@@ -6,6 +6,7 @@ use notify::RecommendedWatcher;
 use ratelimit_core::{HeaderFormat, HeaderNames, Limiter};
 
 use crate::outage::Outage;
+use crate::rlqs::Rlqs;
 use crate::settings::HeadersFormat;
 use tokio::signal::unix::{SignalKind, signal};
 use tokio::sync::{mpsc, oneshot, watch};
@@ -90,6 +91,7 @@ pub async fn run(settings: Settings) -> Result<(), StartError> {
         slots: settings.bounds.http.connection_slots(),
         stop: stop_rx,
         tls: tls.map(Arc::new),
+        rlqs: Rlqs::new(Arc::clone(&service), server.rlqs_assignment_ttl),
     };
     if let Some((listener, workers)) = opened.uds {
         tokio::spawn(listeners::hand_out(listener, workers, shared.stopped()));

@@ -155,6 +155,13 @@ impl Server {
         }
         std::os::unix::fs::symlink(dir.path().join("v1"), dir.path().join("current")).unwrap();
         let (http, grpc, debug) = (free_port(), free_port(), free_port());
+        // A port the options choose (a restart on the same port) wins.
+        let grpc = options
+            .env
+            .iter()
+            .find(|(key, _)| *key == "GRPC_PORT")
+            .and_then(|(_, port)| port.parse().ok())
+            .unwrap_or(grpc);
         let uds = options.uds.then(|| dir.path().join("grpc.sock"));
         let log = dir.path().join("server.log");
         let binary = binary("ratelimit");

@@ -15,8 +15,10 @@ use crate::unit::Window;
 /// What the rules say about one RLQS bucket.
 #[derive(Debug)]
 pub enum QuotaRule {
-    /// No rule limits it (no rule matches, or the rule is `unlimited` or a whitelist):
-    /// every request is allowed.
+    /// No rule of the domain matches any of its entries (or the domain is unknown).
+    NotConfigured,
+    /// The rule it matches has no limit (`unlimited`, or none at that depth): every
+    /// request is allowed.
     Unlimited,
     /// `requests_per_unit: 0`: every request is denied.
     Denied,
@@ -63,11 +65,11 @@ impl Engine {
     /// The rule of bucket `bucket` (its id's key, value pairs) in `domain` at `now_ms`.
     pub(crate) fn quota_rule(&self, domain: &str, bucket: &[Entry], now_ms: u64) -> QuotaRule {
         let Some(root) = self.rules.domain(domain) else {
-            return QuotaRule::Unlimited;
+            return QuotaRule::NotConfigured;
         };
         let entries = self.rules.bucket_entries(root, bucket);
         if entries.is_empty() {
-            return QuotaRule::Unlimited;
+            return QuotaRule::NotConfigured;
         }
         let descriptor = Descriptor {
             entries,

@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use futures_util::future::BoxFuture;
 use ratelimit_core::stats::{Counter, StatsRegistry, names};
-use ratelimit_core::{Increment, MemoryStore, MemoryUsage, Plan};
+use ratelimit_core::{CounterStore, Increment, MemoryStore, MemoryUsage, Plan};
 
 use self::breaker::Breakers;
 use crate::settings::{BackendType, Settings};
@@ -138,6 +138,26 @@ pub enum Backend {
 }
 
 impl Backend {
+    /// Adds `increment.hits` to its counter (created with the window's expiry) and
+    /// returns the total.
+    pub async fn add(&self, increment: &Increment) -> Result<u64, BackendError> {
+        match self {
+            Backend::Memory(store) => Ok(store.increment(
+                &increment.key,
+                increment.hits,
+                increment.expires,
+                increment.now_ms / 1_000,
+            )),
+            Backend::Remote(remote) => {
+                let one = std::slice::from_ref(increment);
+                let totals = remote
+                    .within_deadline(remote.routed(one, |store, items| store.increment(items)))
+                    .await?;
+                Ok(totals.first().copied().unwrap_or_default())
+            }
+        }
+    }
+
     /// The store's name, as the dashboard and trace spans show it.
     pub fn name(&self) -> &'static str {
         match self {

@@ -40,6 +40,10 @@ pub struct ServerSettings {
     /// Extra time before an aged connection is closed by force.
     #[arg(long, env, default_value = "1h", value_parser = go_duration)]
     pub grpc_max_connection_age_grace: Duration,
+    /// How long a Rate Limit Quota Service assignment lives in Envoy unless it is sent
+    /// again (it is, with each usage report, every 5 s); whole seconds.
+    #[arg(long, env, default_value = "15s", value_parser = go_duration)]
+    pub rlqs_assignment_ttl: Duration,
     /// Log level: panic, fatal, error, warn, info, debug or trace.
     #[arg(long, env, default_value = "warn", value_parser = log_level)]
     pub log_level: String,

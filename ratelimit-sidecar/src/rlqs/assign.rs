@@ -1,0 +1,164 @@
+//! What one Envoy is assigned for one bucket, and the actions that tell it.
+//!
+//! A limited bucket's window quota is reserved in the rule's counter (in the backend, so
+//! that every replica sharing it agrees): each Envoy is granted its share of the limit
+//! (by recent demand), and what the counter cannot give any more is not granted. Envoy
+//! enforces a grant as a token bucket that holds exactly the unused part and does not
+//! refill by itself; the service refills it at each window and when it grants more.
+
+use std::time::Duration;
+
+use envoy_types::pb::envoy::r#type::v3::rate_limit_strategy::{BlanketRule, Strategy};
+use envoy_types::pb::envoy::r#type::v3::{RateLimitStrategy, TokenBucket};
+use envoy_types::pb::envoy::service::rate_limit_quota::v3::BucketId;
+use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_response::BucketAction;
+use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_response::bucket_action::{
+    AbandonAction, BucketAction as Action, QuotaAssignmentAction,
+};
+use envoy_types::pb::google::protobuf::{Duration as PbDuration, UInt32Value};
+
+/// How an Envoy's bucket is enforced.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Assignment {
+    /// Every request allowed, or every request denied.
+    Blanket(BlanketRule),
+    /// At most this many more requests, until the service says otherwise.
+    Tokens(u32),
+}
+
+/// One Envoy's state for one bucket.
+#[derive(Debug, Default)]
+pub struct Grant {
+    /// The window the grant is for (unix milliseconds at which it ends).
+    pub window_end_ms: u64,
+    /// Quota reserved for this Envoy in the window.
+    pub granted: u64,
+    /// Requests this Envoy reported allowed in the window (a report that straddles the
+    /// window's start counts whole: never less than the truth).
+    pub used: u64,
+    /// The limit the grant was made under.
+    pub requests_per_unit: Option<u32>,
+    /// The assignment last sent.
+    pub sent: Option<Assignment>,
+}
+
+impl Grant {
+    /// Starts the window ending at `window_end_ms` when it is not the current one; `true`
+    /// when it started.
+    pub fn enter_window(&mut self, window_end_ms: u64) -> bool {
+        if self.window_end_ms == window_end_ms {
+            return false;
+        }
+        self.window_end_ms = window_end_ms;
+        self.granted = 0;
+        self.used = 0;
+        true
+    }
+}
+
+/// The actions that make `bucket` hold `assignment` for `ttl`: `fresh` starts a new
+/// token bucket full (Envoy keeps an identical one as it is, so a refill goes through a
+/// blanket rule first, in the same response).
+pub fn actions(
+    bucket: &BucketId,
+    assignment: Assignment,
+    fresh: bool,
+    ttl: Duration,
+) -> Vec<BucketAction> {
+    let assign = |strategy| BucketAction {
+        bucket_id: Some(bucket.clone()),
+        bucket_action: Some(Action::QuotaAssignmentAction(QuotaAssignmentAction {
+            assignment_time_to_live: Some(duration(ttl)),
+            rate_limit_strategy: Some(RateLimitStrategy {
+                strategy: Some(strategy),
+            }),
+        })),
+    };
+    match assignment {
+        Assignment::Blanket(rule) => vec![assign(Strategy::BlanketRule(rule as i32))],
+        Assignment::Tokens(tokens) => {
+            let bucket = Strategy::TokenBucket(TokenBucket {
+                max_tokens: tokens,
+                // Envoy's bucket refills continuously; one token a day is as close to
+                // never as its configuration allows.
+                tokens_per_fill: Some(UInt32Value { value: 1 }),
+                fill_interval: Some(duration(Duration::from_secs(86_400))),
+            });
+            let mut out = Vec::with_capacity(2);
+            if fresh {
+                out.push(assign(Strategy::BlanketRule(BlanketRule::DenyAll as i32)));
+            }
+            out.push(assign(bucket));
+            out
+        }
+    }
+}
+
+/// The action that tells Envoy a bucket is no longer configured.
+pub fn abandon(bucket: &BucketId) -> BucketAction {
+    BucketAction {
+        bucket_id: Some(bucket.clone()),
+        bucket_action: Some(Action::AbandonAction(AbandonAction {})),
+    }
+}
+
+fn duration(d: Duration) -> PbDuration {
+    PbDuration {
+        seconds: i64::try_from(d.as_secs()).unwrap_or(i64::MAX),
+        nanos: i32::try_from(d.subsec_nanos()).unwrap_or(0),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_new_window_starts_a_grant_afresh() {
+        let mut grant = Grant::default();
+        assert!(grant.enter_window(60_000));
+        assert!(!grant.enter_window(60_000));
+        grant.granted = 10;
+        grant.used = 4;
+        assert!(grant.enter_window(120_000));
+        assert_eq!((grant.granted, grant.used), (0, 0));
+    }
+
+    #[test]
+    fn a_fresh_bucket_goes_through_a_blanket_rule_in_the_same_response() {
+        let id = BucketId::default();
+        let ttl = Duration::from_secs(15);
+        let strategies = |actions: Vec<BucketAction>| -> Vec<Strategy> {
+            actions
+                .into_iter()
+                .map(|a| match a.bucket_action {
+                    Some(Action::QuotaAssignmentAction(q)) => {
+                        assert_eq!(q.assignment_time_to_live.unwrap().seconds, 15);
+                        q.rate_limit_strategy.unwrap().strategy.unwrap()
+                    }
+                    other => panic!("{other:?}"),
+                })
+                .collect()
+        };
+        let fresh = strategies(actions(&id, Assignment::Tokens(7), true, ttl));
+        assert_eq!(fresh.len(), 2);
+        assert_eq!(fresh[0], Strategy::BlanketRule(BlanketRule::DenyAll as i32));
+        let Strategy::TokenBucket(bucket) = &fresh[1] else {
+            panic!("{fresh:?}")
+        };
+        assert_eq!(bucket.max_tokens, 7);
+        assert_eq!(
+            strategies(actions(&id, Assignment::Tokens(7), false, ttl)).len(),
+            1
+        );
+        assert_eq!(
+            strategies(actions(
+                &id,
+                Assignment::Blanket(BlanketRule::AllowAll),
+                true,
+                ttl
+            )),
+            [Strategy::BlanketRule(BlanketRule::AllowAll as i32)]
+        );
+    }
+}

@@ -1,0 +1,107 @@
+//! Envoy's Rate Limit Quota Service (`envoy.service.rate_limit_quota.v3`) on the
+//! sidecar's gRPC port, next to RateLimitService, from the same rules and counters.
+//!
+//! Envoy's `rate_limit_quota` filter sorts requests into buckets, enforces an assignment
+//! locally and reports usage on a stream. Here a bucket id maps onto the rule tree
+//! ([`ratelimit_core::QuotaRule`]); a limited bucket's quota for the window is reserved
+//! in the rule's counter and split between the Envoys by demand ([`assign`]).
+
+mod assign;
+mod demands;
+mod stream;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_service_server::{
+    RateLimitQuotaService, RateLimitQuotaServiceServer,
+};
+use envoy_types::pb::envoy::service::rate_limit_quota::v3::{
+    RateLimitQuotaResponse, RateLimitQuotaUsageReports,
+};
+use ratelimit_core::stats::{Counter, StatsRegistry};
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::{Request, Response, Status, Streaming};
+
+use self::demands::Demands;
+use self::stream::EnvoyStream;
+use crate::service::Service;
+
+/// Buckets whose demands one process tracks.
+const MAX_BUCKETS: usize = 100_000;
+
+/// The service, shared by every worker.
+#[derive(Clone)]
+pub struct Rlqs(Arc<Shared>);
+
+/// What every stream shares.
+struct Shared {
+    service: Arc<Service>,
+    demands: Demands,
+    /// RLQS_ASSIGNMENT_TTL.
+    ttl: Duration,
+    streams: AtomicU64,
+    stats: Stats,
+}
+
+/// `ratelimit.rlqs.*`.
+struct Stats {
+    streams: Arc<Counter>,
+    reports: Arc<Counter>,
+    assignments: Arc<Counter>,
+    abandoned: Arc<Counter>,
+    buckets_refused: Arc<Counter>,
+    reserve_failed: Arc<Counter>,
+}
+
+impl Stats {
+    fn new(stats: &StatsRegistry) -> Stats {
+        let counter = |name: &str| stats.counter(&format!("ratelimit.rlqs.{name}"));
+        Stats {
+            streams: counter("streams"),
+            reports: counter("usage_reports"),
+            assignments: counter("assignments"),
+            abandoned: counter("abandoned"),
+            buckets_refused: counter("buckets_refused"),
+            reserve_failed: counter("reserve_failed"),
+        }
+    }
+}
+
+impl Rlqs {
+    /// The service on `service`'s rules and backend; assignments live for `ttl`.
+    pub fn new(service: Arc<Service>, ttl: Duration) -> Rlqs {
+        let stats = Stats::new(service.limiter.stats());
+        Rlqs(Arc::new(Shared {
+            service,
+            demands: Demands::new(MAX_BUCKETS),
+            ttl,
+            streams: AtomicU64::new(0),
+            stats,
+        }))
+    }
+
+    /// The tonic service to add to a server.
+    pub fn server(&self) -> RateLimitQuotaServiceServer<Rlqs> {
+        RateLimitQuotaServiceServer::new(self.clone())
+    }
+}
+
+#[tonic::async_trait]
+impl RateLimitQuotaService for Rlqs {
+    type StreamRateLimitQuotasStream = ReceiverStream<Result<RateLimitQuotaResponse, Status>>;
+
+    async fn stream_rate_limit_quotas(
+        &self,
+        request: Request<Streaming<RateLimitQuotaUsageReports>>,
+    ) -> Result<Response<Self::StreamRateLimitQuotasStream>, Status> {
+        let id = self.0.streams.fetch_add(1, Ordering::Relaxed);
+        self.0.stats.streams.add(1);
+        let (tx, rx) = mpsc::channel(16);
+        let stream = EnvoyStream::new(id, Arc::clone(&self.0));
+        tokio::spawn(stream.run(request.into_inner(), tx));
+        Ok(Response::new(ReceiverStream::new(rx)))
+    }
+}

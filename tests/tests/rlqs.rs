@@ -1,0 +1,180 @@
+//! The Rate Limit Quota Service with real Envoys (`envoy/rlqs.yaml`, two workers each):
+//! Envoy enforces the sidecar's assignments itself and reports usage every 5 s, so a
+//! limit holds across Envoys within what Envoy lets through before an assignment exists
+//! (a bucket's first request) and what is in flight.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use ratelimit_tests::envoy::{Envoy, start_envoy_workers, upstream};
+use ratelimit_tests::sidecar::{Options, Redis, Server, free_port, redis_env};
+
+const LIMIT: u64 = 20;
+/// What Envoy may let through beyond its share: the bucket's first request, admitted
+/// before any assignment exists, and one in flight.
+const SLACK_PER_ENVOY: u64 = 2;
+
+fn rules(limit: u64) -> String {
+    format!(
+        "domain: edge\ndescriptors:\n  - key: user\n    rate_limit: {{unit: minute, requests_per_unit: {limit}}}\n"
+    )
+}
+
+fn sidecar(env: Vec<(&'static str, String)>) -> Server {
+    Server::start_with(Options {
+        files: vec![("rules.yaml", rules(LIMIT))],
+        env,
+        ..Options::default()
+    })
+}
+
+fn envoy(upstream: u16, grpc: u16, expired: &str) -> Envoy {
+    let expired = [("EXPIRED_RULE", expired.to_owned())];
+    start_envoy_workers("rlqs.yaml", 2, upstream, grpc, false, &expired)
+}
+
+async fn status(port: u16, user: &str) -> u16 {
+    reqwest::Client::new()
+        .get(format!("http://127.0.0.1:{port}/"))
+        .header("x-user", user)
+        .send()
+        .await
+        .unwrap()
+        .status()
+        .as_u16()
+}
+
+fn minute() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
+        / 60
+}
+
+/// Sends `rounds` requests for `user` to each Envoy in turn, 10 ms apart, and returns
+/// how many were admitted in each minute window.
+async fn admitted_per_window(envoys: &[&Envoy], user: &str, rounds: usize) -> BTreeMap<u64, u64> {
+    let mut admitted = BTreeMap::new();
+    for _ in 0..rounds {
+        for envoy in envoys {
+            let window = minute();
+            let code = status(envoy.port, user).await;
+            assert!(code == 200 || code == 429, "{code}");
+            *admitted.entry(window).or_default() += u64::from(code == 200);
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+    admitted
+}
+
+/// Waits until `user` gets `code` from `envoy`, for at most `within`.
+async fn until(envoy: &Envoy, user: &str, code: u16, within: Duration) {
+    let deadline = Instant::now() + within;
+    while status(envoy.port, user).await != code {
+        assert!(Instant::now() < deadline, "{user} never got {code}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// Each window admits at most the limit plus the slack of each Envoy; a server that gave
+/// every Envoy the whole limit would let both admit 20 (40 in a window).
+fn assert_shared(admitted: &BTreeMap<u64, u64>, envoys: u64) {
+    let bound = LIMIT + SLACK_PER_ENVOY * envoys;
+    for (window, n) in admitted {
+        assert!(
+            *n <= bound,
+            "window {window}: {n} admitted, bound {bound}: {admitted:?}"
+        );
+    }
+    let most = admitted.values().max().copied().unwrap_or(0);
+    assert!(most >= LIMIT / 2, "the limit is used: {admitted:?}");
+}
+
+#[tokio::test]
+async fn two_envoys_share_one_limit_and_other_users_are_unaffected() {
+    let upstream = upstream().await;
+    let sidecar = sidecar(Vec::new());
+    let (a, b) = (
+        envoy(upstream, sidecar.grpc, "DENY_ALL"),
+        envoy(upstream, sidecar.grpc, "DENY_ALL"),
+    );
+    let admitted = admitted_per_window(&[&a, &b], "alice", 40).await;
+    assert_shared(&admitted, 2);
+    assert_eq!(status(a.port, "bob").await, 200);
+    assert_eq!(status(b.port, "bob").await, 200);
+    assert!(sidecar.stat("ratelimit.rlqs.streams").await.unwrap() >= 2);
+    assert!(
+        sidecar
+            .stat("ratelimit.service.rate_limit.edge.user.total_hits")
+            .await
+            .unwrap()
+            >= 2
+    );
+}
+
+#[tokio::test]
+async fn two_sidecar_replicas_on_one_redis_share_the_limit() {
+    let redis = Redis::start(&[]);
+    let upstream = upstream().await;
+    let (one, two) = (
+        sidecar(redis_env(redis.port)),
+        sidecar(redis_env(redis.port)),
+    );
+    let (a, b) = (
+        envoy(upstream, one.grpc, "DENY_ALL"),
+        envoy(upstream, two.grpc, "DENY_ALL"),
+    );
+    let admitted = admitted_per_window(&[&a, &b], "carol", 40).await;
+    assert_shared(&admitted, 2);
+}
+
+#[tokio::test]
+async fn a_reload_that_lowers_the_limit_takes_effect_within_a_reporting_interval() {
+    let upstream = upstream().await;
+    let sidecar = Server::start_with(Options {
+        files: vec![("rules.yaml", rules(LIMIT))],
+        watch_root: true,
+        ..Options::default()
+    });
+    let a = envoy(upstream, sidecar.grpc, "DENY_ALL");
+    let start = minute();
+    for _ in 0..3 {
+        assert_eq!(status(a.port, "dave").await, 200);
+    }
+    sidecar.swap_root("v2", &[("rules.yaml", &rules(5))]);
+    tokio::time::sleep(Duration::from_millis(5_500)).await;
+    let mut later = 0;
+    for _ in 0..10 {
+        later += u64::from(status(a.port, "dave").await == 200);
+    }
+    if minute() != start {
+        return; // a new window began: it allows 5 again
+    }
+    assert!(
+        3 + later <= 5 + SLACK_PER_ENVOY / 2,
+        "{later} more admitted after the reload"
+    );
+}
+
+#[tokio::test]
+async fn a_sidecar_restart_makes_envoy_follow_its_expired_behaviour_then_recover() {
+    let upstream = upstream().await;
+    let grpc = free_port();
+    let env = || {
+        vec![
+            ("GRPC_PORT", grpc.to_string()),
+            ("RLQS_ASSIGNMENT_TTL", "2s".to_owned()),
+        ]
+    };
+    let first = sidecar(env());
+    let a = envoy(upstream, grpc, "DENY_ALL");
+    assert_eq!(status(a.port, "erin").await, 200);
+    until(&a, "erin", 200, Duration::from_secs(2)).await;
+    drop(first);
+    // The assignment runs out 2 s later and the bucket falls back to DENY_ALL.
+    until(&a, "erin", 429, Duration::from_secs(6)).await;
+    let _second = sidecar(env());
+    // Envoy reconnects with its next report (every 5 s) and gets a new assignment.
+    until(&a, "erin", 200, Duration::from_secs(12)).await;
+}
