@@ -3,6 +3,7 @@
 #
 #   envoy/run.sh sidecar          # Envoy + the sidecar on envoy/rules.yaml (3 requests a minute per x-user)
 #   envoy/run.sh wasm             # Envoy running the ratelimit-wasm filter alone (same limit, decided in Envoy)
+#   envoy/run.sh rlqs             # Envoy's rate_limit_quota filter, with quota assignments from the sidecar
 #   envoy/run.sh sidecar --demo   # the same, then sends 4 requests as alice and stops: the 4th is a 429
 #
 # It builds what it runs (the default profile, as the tests do), starts everything on loopback, prints the
@@ -15,8 +16,8 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 ROOT="$PWD"
 MODE="${1:-sidecar}"
 DEMO="${2:-}"
-case "$MODE" in sidecar | wasm) ;; *)
-	echo "usage: envoy/run.sh sidecar|wasm [--demo]" >&2
+case "$MODE" in sidecar | wasm | rlqs) ;; *)
+	echo "usage: envoy/run.sh sidecar|wasm|rlqs [--demo]" >&2
 	exit 2
 	;;
 esac
@@ -65,7 +66,7 @@ python3 -m http.server "$UPSTREAM_PORT" --bind 127.0.0.1 --directory "$WORK/www"
 wait_port "$UPSTREAM_PORT" upstream
 
 export LISTEN_PORT ADMIN_PORT UPSTREAM_PORT FAILURE_MODE_DENY=false
-if [ "$MODE" = sidecar ]; then
+if [ "$MODE" != wasm ]; then
 	cargo build --quiet -p ratelimit-sidecar --bin ratelimit
 	# The sidecar reads RUNTIME_ROOT/RUNTIME_SUBDIRECTORY/RUNTIME_APPDIRECTORY: a directory
 	# with only the rules (pointing it at envoy/ would load the Envoy files as rules too).
@@ -76,8 +77,12 @@ if [ "$MODE" = sidecar ]; then
 		HOST=127.0.0.1 PORT="$PORT" GRPC_HOST=127.0.0.1 GRPC_PORT="$GRPC_PORT" \
 		DEBUG_HOST=127.0.0.1 DEBUG_PORT="$DEBUG_PORT" target/debug/ratelimit >"$WORK/sidecar.log" 2>&1 &
 	wait_port "$GRPC_PORT" sidecar
-	export RATELIMIT_PORT="$GRPC_PORT"
-	fill <envoy/sidecar.yaml >"$WORK/envoy.yaml"
+	export RATELIMIT_PORT="$GRPC_PORT" EXPIRED_RULE=DENY_ALL
+	if [ "$MODE" = rlqs ]; then
+		fill <envoy/rlqs.yaml >"$WORK/envoy.yaml"
+	else
+		fill <envoy/sidecar.yaml >"$WORK/envoy.yaml"
+	fi
 else
 	cargo build --quiet -p ratelimit-wasm --target wasm32-unknown-unknown --profile wasm
 	export WASM_FILE="$ROOT/target/wasm32-unknown-unknown/wasm/ratelimit_wasm.wasm"

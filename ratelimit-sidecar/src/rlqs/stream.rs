@@ -234,7 +234,7 @@ impl EnvoyStream {
 
     /// A limited bucket, and whether the Envoy's token bucket must start full:
     /// - at the start of a window (and for a new bucket), the Envoy's share is reserved
-    ///   and becomes a full bucket;
+    ///   and becomes a full bucket (less what Envoy admitted before its first assignment);
     /// - when a report says the Envoy denied requests (its bucket ran dry) and its share
     ///   grew (demand moved, or a reload raised the limit), what more the counter gives
     ///   becomes a new full bucket (what was left of the old one, none or nearly, is
@@ -286,10 +286,16 @@ impl EnvoyStream {
             return (Assignment::Blanket(BlanketRule::DenyAll), false);
         };
         bucket.grant.granted += got;
-        match (got, sent) {
+        // A bucket's first report counts what Envoy admitted before any assignment: it
+        // comes out of the first grant.
+        let tokens = match sent {
+            None => got.saturating_sub(allowed),
+            Some(_) => got,
+        };
+        match (tokens, sent) {
             (0, Some(sent)) if !start => (sent, false),
             (0, _) => (Assignment::Blanket(BlanketRule::DenyAll), false),
-            (got, _) => (Assignment::Tokens(clamp(got)), true),
+            (tokens, _) => (Assignment::Tokens(clamp(tokens)), true),
         }
     }
 

@@ -1,0 +1,191 @@
+//! The Rate Limit Quota Service on the real binary, spoken to as Envoy's client speaks:
+//! what each kind of rule assigns, the first grant less what Envoy admitted before it,
+//! shadow mode's statistics, refused input, and an abandon action after a reload removes
+//! a bucket's rule. (Real Envoys: tests/tests/rlqs.rs.)
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use envoy_types::pb::envoy::r#type::v3::rate_limit_strategy::{BlanketRule, Strategy};
+use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_response::bucket_action::BucketAction as Action;
+use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_service_client::RateLimitQuotaServiceClient;
+use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_usage_reports::BucketQuotaUsage;
+use envoy_types::pb::envoy::service::rate_limit_quota::v3::{
+    BucketId, RateLimitQuotaResponse, RateLimitQuotaUsageReports,
+};
+use ratelimit_tests::sidecar::{Options, Server};
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::Streaming;
+
+const RULES: &str = "domain: q
+descriptors:
+  - {key: user, rate_limit: {unit: hour, requests_per_unit: 10}}
+  - {key: free, rate_limit: {unlimited: true}}
+  - {key: blocked, rate_limit: {unit: hour, requests_per_unit: 0}}
+  - {key: watched, shadow_mode: true, rate_limit: {unit: hour, requests_per_unit: 1}}
+";
+
+fn usage(key: &str, value: &str, allowed: u64) -> BucketQuotaUsage {
+    BucketQuotaUsage {
+        bucket_id: Some(BucketId {
+            bucket: HashMap::from([(key.to_owned(), value.to_owned())]),
+        }),
+        time_elapsed: Some(envoy_types::pb::google::protobuf::Duration {
+            seconds: 5,
+            nanos: 0,
+        }),
+        num_requests_allowed: allowed,
+        num_requests_denied: 0,
+    }
+}
+
+async fn open(
+    server: &Server,
+) -> (
+    mpsc::Sender<RateLimitQuotaUsageReports>,
+    Streaming<RateLimitQuotaResponse>,
+) {
+    let mut client =
+        RateLimitQuotaServiceClient::connect(format!("http://127.0.0.1:{}", server.grpc))
+            .await
+            .unwrap();
+    let (tx, rx) = mpsc::channel(4);
+    let answers = client
+        .stream_rate_limit_quotas(ReceiverStream::new(rx))
+        .await
+        .unwrap()
+        .into_inner();
+    (tx, answers)
+}
+
+/// Each action of `response`: the bucket's single entry, and what it is told.
+fn actions(response: RateLimitQuotaResponse) -> Vec<(String, String)> {
+    response
+        .bucket_action
+        .into_iter()
+        .map(|action| {
+            let id = action.bucket_id.unwrap().bucket;
+            let (key, value) = id.into_iter().next().unwrap();
+            let what = match action.bucket_action.unwrap() {
+                Action::AbandonAction(_) => "abandon".to_owned(),
+                Action::QuotaAssignmentAction(q) => {
+                    assert_eq!(q.assignment_time_to_live.unwrap().seconds, 15);
+                    match q.rate_limit_strategy.unwrap().strategy.unwrap() {
+                        Strategy::BlanketRule(rule) => BlanketRule::try_from(rule)
+                            .unwrap()
+                            .as_str_name()
+                            .to_owned(),
+                        Strategy::TokenBucket(bucket) => format!("tokens {}", bucket.max_tokens),
+                        other => panic!("{other:?}"),
+                    }
+                }
+            };
+            (format!("{key}={value}"), what)
+        })
+        .collect()
+}
+
+async fn next(answers: &mut Streaming<RateLimitQuotaResponse>) -> Vec<(String, String)> {
+    let answer = tokio::time::timeout(Duration::from_secs(5), answers.message()).await;
+    actions(answer.expect("an answer in time").unwrap().unwrap())
+}
+
+async fn send(
+    reports: &mpsc::Sender<RateLimitQuotaUsageReports>,
+    domain: &str,
+    bucket_quota_usages: Vec<BucketQuotaUsage>,
+) {
+    let report = RateLimitQuotaUsageReports {
+        domain: domain.to_owned(),
+        bucket_quota_usages,
+    };
+    reports.send(report).await.unwrap();
+}
+
+fn pairs(list: &[(&str, &str)]) -> Vec<(String, String)> {
+    list.iter()
+        .map(|(a, b)| ((*a).to_owned(), (*b).to_owned()))
+        .collect()
+}
+
+#[tokio::test]
+async fn each_kind_of_rule_assigns_what_it_means_and_a_removed_rule_is_abandoned() {
+    // Watching the root: a swapped rules directory is reloaded.
+    let mut options = Options::default();
+    options.files.push(("rules.yaml", RULES.to_owned()));
+    options.watch_root = true;
+    let server = Server::start_with(options);
+    let (reports, mut answers) = open(&server).await;
+    let first = vec![
+        usage("user", "a", 1),
+        usage("free", "x", 1),
+        usage("blocked", "x", 1),
+        usage("watched", "x", 3),
+        usage("nobody", "x", 1),
+    ];
+    send(&reports, "q", first).await;
+    assert_eq!(
+        next(&mut answers).await,
+        pairs(&[
+            ("user=a", "DENY_ALL"),
+            ("user=a", "tokens 9"),
+            ("free=x", "ALLOW_ALL"),
+            ("blocked=x", "DENY_ALL"),
+            ("watched=x", "ALLOW_ALL"),
+            ("nobody=x", "ALLOW_ALL"),
+        ]),
+        "a new bucket starts full, less the request Envoy admitted before asking"
+    );
+    let stat = |name: &'static str| {
+        let server = &server;
+        async move { server.stat(name).await }
+    };
+    assert_eq!(
+        stat("ratelimit.service.rate_limit.q.user.total_hits").await,
+        Some(1)
+    );
+    assert_eq!(
+        stat("ratelimit.service.rate_limit.q.watched.shadow_mode").await,
+        Some(2)
+    );
+    assert_eq!(
+        stat("ratelimit.service.rate_limit.q.watched.within_limit").await,
+        Some(1)
+    );
+    // The next report extends the same bucket: Envoy keeps counting it down.
+    send(&reports, "", vec![usage("user", "a", 4)]).await;
+    assert_eq!(next(&mut answers).await, pairs(&[("user=a", "tokens 9")]));
+    server.swap_root(
+        "v2",
+        &[(
+            "rules.yaml",
+            "domain: q\ndescriptors:\n  - key: free\n    rate_limit: {unlimited: true}\n",
+        )],
+    );
+    // Buckets that were limited (or denied) are abandoned; the others keep ALLOW_ALL.
+    let mut abandoned = next(&mut answers).await;
+    abandoned.sort();
+    assert_eq!(
+        abandoned,
+        pairs(&[("blocked=x", "abandon"), ("user=a", "abandon")])
+    );
+    assert_eq!(stat("ratelimit.rlqs.abandoned").await, Some(2));
+}
+
+#[tokio::test]
+async fn a_stream_that_names_no_domain_or_no_bucket_is_refused() {
+    let server = Server::start(&[("rules.yaml", RULES)]);
+    let (reports, mut answers) = open(&server).await;
+    send(&reports, "", vec![usage("user", "a", 1)]).await;
+    let refused = answers.message().await.unwrap_err();
+    assert_eq!(refused.code(), tonic::Code::InvalidArgument);
+    assert!(refused.message().contains("domain"), "{refused:?}");
+    let (reports, mut answers) = open(&server).await;
+    let mut nameless = usage("user", "a", 1);
+    nameless.bucket_id = None;
+    send(&reports, "q", vec![nameless]).await;
+    let refused = answers.message().await.unwrap_err();
+    assert_eq!(refused.code(), tonic::Code::InvalidArgument);
+    assert!(refused.message().contains("bucket_id"), "{refused:?}");
+}
