@@ -1,7 +1,8 @@
 //! The Rate Limit Quota Service on the real binary, spoken to as Envoy's client speaks:
 //! what each kind of rule assigns, the first grant less what Envoy admitted before it,
 //! shadow mode's statistics, refused input, and an abandon action after a reload removes
-//! a bucket's rule. (Real Envoys: tests/tests/rlqs.rs.)
+//! a bucket's rule, and two Envoys' grants held to the limit on every backend. (Real
+//! Envoys: tests/tests/rlqs.rs.)
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -13,7 +14,8 @@ use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_usag
 use envoy_types::pb::envoy::service::rate_limit_quota::v3::{
     BucketId, RateLimitQuotaResponse, RateLimitQuotaUsageReports,
 };
-use ratelimit_tests::sidecar::{Options, Server};
+use ratelimit_tests::on_every_backend;
+use ratelimit_tests::sidecar::{Options, Server, Store};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::Streaming;
@@ -189,3 +191,28 @@ async fn a_stream_that_names_no_domain_or_no_bucket_is_refused() {
     assert_eq!(refused.code(), tonic::Code::InvalidArgument);
     assert!(refused.message().contains("bucket_id"), "{refused:?}");
 }
+
+/// Quota is reserved in the backend's counter before it is granted: a second Envoy gets
+/// only what the first left, on every backend.
+async fn two_envoys_are_granted_the_limit_between_them(store: &Store) {
+    let mut options = Options::default();
+    options.files.push(("rules.yaml", RULES.to_owned()));
+    options.env = store.env();
+    let server = Server::start_with(options);
+    let (first, mut first_answers) = open(&server).await;
+    send(&first, "q", vec![usage("user", "shared", 0)]).await;
+    assert_eq!(
+        next(&mut first_answers).await,
+        pairs(&[("user=shared", "DENY_ALL"), ("user=shared", "tokens 10")]),
+        "alone, the first Envoy's share is the whole limit"
+    );
+    let (second, mut second_answers) = open(&server).await;
+    send(&second, "q", vec![usage("user", "shared", 0)]).await;
+    assert_eq!(
+        next(&mut second_answers).await,
+        pairs(&[("user=shared", "DENY_ALL")]),
+        "nothing is left in the window's counter"
+    );
+}
+
+on_every_backend!(two_envoys_are_granted_the_limit_between_them);
