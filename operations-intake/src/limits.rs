@@ -10,24 +10,28 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
 use ratelimit_core::{
-    Config, Descriptor, Limiter, MemoryStore, RateLimitHeaders, Request, Response, Retry, Settings,
+    Config, Descriptor, HeaderFormat, Limiter, MemoryStore, Request, Response, Retry, Settings,
 };
 use ratelimit_proto::envoy::client::{request_to_pb, response_from_pb};
 use tonic::transport::{Channel, Endpoint};
 
 use crate::batch::Batch;
 
+/// Rate-limit response headers (name, value), in LIMIT_RESPONSE_HEADERS_FORMAT; none
+/// when no limit applied.
+pub type LimitHeaders = Vec<(String, String)>;
+
 /// What the limits say about a batch.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Verdict {
-    /// Go ahead; the headers describe the tightest limit, when one applies.
-    Allow(Option<RateLimitHeaders>),
+    /// Go ahead; the headers describe the limits that applied.
+    Allow(LimitHeaders),
     /// Over a limit: 429 with these headers, and when the same batch may pass (the core
     /// says: when every limit it is over has a new window, or never when it holds more
     /// operations than some limit allows in a whole window).
     Deny {
-        /// The `RateLimit-*` values.
-        headers: Option<RateLimitHeaders>,
+        /// The rate-limit headers.
+        headers: LimitHeaders,
         /// When a retry can pass.
         retry: Retry,
     },
@@ -100,8 +104,9 @@ const PROBE_CLIENT: &str = "operations-intake start-up probe";
 const LOCAL_COUNTERS: usize = 1 << 20;
 
 impl Limits {
-    /// In-process limits from the YAML rules in `path`.
-    pub fn local(path: &Path, domain: &str) -> Result<Limits, LimitsError> {
+    /// In-process limits from the YAML rules in `path`; `format` says which headers the
+    /// answers will carry.
+    pub fn local(path: &Path, domain: &str, format: &HeaderFormat) -> Result<Limits, LimitsError> {
         let text = std::fs::read_to_string(path).map_err(|source| LimitsError::Read {
             path: path.display().to_string(),
             source,
@@ -110,8 +115,12 @@ impl Limits {
         if !config.domains().iter().any(|d| d.domain == domain) {
             return Err(LimitsError::NoDomain(domain.to_owned()));
         }
+        let settings = Settings {
+            report_policies: matches!(format, HeaderFormat::IetfDraft11),
+            ..Settings::default()
+        };
         Ok(Limits::Local {
-            limiter: Limiter::new(&config, Settings::default()),
+            limiter: Limiter::new(&config, settings),
             store: MemoryStore::new(LOCAL_COUNTERS),
             domain: domain.to_owned(),
         })
@@ -194,10 +203,11 @@ impl Limits {
         }
     }
 
-    /// Checks `batch` from `client_id`, counting its operations.
-    pub async fn check(&self, client_id: &str, batch: &Batch) -> Verdict {
+    /// Checks `batch` from `client_id`, counting its operations; the headers are in
+    /// `format`.
+    pub async fn check(&self, client_id: &str, batch: &Batch, format: &HeaderFormat) -> Verdict {
         match self {
-            Limits::Off => Verdict::Allow(None),
+            Limits::Off => Verdict::Allow(Vec::new()),
             Limits::Local {
                 limiter,
                 store,
@@ -205,10 +215,10 @@ impl Limits {
             } => {
                 let request = Request::new(domain.clone(), descriptors(client_id, batch));
                 match limiter.should_rate_limit_millis(&request, store, unix_now_ms()) {
-                    Ok(response) => verdict(&response, &request),
+                    Ok(response) => verdict(&response, &request, format),
                     Err(error) => {
                         tracing::error!(%error, "the rate limiter refused its own request");
-                        Verdict::Allow(None)
+                        Verdict::Allow(Vec::new())
                     }
                 }
             }
@@ -224,7 +234,7 @@ impl Limits {
                 let answer = tokio::time::timeout(*timeout, call).await;
                 match answer {
                     Ok(Ok(response)) => {
-                        verdict(&response_from_pb(&response.into_inner()), &request)
+                        verdict(&response_from_pb(&response.into_inner()), &request, format)
                     }
                     Ok(Err(status)) => remote_failed(*failure_mode_deny, &status.to_string()),
                     Err(_) => remote_failed(*failure_mode_deny, "no answer in time"),
@@ -243,13 +253,11 @@ pub fn descriptors(client_id: &str, batch: &Batch) -> Vec<Descriptor> {
     descriptors
 }
 
-fn verdict(response: &Response, request: &Request) -> Verdict {
+fn verdict(response: &Response, request: &Request, format: &HeaderFormat) -> Verdict {
+    let headers = response.header_pairs(format);
     match response.retry(request) {
-        None => Verdict::Allow(response.headers),
-        Some(retry) => Verdict::Deny {
-            headers: response.headers,
-            retry,
-        },
+        None => Verdict::Allow(headers),
+        Some(retry) => Verdict::Deny { headers, retry },
     }
 }
 
@@ -259,7 +267,7 @@ fn remote_failed(deny: bool, why: &str) -> Verdict {
         Verdict::Unavailable
     } else {
         tracing::warn!(error = why, "rate-limit service failed; allowing the batch");
-        Verdict::Allow(None)
+        Verdict::Allow(Vec::new())
     }
 }
 
@@ -297,28 +305,44 @@ mod tests {
             "domain: operations\ndescriptors:\n  - key: client_id\n    rate_limit: {unit: hour, requests_per_unit: 10}\n    descriptors:\n      - key: operation\n        value: sell\n        rate_limit: {unit: hour, requests_per_unit: 3}\n",
         )
         .unwrap();
-        let limits = Limits::local(&path, "operations").unwrap();
+        let ratelimit = HeaderFormat::parse("ratelimit").unwrap();
+        let limits = Limits::local(&path, "operations", &ratelimit).unwrap();
         let rt = tokio::runtime::Builder::new_current_thread()
             .build()
             .unwrap();
-        let check = |buys, sells| {
+        let check = |limits: &Limits, format, buys, sells| {
             let batch = Batch {
                 count: buys + sells,
                 buys,
                 sells,
             };
-            rt.block_on(limits.check("c1", &batch))
+            rt.block_on(limits.check("c1", &batch, format))
         };
-        assert!(matches!(check(2, 3), Verdict::Allow(Some(h)) if h.remaining == 0 && h.limit == 3));
+        let header = |headers: &LimitHeaders, name: &str| {
+            let found = headers.iter().find(|(n, _)| n.eq_ignore_ascii_case(name));
+            found.map(|(_, v)| v.clone()).unwrap_or_default()
+        };
+        // The tightest limit's RateLimit-Limit and RateLimit-Remaining of an allowed batch.
+        let allowed = |buys, sells| match check(&limits, &ratelimit, buys, sells) {
+            Verdict::Allow(h) => [
+                header(&h, "RateLimit-Limit"),
+                header(&h, "RateLimit-Remaining"),
+            ],
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(allowed(2, 3), ["3", "0"], "within both limits");
+        let Verdict::Deny {
+            headers,
+            retry: Retry::After(r),
+        } = check(&limits, &ratelimit, 0, 1)
+        else {
+            panic!("over the sell limit")
+        };
+        assert_eq!(header(&headers, "RateLimit-Limit"), "3");
+        assert!((1..=3600).contains(&r));
+        assert_eq!(allowed(4, 0), ["10", "0"], "within the client's limit");
         assert!(matches!(
-            check(0, 1),
-            Verdict::Deny { headers: Some(h), retry: Retry::After(r) } if h.limit == 3 && (1..=3600).contains(&r)
-        ));
-        assert!(
-            matches!(check(4, 0), Verdict::Allow(Some(h)) if h.remaining == 0 && h.limit == 10)
-        );
-        assert!(matches!(
-            check(1, 0),
+            check(&limits, &ratelimit, 1, 0),
             Verdict::Deny {
                 retry: Retry::After(_),
                 ..
@@ -326,7 +350,7 @@ mod tests {
         ));
         assert!(
             matches!(
-                check(0, 4),
+                check(&limits, &ratelimit, 0, 4),
                 Verdict::Deny {
                     retry: Retry::Never,
                     ..
@@ -334,6 +358,23 @@ mod tests {
             ),
             "4 sells can never fit a limit of 3"
         );
+        // LIMIT_RESPONSE_HEADERS_FORMAT=ietf-draft-11: every limit that applied, and the
+        // one that decided.
+        let draft = HeaderFormat::IetfDraft11;
+        let limits = Limits::local(&path, "operations", &draft).unwrap();
+        let Verdict::Allow(headers) = check(&limits, &draft, 2, 3) else {
+            panic!("within both limits")
+        };
+        let policy = header(&headers, "RateLimit-Policy");
+        assert!(
+            policy.contains(";q=10;w=3600") && policy.contains(";q=3;w=3600"),
+            "{policy}"
+        );
+        assert!(
+            header(&headers, "RateLimit").contains(";r=0;t="),
+            "{headers:?}"
+        );
+        assert!(header(&headers, "RateLimit-Limit").is_empty());
     }
 
     #[test]
@@ -342,7 +383,7 @@ mod tests {
         let path = dir.path().join("limits.yaml");
         std::fs::write(&path, "domain: other\n").unwrap();
         assert!(matches!(
-            Limits::local(&path, "operations"),
+            Limits::local(&path, "operations", &HeaderFormat::IetfDraft11),
             Err(LimitsError::NoDomain(_))
         ));
     }

@@ -7,7 +7,7 @@ use std::time::{Instant, SystemTime};
 
 use bytes::{Buf, Bytes, BytesMut};
 use futures_util::{Stream, StreamExt};
-use ratelimit_core::{HeaderNames, RateLimitHeaders, Retry};
+use ratelimit_core::{HeaderFormat, Retry};
 use ratelimit_sidecar::serve::Peer;
 use serde::Serialize;
 use serde_json::json;
@@ -19,7 +19,7 @@ use warp::http::{HeaderMap, HeaderValue, Method, StatusCode};
 use crate::batch::{self, Batch, Problem, Rejection};
 use crate::idempotency::{self, Claim};
 use crate::kafka::{BrokerHealth, Kafka, MessageMeta, ProduceError};
-use crate::limits::{Limits, Verdict};
+use crate::limits::{LimitHeaders, Limits, Verdict};
 
 /// The answer the original service gave for an accepted batch; clients match on it.
 pub const ACCEPTED_MESSAGE: &str = "Operations processed successfully";
@@ -28,6 +28,8 @@ pub const ACCEPTED_MESSAGE: &str = "Operations processed successfully";
 pub struct App {
     /// Rate limits.
     pub limits: Limits,
+    /// LIMIT_RESPONSE_HEADERS_FORMAT.
+    pub headers_format: HeaderFormat,
     /// The producer.
     pub kafka: Arc<Kafka>,
     /// Remembered answers for `Idempotency-Key`.
@@ -225,7 +227,11 @@ async fn limit_and_produce(
     if let Err(error) = app.kafka.available() {
         return message(StatusCode::SERVICE_UNAVAILABLE, &error.to_string());
     }
-    let limit_headers = match app.limits.check(client_id, batch).await {
+    let limit_headers = match app
+        .limits
+        .check(client_id, batch, &app.headers_format)
+        .await
+    {
         Verdict::Allow(headers) => headers,
         Verdict::Deny { headers, retry } => {
             let text = match retry {
@@ -235,9 +241,7 @@ async fn limit_and_produce(
                 }
             };
             let mut reply = message(StatusCode::TOO_MANY_REQUESTS, text);
-            if let Some(h) = headers {
-                add_limit_headers(reply.headers_mut(), h);
-            }
+            add_limit_headers(reply.headers_mut(), headers);
             if let Retry::After(seconds) = retry {
                 reply.headers_mut().insert(RETRY_AFTER, seconds.into());
             }
@@ -292,9 +296,7 @@ async fn limit_and_produce(
             )
         }
     };
-    if let Some(h) = limit_headers {
-        add_limit_headers(reply.headers_mut(), h);
-    }
+    add_limit_headers(reply.headers_mut(), limit_headers);
     reply
 }
 
@@ -366,10 +368,10 @@ pub fn client_id(headers: &HeaderMap, peer: Option<SocketAddr>) -> Result<String
     }
 }
 
-fn add_limit_headers(headers: &mut HeaderMap, h: RateLimitHeaders) {
-    for (name, value) in h.pairs(&HeaderNames::default()) {
+fn add_limit_headers(headers: &mut HeaderMap, pairs: LimitHeaders) {
+    for (name, value) in pairs {
         if let (Ok(name), Ok(value)) = (
-            warp::http::HeaderName::try_from(name),
+            warp::http::HeaderName::try_from(name.as_str()),
             HeaderValue::try_from(value),
         ) {
             headers.insert(name, value);

@@ -45,7 +45,11 @@ pub async fn run(settings: Settings) -> Result<(), StartError> {
     // Installed before anything slow, so a SIGTERM during start-up still drains.
     let shutdown = shutdown_signal();
     let limits = match (&settings.ratelimit_config, &settings.ratelimit_grpc_url) {
-        (Some(path), _) => Limits::local(path, &settings.ratelimit_domain)?,
+        (Some(path), _) => Limits::local(
+            path,
+            &settings.ratelimit_domain,
+            &settings.limit_response_headers_format,
+        )?,
         (None, Some(url)) => Limits::remote(
             url,
             &settings.ratelimit_domain,
@@ -113,6 +117,7 @@ pub async fn run(settings: Settings) -> Result<(), StartError> {
 
     let app = Arc::new(App {
         limits,
+        headers_format: settings.limit_response_headers_format.clone(),
         kafka: kafka.clone(),
         idempotency: idempotency::Store::new(
             settings.idempotency_ttl,

@@ -50,6 +50,11 @@ pub struct Settings {
     #[arg(long, env = "RATELIMIT_FAILURE_MODE_DENY", default_value_t = false, action = ArgAction::Set)]
     pub ratelimit_failure_mode_deny: bool,
 
+    /// Which rate-limit headers answers carry: ratelimit (RateLimit-Limit, -Remaining and
+    /// -Reset, for the tightest limit) or ietf-draft-11 (RateLimit-Policy listing every
+    /// limit that applied, and RateLimit for the one that decided, as Structured Fields).
+    #[arg(long, env = "LIMIT_RESPONSE_HEADERS_FORMAT", default_value = "ratelimit", value_parser = headers_format)]
+    pub limit_response_headers_format: ratelimit_core::HeaderFormat,
     /// Kafka bootstrap servers.
     #[arg(
         long,
@@ -98,6 +103,11 @@ pub struct Settings {
 }
 
 pub use ratelimit_sidecar::settings::LogFormat;
+
+fn headers_format(value: &str) -> Result<ratelimit_core::HeaderFormat, String> {
+    ratelimit_core::HeaderFormat::parse(value)
+        .ok_or_else(|| format!("expected ratelimit or ietf-draft-11; got `{value}`"))
+}
 
 fn duration(value: &str) -> Result<Duration, String> {
     humantime::parse_duration(value).map_err(|e| format!("{e} (examples: 500ms, 10s, 24h)"))

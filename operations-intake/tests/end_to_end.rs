@@ -2,6 +2,7 @@
 //! an independent client and compared byte for byte.
 
 use ratelimit_tests::intake as support;
+use ratelimit_tests::sf_list;
 
 use std::collections::HashMap;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -22,6 +23,31 @@ fn intake(tansu: &Tansu, topic: &str, extra: &[(&str, &str)]) -> Intake {
     ];
     env.extend_from_slice(extra);
     Intake::start(&env)
+}
+
+/// A rules file: 10 operations per `unit` per client, of which 2 sells.
+fn limits_file(unit: &str) -> (tempfile::TempDir, std::path::PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let rules = dir.path().join("limits.yaml");
+    let yaml = format!(
+        "domain: operations\ndescriptors:\n  - key: client_id\n    rate_limit: {{unit: {unit}, requests_per_unit: 10}}\n    descriptors:\n      - key: operation\n        value: sell\n        rate_limit: {{unit: {unit}, requests_per_unit: 2}}\n"
+    );
+    std::fs::write(&rules, yaml).unwrap();
+    (dir, rules)
+}
+
+/// A broker with `topic`, and the intake on it limited by [`limits_file`] of `unit`.
+async fn limited_intake(
+    topic: &str,
+    unit: &str,
+    extra: &[(&str, &str)],
+) -> (Tansu, tempfile::TempDir, Intake) {
+    let tansu = broker_with_topic(topic, 1).await;
+    let (dir, rules) = limits_file(unit);
+    let mut env = vec![("RATELIMIT_CONFIG", rules.to_str().unwrap())];
+    env.extend_from_slice(extra);
+    let service = intake(&tansu, topic, &env);
+    (tansu, dir, service)
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -234,19 +260,7 @@ async fn rejected_requests_produce_nothing() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn limits_count_operations_and_roll_over_with_the_window() {
-    let tansu = broker_with_topic("limited", 1).await;
-    let dir = tempfile::tempdir().unwrap();
-    let rules = dir.path().join("limits.yaml");
-    std::fs::write(
-        &rules,
-        "domain: operations\ndescriptors:\n  - key: client_id\n    rate_limit: {unit: second, requests_per_unit: 10}\n    descriptors:\n      - key: operation\n        value: sell\n        rate_limit: {unit: second, requests_per_unit: 2}\n",
-    )
-    .unwrap();
-    let service = intake(
-        &tansu,
-        "limited",
-        &[("RATELIMIT_CONFIG", rules.to_str().unwrap())],
-    );
+    let (tansu, _rules, service) = limited_intake("limited", "second", &[]).await;
 
     // Start at the beginning of a second so the whole exchange fits in one window.
     let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap();
@@ -297,6 +311,36 @@ async fn limits_count_operations_and_roll_over_with_the_window() {
     let mut ids = ids;
     ids.sort();
     assert_eq!(ids, expected, "refused batches were not produced");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn draft_11_headers_list_every_limit_that_applied() {
+    let format = [("LIMIT_RESPONSE_HEADERS_FORMAT", "ietf-draft-11")];
+    let (_tansu, _rules, service) = limited_intake("drafted", "hour", &format).await;
+    let params = |list: &[(String, Vec<(String, i64)>)]| -> Vec<Vec<(String, i64)>> {
+        list.iter().map(|(_, p)| p.clone()).collect()
+    };
+    let p = |pairs: &[(&str, i64)]| -> Vec<(String, i64)> {
+        pairs.iter().map(|(k, v)| ((*k).to_owned(), *v)).collect()
+    };
+    let buys = post(&service, &batch("buy", 4), &[("x-client-id", "d")]).await;
+    assert_eq!(buys.status, 200, "{}", buys.body);
+    assert_eq!(buys.header("ratelimit-limit"), None, "not the other format");
+    let policy = sf_list(buys.header("ratelimit-policy").unwrap());
+    assert_eq!(params(&policy), [p(&[("q", 10), ("w", 3600)])]);
+    let current = sf_list(buys.header("ratelimit").unwrap());
+    assert_eq!(current[0].0, policy[0].0, "the one that decided");
+    assert_eq!(current[0].1[0], ("r".to_owned(), 6));
+    let sells = post(&service, &batch("sell", 3), &[("x-client-id", "d")]).await;
+    assert_eq!(sells.status, 429, "{}", sells.body);
+    let policy = sf_list(sells.header("ratelimit-policy").unwrap());
+    assert_eq!(
+        params(&policy),
+        [p(&[("q", 10), ("w", 3600)]), p(&[("q", 2), ("w", 3600)])]
+    );
+    let current = sf_list(sells.header("ratelimit").unwrap());
+    assert_eq!(current[0].0, policy[1].0, "the sell limit decided");
+    assert_eq!(current[0].1[0], ("r".to_owned(), 0));
 }
 
 #[tokio::test(flavor = "multi_thread")]
