@@ -91,7 +91,11 @@ pub async fn run(settings: Settings) -> Result<(), StartError> {
         slots: settings.bounds.http.connection_slots(),
         stop: stop_rx,
         tls: tls.map(Arc::new),
-        rlqs: Rlqs::new(Arc::clone(&service), server.rlqs_assignment_ttl),
+        rlqs: Rlqs::new(
+            Arc::clone(&service),
+            server.rlqs_assignment_ttl,
+            server.rlqs_max_streams as usize,
+        ),
     };
     if let Some((listener, workers)) = opened.uds {
         tokio::spawn(listeners::hand_out(listener, workers, shared.stopped()));

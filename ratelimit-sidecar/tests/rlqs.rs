@@ -42,23 +42,25 @@ fn usage(key: &str, value: &str, allowed: u64) -> BucketQuotaUsage {
     }
 }
 
-async fn open(
-    server: &Server,
-) -> (
+/// A stream on a new connection: the reports' sender and the answers.
+type Opened = (
     mpsc::Sender<RateLimitQuotaUsageReports>,
     Streaming<RateLimitQuotaResponse>,
-) {
-    let mut client =
-        RateLimitQuotaServiceClient::connect(format!("http://127.0.0.1:{}", server.grpc))
-            .await
-            .unwrap();
+);
+
+async fn try_open(server: &Server) -> Result<Opened, tonic::Status> {
+    let url = format!("http://127.0.0.1:{}", server.grpc);
+    let mut client = RateLimitQuotaServiceClient::connect(url).await.unwrap();
     let (tx, rx) = mpsc::channel(4);
     let answers = client
         .stream_rate_limit_quotas(ReceiverStream::new(rx))
-        .await
-        .unwrap()
+        .await?
         .into_inner();
-    (tx, answers)
+    Ok((tx, answers))
+}
+
+async fn open(server: &Server) -> Opened {
+    try_open(server).await.unwrap()
 }
 
 /// Each action of `response`: the bucket's single entry, and what it is told.
@@ -216,3 +218,34 @@ async fn two_envoys_are_granted_the_limit_between_them(store: &Store) {
 }
 
 on_every_backend!(two_envoys_are_granted_the_limit_between_them);
+
+#[tokio::test]
+async fn streams_beyond_the_bound_are_refused_until_one_ends() {
+    let mut options = Options::default();
+    options.files.push(("rules.yaml", RULES.to_owned()));
+    options.env.push(("RLQS_MAX_STREAMS", "1".to_owned()));
+    let server = Server::start_with(options);
+    let (first, mut first_answers) = open(&server).await;
+    send(&first, "q", vec![usage("free", "x", 1)]).await;
+    next(&mut first_answers).await;
+    let refused = try_open(&server).await.unwrap_err();
+    assert_eq!(refused.code(), tonic::Code::ResourceExhausted);
+    assert!(
+        refused.message().contains("RLQS_MAX_STREAMS"),
+        "{refused:?}"
+    );
+    assert_eq!(server.stat("ratelimit.rlqs.streams_refused").await, Some(1));
+    drop((first, first_answers));
+    // The ended stream's place frees once the server sees the end.
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    let (again, mut answers) = loop {
+        match try_open(&server).await {
+            Ok(opened) => break opened,
+            Err(status) => assert_eq!(status.code(), tonic::Code::ResourceExhausted),
+        }
+        assert!(std::time::Instant::now() < deadline, "never freed");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    send(&again, "q", vec![usage("free", "y", 1)]).await;
+    assert_eq!(next(&mut answers).await, pairs(&[("free=y", "ALLOW_ALL")]));
+}

@@ -11,7 +11,7 @@ mod demands;
 mod stream;
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_service_server::{
@@ -43,6 +43,9 @@ struct Shared {
     /// RLQS_ASSIGNMENT_TTL.
     ttl: Duration,
     streams: AtomicU64,
+    /// Streams open now, and RLQS_MAX_STREAMS.
+    open: Arc<AtomicUsize>,
+    max_streams: usize,
     stats: Stats,
 }
 
@@ -53,6 +56,7 @@ struct Stats {
     assignments: Arc<Counter>,
     abandoned: Arc<Counter>,
     buckets_refused: Arc<Counter>,
+    streams_refused: Arc<Counter>,
     reserve_failed: Arc<Counter>,
 }
 
@@ -65,20 +69,24 @@ impl Stats {
             assignments: counter("assignments"),
             abandoned: counter("abandoned"),
             buckets_refused: counter("buckets_refused"),
+            streams_refused: counter("streams_refused"),
             reserve_failed: counter("reserve_failed"),
         }
     }
 }
 
 impl Rlqs {
-    /// The service on `service`'s rules and backend; assignments live for `ttl`.
-    pub fn new(service: Arc<Service>, ttl: Duration) -> Rlqs {
+    /// The service on `service`'s rules and backend; assignments live for `ttl`, and at
+    /// most `max_streams` streams are open at once.
+    pub fn new(service: Arc<Service>, ttl: Duration, max_streams: usize) -> Rlqs {
         let stats = Stats::new(service.limiter.stats());
         Rlqs(Arc::new(Shared {
             service,
             demands: Demands::new(MAX_BUCKETS),
             ttl,
             streams: AtomicU64::new(0),
+            open: Arc::new(AtomicUsize::new(0)),
+            max_streams,
             stats,
         }))
     }
@@ -97,11 +105,27 @@ impl RateLimitQuotaService for Rlqs {
         &self,
         request: Request<Streaming<RateLimitQuotaUsageReports>>,
     ) -> Result<Response<Self::StreamRateLimitQuotasStream>, Status> {
+        let open = Arc::clone(&self.0.open);
+        if open.fetch_add(1, Ordering::AcqRel) >= self.0.max_streams {
+            open.fetch_sub(1, Ordering::AcqRel);
+            self.0.stats.streams_refused.add(1);
+            tracing::warn!(
+                max = self.0.max_streams,
+                "RLQS stream refused: RLQS_MAX_STREAMS are open"
+            );
+            return Err(Status::resource_exhausted(format!(
+                "{} quota streams are open (RLQS_MAX_STREAMS); try again later",
+                self.0.max_streams
+            )));
+        }
         let id = self.0.streams.fetch_add(1, Ordering::Relaxed);
         self.0.stats.streams.add(1);
         let (tx, rx) = mpsc::channel(16);
         let stream = EnvoyStream::new(id, Arc::clone(&self.0));
-        tokio::spawn(stream.run(request.into_inner(), tx));
+        tokio::spawn(async move {
+            stream.run(request.into_inner(), tx).await;
+            open.fetch_sub(1, Ordering::AcqRel);
+        });
         Ok(Response::new(ReceiverStream::new(rx)))
     }
 }

@@ -44,6 +44,10 @@ pub struct ServerSettings {
     /// again (it is, with each usage report, every 5 s); whole seconds.
     #[arg(long, env, default_value = "15s", value_parser = go_duration)]
     pub rlqs_assignment_ttl: Duration,
+    /// Rate Limit Quota Service streams open at once (one per Envoy and quota server
+    /// cluster); more are refused with RESOURCE_EXHAUSTED.
+    #[arg(long, env, default_value_t = 10_000, value_parser = clap::value_parser!(u32).range(1..))]
+    pub rlqs_max_streams: u32,
     /// Log level: panic, fatal, error, warn, info, debug or trace.
     #[arg(long, env, default_value = "warn", value_parser = log_level)]
     pub log_level: String,
