@@ -244,62 +244,59 @@ impl Limiter {
     where
         S: CounterStore + ?Sized,
     {
-        self.with_engine(|engine| self.decide_with(engine, request, store, now_ms, deciders))?
+        self.with_engine(|engine| {
+            check(request, &self.settings.bounds)?;
+            Ok(decide(engine, request, store, now_ms, deciders))
+        })?
     }
+}
 
-    fn decide_with<S>(
-        &self,
-        engine: &Engine,
-        request: &Request,
-        store: &S,
-        now_ms: u64,
-        deciders: u32,
-    ) -> Result<Response, RequestError>
-    where
-        S: CounterStore + ?Sized,
-    {
-        check(request, &self.settings.bounds)?;
-        let mut body = engine.match_request(request, now_ms, false);
-        if deciders > 1 {
-            body.share_among(deciders);
-        }
-        let now = now_ms / 1_000;
-        let counts = KEY_BUFFER.with_borrow_mut(|buffer| {
-            let increment = if engine.settings.stop_cache_key_increment_when_overlimit {
-                let mut current: SmallVec<[u64; 8]> = SmallVec::new();
-                engine.for_each_counter(&body, request, buffer, |key, _, _, _| {
-                    current.push(store.get(key, now))
-                });
-                body.counters_to_increment(engine, &current)
-            } else {
-                None
-            };
-            let mut counts: SmallVec<[u64; 8]> = SmallVec::new();
-            engine.for_each_counter(&body, request, buffer, |key, hits, span, bound| {
-                let included = increment.as_ref().is_none_or(|inc| inc[counts.len()]);
-                let hits = if included { hits } else { 0 };
-                let (count, used) = match span.op {
-                    CounterOp::Add => {
-                        let count = store.increment(key, hits, span.expires, now);
-                        (count, Some(count))
-                    }
-                    CounterOp::Read => (store.get(key, now), None),
-                    CounterOp::Gcra(bucket) => {
-                        let next = store.gcra(key, bucket, hits, now_ms);
-                        (next, Some(bucket.used(next, now_ms)))
-                    }
-                };
-                if let Some(used) = used {
-                    let bound = u32::try_from(bound).unwrap_or(u32::MAX);
-                    let end = span.start + span.window.seconds();
-                    engine.stats.nearest().observe(key, used, bound, end);
-                }
-                counts.push(count);
-            });
-            counts
-        });
-        Ok(body.decide(engine, &counts))
+/// Decides `request` with `engine` against `store` (see
+/// [`Limiter::should_rate_limit_shared`]).
+fn decide<S>(engine: &Engine, request: &Request, store: &S, now_ms: u64, deciders: u32) -> Response
+where
+    S: CounterStore + ?Sized,
+{
+    let mut body = engine.match_request(request, now_ms, false);
+    if deciders > 1 {
+        body.share_among(deciders);
     }
+    let now = now_ms / 1_000;
+    let counts = KEY_BUFFER.with_borrow_mut(|buffer| {
+        let increment = if engine.settings.stop_cache_key_increment_when_overlimit {
+            let mut current: SmallVec<[u64; 8]> = SmallVec::new();
+            engine.for_each_counter(&body, request, buffer, |key, _, _, _| {
+                current.push(store.get(key, now))
+            });
+            body.counters_to_increment(engine, &current)
+        } else {
+            None
+        };
+        let mut counts: SmallVec<[u64; 8]> = SmallVec::new();
+        engine.for_each_counter(&body, request, buffer, |key, hits, span, bound| {
+            let included = increment.as_ref().is_none_or(|inc| inc[counts.len()]);
+            let hits = if included { hits } else { 0 };
+            let (count, used) = match span.op {
+                CounterOp::Add => {
+                    let count = store.increment(key, hits, span.expires, now);
+                    (count, Some(count))
+                }
+                CounterOp::Read => (store.get(key, now), None),
+                CounterOp::Gcra(bucket) => {
+                    let next = store.gcra(key, bucket, hits, now_ms);
+                    (next, Some(bucket.used(next, now_ms)))
+                }
+            };
+            if let Some(used) = used {
+                let bound = u32::try_from(bound).unwrap_or(u32::MAX);
+                let end = span.start + span.window.seconds();
+                engine.stats.nearest().observe(key, used, bound, end);
+            }
+            counts.push(count);
+        });
+        counts
+    });
+    body.decide(engine, &counts)
 }
 
 fn check(request: &Request, bounds: &RequestBounds) -> Result<(), RequestError> {

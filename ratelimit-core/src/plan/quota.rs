@@ -5,7 +5,6 @@
 use std::sync::Arc;
 
 use super::{Increment, Item, Source};
-use crate::config::Limit;
 use crate::counting::{CounterOp, Counting};
 use crate::engine::Engine;
 use crate::request::{Descriptor, Entry, Request};
@@ -85,19 +84,12 @@ impl Engine {
         let Source::Node(id, which) = limited.source else {
             return QuotaRule::Unlimited;
         };
-        let node = self.rules.node(id);
-        let limit = &node.limits[usize::from(which)];
-        let Limit::Counted {
-            window,
-            requests_per_unit,
-            ..
-        } = limit.limit
-        else {
-            return QuotaRule::Unlimited;
-        };
-        if requests_per_unit == 0 && !node.shadow_mode {
+        let applied = self.applied(limited);
+        let (requests_per_unit, window) = (applied.requests_per_unit, applied.window);
+        if requests_per_unit == 0 && !applied.shadow {
             return QuotaRule::Denied;
         }
+        let limit = &self.rules.node(id).limits[usize::from(which)];
         // Whatever the rule's algorithm, quota is handed out per window of its length. A
         // fixed window shares ShouldRateLimit's counter; another algorithm's window gets
         // a counter of its own.
@@ -111,7 +103,7 @@ impl Engine {
             limited.source,
         );
         key.push_str(itoa::Buffer::new().format(start));
-        match limit.counting {
+        match applied.counting {
             Counting::FixedWindow(_) if !limit.key_suffix.is_empty() => {
                 key.push('_');
                 key.push_str(&limit.key_suffix);
@@ -137,7 +129,7 @@ impl Engine {
             requests_per_unit,
             window,
             window_end_ms: window_end.saturating_mul(1_000),
-            shadow: node.shadow_mode,
+            shadow: applied.shadow,
             counter,
             stats,
         })
