@@ -26,5 +26,6 @@ pub mod sinks;
 pub mod tls;
 pub mod traces;
 pub mod uds;
+pub mod watch;
 pub mod workers;
 pub mod xds;

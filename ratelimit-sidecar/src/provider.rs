@@ -8,19 +8,13 @@
 use std::collections::HashSet;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
-use std::time::Duration;
 
-use notify::{EventKind, RecommendedWatcher, RecursiveMode, Watcher};
 use ratelimit_core::stats::names;
-use ratelimit_core::{Config, ConfigError};
-use tokio::sync::mpsc;
+use ratelimit_core::{Config, ConfigError, Limiter};
 
 use crate::service::{LoadResult, Service, unix_now};
 use crate::settings::ConfigSettings;
-
-/// Changes arriving within this window cause one reload: editors and `cp` write in steps.
-const SETTLE: Duration = Duration::from_millis(100);
+use crate::watch::Target;
 
 /// The YAML files of `RUNTIME_ROOT/RUNTIME_SUBDIRECTORY/RUNTIME_APPDIRECTORY`.
 #[derive(Clone, Debug)]
@@ -102,39 +96,14 @@ impl FileSource {
         Ok(Config::from_files(files, self.merge_domains)?)
     }
 
-    /// Starts watching; each relevant change sends a unit on `changes`. The watcher
-    /// stops when dropped.
-    pub fn watch(&self, changes: mpsc::Sender<()>) -> notify::Result<RecommendedWatcher> {
-        let root = self.root.clone();
-        let watch_root = self.watch_root;
-        // Symbolic links are not followed into: a chain of links to directories would
-        // make a recursive watch visit exponentially many paths (the load reads each
-        // directory once). A link swapped in the directory is still an event here.
-        let config = notify::Config::default().with_follow_symlinks(false);
-        let mut watcher = RecommendedWatcher::new(
-            move |event: notify::Result<notify::Event>| {
-                let Ok(event) = event else { return };
-                let relevant = matches!(
-                    event.kind,
-                    EventKind::Create(_) | EventKind::Modify(_) | EventKind::Remove(_)
-                ) && (!watch_root || event.paths.contains(&root));
-                if relevant {
-                    let _ = changes.try_send(());
-                }
-            },
-            config,
-        )?;
+    /// What to follow for changes: the application directory's tree, or, with
+    /// `RUNTIME_WATCH_ROOT=true`, `RUNTIME_ROOT` itself being replaced.
+    pub fn targets(&self) -> Vec<Target> {
         if self.watch_root {
-            let parent = self
-                .root
-                .parent()
-                .filter(|p| !p.as_os_str().is_empty())
-                .unwrap_or(Path::new("."));
-            watcher.watch(parent, RecursiveMode::NonRecursive)?;
+            vec![Target::Entry(self.root.clone())]
         } else {
-            watcher.watch(&self.app, RecursiveMode::Recursive)?;
+            vec![Target::Tree(self.app.clone())]
         }
-        Ok(watcher)
     }
 }
 
@@ -248,30 +217,48 @@ pub async fn apply_from(
         Ok(config) => {
             service.limiter.set_config(&config);
             stats.counter(names::CONFIG_LOAD_SUCCESS).add(1);
-            let domains: Vec<&str> = config.domains().iter().map(|d| d.domain.as_str()).collect();
-            tracing::info!(domains = ?domains, "loaded rate limit configuration");
-            for warning in config.warnings() {
-                tracing::warn!("{warning}");
-            }
-            if domains.is_empty() {
-                tracing::warn!(
-                    source,
-                    "no rate limit domain loaded ({why_empty}): every request will be allowed"
-                );
-            }
-            for line in service.limiter.describe().lines() {
-                tracing::info!("rule {line}");
-            }
-            let loaded = domains.iter().map(|d| d.to_string()).collect();
+            let loaded = announce_loaded(&service.limiter, &config, source, why_empty);
+            let count = loaded.len();
             record(service, Ok(loaded));
-            service.health.config_loaded(domains.len()).await;
+            service.health.config_loaded(count).await;
         }
         Err(error) => {
             stats.counter(names::CONFIG_LOAD_ERROR).add(1);
-            record(service, Err(error.clone()));
-            tracing::error!(error = %error, "rate limit configuration rejected; the previous configuration stays in use");
+            announce_rejected(&error);
+            record(service, Err(error));
         }
     }
+}
+
+/// Logs a configuration just given to `limiter` (from `source`): its domains, warnings
+/// and rules, and a warning, with `why_empty`, when it has no domain. Returns the
+/// domains. Every service that reloads rules says the same.
+pub fn announce_loaded(
+    limiter: &Limiter,
+    config: &Config,
+    source: &str,
+    why_empty: &str,
+) -> Vec<String> {
+    let domains: Vec<String> = config.domains().iter().map(|d| d.domain.clone()).collect();
+    tracing::info!(domains = ?domains, "loaded rate limit configuration");
+    for warning in config.warnings() {
+        tracing::warn!("{warning}");
+    }
+    if domains.is_empty() {
+        tracing::warn!(
+            source,
+            "no rate limit domain loaded ({why_empty}): every request will be allowed"
+        );
+    }
+    for line in limiter.describe().lines() {
+        tracing::info!("rule {line}");
+    }
+    domains
+}
+
+/// Logs a configuration that was refused, with the error.
+pub fn announce_rejected(error: &str) {
+    tracing::error!(error = %error, "rate limit configuration rejected; the previous configuration stays in use");
 }
 
 fn record(service: &Service, outcome: Result<Vec<String>, String>) {
@@ -285,24 +272,16 @@ fn record(service: &Service, outcome: Result<Vec<String>, String>) {
         .unwrap_or_else(|poisoned| poisoned.into_inner()) = Some(result);
 }
 
-/// Reloads after each burst of changes until the sender side closes.
-pub async fn reload_on_change(
-    source: FileSource,
-    service: Arc<Service>,
-    mut changes: mpsc::Receiver<()>,
-) {
-    while changes.recv().await.is_some() {
-        tokio::time::sleep(SETTLE).await;
-        while changes.try_recv().is_ok() {}
-        let loader = source.clone();
-        let result = tokio::task::spawn_blocking(move || loader.load())
-            .await
-            .unwrap_or_else(|e| {
-                Err(LoadError::Io {
-                    path: "reload task".into(),
-                    error: std::io::Error::other(e),
-                })
-            });
-        apply(&service, source.directory(), result).await;
-    }
+/// Reads the files again (off the runtime's threads) and applies the result.
+pub async fn reload(source: &FileSource, service: &Service) {
+    let loader = source.clone();
+    let result = tokio::task::spawn_blocking(move || loader.load())
+        .await
+        .unwrap_or_else(|e| {
+            Err(LoadError::Io {
+                path: "reload task".into(),
+                error: std::io::Error::other(e),
+            })
+        });
+    apply(service, source.directory(), result).await;
 }

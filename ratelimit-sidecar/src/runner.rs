@@ -2,14 +2,13 @@
 
 use std::sync::Arc;
 
-use notify::RecommendedWatcher;
 use ratelimit_core::{HeaderFormat, HeaderNames, Limiter};
 
 use crate::outage::Outage;
 use crate::rlqs::Rlqs;
 use crate::settings::HeadersFormat;
 use tokio::signal::unix::{SignalKind, signal};
-use tokio::sync::{mpsc, oneshot, watch};
+use tokio::sync::{oneshot, watch};
 use tonic_health::ServingStatus;
 use tonic_health::pb::health_server::HealthServer;
 use tonic_health::server::{HealthReporter, HealthService};
@@ -231,25 +230,18 @@ async fn service(
 
 /// Loads the rules, publishes health, and reloads on every change while the returned
 /// watcher lives (none when the directory cannot be watched: a warning says so).
-async fn load_rules(settings: &Settings, service: &Arc<Service>) -> Option<RecommendedWatcher> {
+async fn load_rules(settings: &Settings, service: &Arc<Service>) -> Option<crate::watch::Watch> {
     let source = FileSource::new(&settings.config);
     tracing::info!(directory = %source.directory().display(), "loading rate limit configuration");
     provider::apply(service, source.directory(), source.load()).await;
-    let (changes_tx, changes_rx) = mpsc::channel(16);
-    let watcher = match source.watch(changes_tx) {
-        Ok(watcher) => Some(watcher),
-        Err(error) => {
-            tracing::warn!(%error, "cannot watch the configuration; changes will not be reloaded");
-            None
-        }
-    };
-    tokio::spawn(provider::reload_on_change(
-        source,
-        Arc::clone(service),
-        changes_rx,
-    ));
+    let targets = source.targets();
+    let reloaded = Arc::clone(service);
+    let watch = crate::watch::follow("the configuration", targets, move || {
+        let (source, service) = (source.clone(), Arc::clone(&reloaded));
+        async move { provider::reload(&source, &service).await }
+    });
     service.health.publish().await;
-    watcher
+    watch
 }
 
 /// Starts the xDS client and, unless FORCE_START_WITHOUT_INITIAL_CONFIG, waits for its

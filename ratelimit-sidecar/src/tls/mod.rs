@@ -14,7 +14,6 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use arc_swap::ArcSwap;
-use notify::{RecommendedWatcher, RecursiveMode, Watcher};
 use rustls::crypto::CryptoProvider;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
@@ -24,6 +23,7 @@ use rustls::{RootCertStore, ServerConfig};
 
 pub use self::accept::incoming;
 use crate::settings::TlsSettings;
+use crate::watch::{Target, Watch};
 
 /// The listeners' TLS: one configuration per protocol, sharing the reloaded
 /// certificate and the client check.
@@ -33,7 +33,7 @@ pub struct ServerTls {
     pub grpc: Arc<ServerConfig>,
     /// For the HTTP listener (ALPN `http/1.1`), when HTTP_SERVER_USE_TLS.
     pub http: Option<Arc<ServerConfig>>,
-    _watcher: Option<RecommendedWatcher>,
+    _watch: Option<Watch>,
 }
 
 impl ServerTls {
@@ -77,7 +77,7 @@ impl ServerTls {
         Ok(Some(ServerTls {
             grpc,
             http,
-            _watcher: watcher,
+            _watch: watcher,
         }))
     }
 }
@@ -120,48 +120,27 @@ impl KeyFiles {
     }
 
     /// Reloads into `current` whenever the files' directories change, while the
-    /// returned watcher lives (none, with a warning, when they cannot be watched).
-    fn watch(self, current: Arc<Current>) -> Option<RecommendedWatcher> {
-        let mut directories: Vec<PathBuf> = [&self.cert, &self.key]
-            .iter()
-            .map(|file| directory_of(file))
-            .collect();
-        directories.dedup();
-        let reload = move |event: notify::Result<notify::Event>| {
-            if event.is_err() {
-                return;
-            }
-            match self.read() {
+    /// returned watch lives (none, with a warning, when they cannot be watched).
+    fn watch(self, current: Arc<Current>) -> Option<Watch> {
+        let mut targets = vec![
+            Target::directory_of(&self.cert),
+            Target::directory_of(&self.key),
+        ];
+        targets.dedup();
+        let files = Arc::new(self);
+        crate::watch::follow("the TLS certificate", targets, move || {
+            match files.read() {
                 Ok(next) if next.cert != current.0.load().cert => {
                     current.0.store(next);
-                    tracing::warn!(cert = %self.cert.display(), "loaded a new TLS certificate for new connections");
+                    tracing::warn!(cert = %files.cert.display(), "loaded a new TLS certificate for new connections");
                 }
                 Ok(_) => {}
                 Err(error) => {
                     tracing::error!(%error, "cannot reload the TLS certificate; keeping the previous one");
                 }
             }
-        };
-        let watched = notify::recommended_watcher(reload).and_then(|mut watcher| {
-            for directory in &directories {
-                watcher.watch(directory, RecursiveMode::NonRecursive)?;
-            }
-            Ok(watcher)
-        });
-        match watched {
-            Ok(watcher) => Some(watcher),
-            Err(error) => {
-                tracing::warn!(%error, "cannot watch the TLS certificate; a new one needs a restart");
-                None
-            }
-        }
-    }
-}
-
-fn directory_of(file: &Path) -> PathBuf {
-    match file.parent() {
-        Some(parent) if !parent.as_os_str().is_empty() => parent.to_path_buf(),
-        _ => PathBuf::from("."),
+            std::future::ready(())
+        })
     }
 }
 
