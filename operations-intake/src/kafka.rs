@@ -71,7 +71,10 @@ pub struct Ack {
 /// Metadata carried in each message's headers.
 #[derive(Clone, Copy, Debug)]
 pub struct MessageMeta<'a> {
-    /// The request id, also the message key.
+    /// The message key: the client id and the request id, space-separated, unique
+    /// across clients.
+    pub key: &'a str,
+    /// The request id: the `Idempotency-Key`, else a new UUID.
     pub request_id: &'a str,
     /// Who sent the batch.
     pub client_id: &'a str,
@@ -299,7 +302,7 @@ impl Kafka {
                 value: Some(CONTENT_TYPE),
             });
         let record = FutureRecord::to(&self.topic)
-            .key(meta.request_id)
+            .key(meta.key)
             .payload(value)
             .headers(headers);
         // Held until the answer, so a replaced producer stays open for this delivery.

@@ -5,14 +5,16 @@
 //! batch size as its hits, and `client_id=<id>, operation=<kind>` carries each kind's
 //! count, so a configuration can cap sells apart from buys.
 
-use std::path::Path;
+use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
 use ratelimit_core::{
     Config, Descriptor, HeaderFormat, Limiter, MemoryStore, Request, Response, Retry, Settings,
 };
+use ratelimit_core::stats::StatsRegistry;
 use ratelimit_proto::envoy::client::{request_to_pb, response_from_pb};
+use ratelimit_sidecar::provider;
 use tonic::transport::{Channel, Endpoint};
 
 use crate::batch::Batch;
@@ -42,20 +44,6 @@ pub enum Verdict {
 /// Why the limits could not be set up.
 #[derive(Debug, thiserror::Error)]
 pub enum LimitsError {
-    /// The rules file could not be read.
-    #[error("cannot read RATELIMIT_CONFIG {path}: {source}")]
-    Read {
-        /// The file.
-        path: String,
-        /// What the system said.
-        source: std::io::Error,
-    },
-    /// The rules are not valid; the message is the sidecar's.
-    #[error("RATELIMIT_CONFIG is not valid: {0}")]
-    Invalid(#[from] ratelimit_core::ConfigError),
-    /// The rules do not mention the domain this service asks for.
-    #[error("RATELIMIT_CONFIG has no domain `{0}`; set RATELIMIT_DOMAIN or fix the file")]
-    NoDomain(String),
     /// The sidecar URL is not an `http://` or `https://` URL with a host.
     #[error("RATELIMIT_GRPC_URL `{url}` is not valid: {reason}")]
     BadUrl {
@@ -104,26 +92,60 @@ const PROBE_CLIENT: &str = "operations-intake start-up probe";
 const LOCAL_COUNTERS: usize = 1 << 20;
 
 impl Limits {
-    /// In-process limits from the YAML rules in `path`; `format` says which headers the
-    /// answers will carry.
-    pub fn local(path: &Path, domain: &str, format: &HeaderFormat) -> Result<Limits, LimitsError> {
-        let text = std::fs::read_to_string(path).map_err(|source| LimitsError::Read {
-            path: path.display().to_string(),
-            source,
-        })?;
-        let config = Config::from_files([(path.display().to_string(), text)], false)?;
-        if !config.domains().iter().any(|d| d.domain == domain) {
-            return Err(LimitsError::NoDomain(domain.to_owned()));
-        }
+    /// In-process limits of `domain`, with no rule until [`Limits::set_rules`]; `format`
+    /// says which headers the answers will carry.
+    pub fn local(domain: &str, format: &HeaderFormat) -> Limits {
         let settings = Settings {
             report_policies: matches!(format, HeaderFormat::IetfDraft11),
             ..Settings::default()
         };
-        Ok(Limits::Local {
-            limiter: Limiter::new(&config, settings),
+        Limits::Local {
+            limiter: Limiter::without_config(settings),
             store: MemoryStore::new(LOCAL_COUNTERS),
             domain: domain.to_owned(),
-        })
+        }
+    }
+
+    /// Puts the rules in `text` (from `source`) in use, all or nothing: rules that do not
+    /// parse, or do not limit the domain, leave the previous ones. Logged as the sidecar
+    /// logs its reloads.
+    pub fn set_rules(&self, source: &str, text: &str) -> Result<(), String> {
+        let Limits::Local {
+            limiter, domain, ..
+        } = self
+        else {
+            return Err("rules are only read with in-process limits".into());
+        };
+        let config = Config::from_files([(source.to_owned(), text.to_owned())], false)
+            .map_err(|error| error.to_string())
+            .and_then(|config| {
+                if config.domains().iter().any(|d| d.domain == *domain) {
+                    Ok(config)
+                } else {
+                    Err(format!(
+                        "no domain `{domain}` (RATELIMIT_DOMAIN): every batch would be allowed"
+                    ))
+                }
+            });
+        match config {
+            Ok(config) => {
+                limiter.set_config(&config);
+                provider::announce_loaded(limiter, &config, source, "");
+                Ok(())
+            }
+            Err(error) => {
+                provider::announce_rejected(&error);
+                Err(error)
+            }
+        }
+    }
+
+    /// The in-process limiter's statistics, if limits are decided here.
+    pub fn stats(&self) -> Option<&Arc<StatsRegistry>> {
+        match self {
+            Limits::Local { limiter, .. } => Some(limiter.stats()),
+            _ => None,
+        }
     }
 
     /// Limits asked of the sidecar at `url`; the connection is made on first use.
@@ -298,15 +320,12 @@ mod tests {
 
     #[test]
     fn local_limits_count_operations_and_cap_kinds_apart() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("limits.yaml");
-        std::fs::write(
-            &path,
+        let rules = String::from(
             "domain: operations\ndescriptors:\n  - key: client_id\n    rate_limit: {unit: hour, requests_per_unit: 10}\n    descriptors:\n      - key: operation\n        value: sell\n        rate_limit: {unit: hour, requests_per_unit: 3}\n",
-        )
-        .unwrap();
+        );
         let ratelimit = HeaderFormat::parse("ratelimit").unwrap();
-        let limits = Limits::local(&path, "operations", &ratelimit).unwrap();
+        let limits = Limits::local("operations", &ratelimit);
+        limits.set_rules("limits.yaml", &rules).unwrap();
         let rt = tokio::runtime::Builder::new_current_thread()
             .build()
             .unwrap();
@@ -361,7 +380,8 @@ mod tests {
         // LIMIT_RESPONSE_HEADERS_FORMAT=ietf-draft-11: every limit that applied, and the
         // one that decided.
         let draft = HeaderFormat::IetfDraft11;
-        let limits = Limits::local(&path, "operations", &draft).unwrap();
+        let limits = Limits::local("operations", &draft);
+        limits.set_rules("limits.yaml", &rules).unwrap();
         let Verdict::Allow(headers) = check(&limits, &draft, 2, 3) else {
             panic!("within both limits")
         };
@@ -378,13 +398,25 @@ mod tests {
     }
 
     #[test]
-    fn rules_without_the_domain_are_refused() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("limits.yaml");
-        std::fs::write(&path, "domain: other\n").unwrap();
-        assert!(matches!(
-            Limits::local(&path, "operations", &HeaderFormat::IetfDraft11),
-            Err(LimitsError::NoDomain(_))
-        ));
+    fn rules_without_the_domain_or_invalid_are_refused_and_the_previous_stay() {
+        let limits = Limits::local("operations", &HeaderFormat::IetfDraft11);
+        let one = "domain: operations\ndescriptors:\n  - key: client_id\n    rate_limit: {unit: hour, requests_per_unit: 1}\n";
+        limits.set_rules("a.yaml", one).unwrap();
+        let error = limits.set_rules("a.yaml", "domain: other\n").unwrap_err();
+        assert!(error.contains("no domain `operations`"), "{error}");
+        assert!(limits.set_rules("a.yaml", "domain: [").is_err());
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        let batch = Batch {
+            count: 2,
+            buys: 2,
+            sells: 0,
+        };
+        let verdict = rt.block_on(limits.check("c", &batch, &HeaderFormat::IetfDraft11));
+        assert!(
+            matches!(verdict, Verdict::Deny { .. }),
+            "the limit of 1 still applies: {verdict:?}"
+        );
     }
 }

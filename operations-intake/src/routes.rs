@@ -1,5 +1,6 @@
 //! The HTTP API: `POST /operations` and `GET /health`, every answer a JSON body.
 
+use std::collections::BTreeMap;
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -13,11 +14,14 @@ use serde::Serialize;
 use serde_json::json;
 use warp::Filter;
 use warp::http::Response;
-use warp::http::header::{ALLOW, CONTENT_LENGTH, CONTENT_TYPE, RETRY_AFTER};
+use warp::http::header::{ALLOW, CONTENT_LENGTH, CONTENT_TYPE, RETRY_AFTER, WWW_AUTHENTICATE};
 use warp::http::{HeaderMap, HeaderValue, Method, StatusCode};
 
+use crate::auth::{self, Auth, Caller, Client, Scopes};
 use crate::batch::{self, Batch, Problem, Rejection};
+use crate::files::{Followed, LastLoad};
 use crate::idempotency::{self, Claim};
+use crate::metrics::Metrics;
 use crate::kafka::{BrokerHealth, Kafka, MessageMeta, ProduceError};
 use crate::limits::{LimitHeaders, Limits, Verdict};
 
@@ -26,8 +30,10 @@ pub const ACCEPTED_MESSAGE: &str = "Operations processed successfully";
 
 /// Everything a request needs.
 pub struct App {
+    /// Who may send.
+    pub auth: Arc<Auth>,
     /// Rate limits.
-    pub limits: Limits,
+    pub limits: Arc<Limits>,
     /// LIMIT_RESPONSE_HEADERS_FORMAT.
     pub headers_format: HeaderFormat,
     /// The producer.
@@ -38,6 +44,10 @@ pub struct App {
     pub max_body_bytes: usize,
     /// `MAX_OPERATIONS`.
     pub max_operations: usize,
+    /// Statistics.
+    pub metrics: Metrics,
+    /// The followed files, by the name `/health` gives them.
+    pub files: Vec<(&'static str, Arc<Followed>)>,
 }
 
 type Reply = Response<Bytes>;
@@ -58,18 +68,21 @@ pub fn routes(
                     // The work runs to its end even if the client goes away, so an
                     // acknowledged batch is always remembered for its idempotency key.
                     let task = tokio::spawn(async move {
-                        match path.as_str() {
+                        let reply = match path.as_str() {
                             "/operations" if method == Method::POST => {
                                 post_operations(&app, &headers, peer, body).await
                             }
                             "/health" if method == Method::GET => health(&app),
+                            "/metrics" if method == Method::GET => metrics(&app),
                             "/operations" => not_allowed("POST"),
-                            "/health" => not_allowed("GET"),
+                            "/health" | "/metrics" => not_allowed("GET"),
                             _ => message(
                                 StatusCode::NOT_FOUND,
-                                "no such route; the routes are POST /operations and GET /health",
+                                "no such route; the routes are POST /operations, GET /health and GET /metrics",
                             ),
-                        }
+                        };
+                        app.metrics.answered(reply.status());
+                        reply
                     });
                     task.await.unwrap_or_else(|error| {
                         tracing::error!(%error, "request handler failed");
@@ -92,19 +105,37 @@ fn health(app: &App) -> Reply {
     struct Health<'a> {
         status: &'static str,
         kafka: &'a BrokerHealth,
+        /// The last load of each followed file.
+        #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+        files: BTreeMap<&'static str, LastLoad>,
     }
     let (status, code) = if kafka.is_up() {
         ("UP", StatusCode::OK)
     } else {
         ("DOWN", StatusCode::SERVICE_UNAVAILABLE)
     };
+    let files = app
+        .files
+        .iter()
+        .filter_map(|(name, file)| Some((*name, file.last()?)))
+        .collect();
     json_reply(
         code,
         &Health {
             status,
             kafka: &kafka,
+            files,
         },
     )
+}
+
+fn metrics(app: &App) -> Reply {
+    let mut reply = Response::new(Bytes::from(app.metrics.render(app.limits.stats())));
+    reply.headers_mut().insert(
+        CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
+    );
+    reply
 }
 
 /// The answer for an acknowledged batch; `message` comes first, as the original
@@ -129,6 +160,14 @@ where
     B: Buf,
 {
     let received = SystemTime::now();
+    let caller = app.auth.caller(headers);
+    if let Caller::Refused(refusal) = caller {
+        let mut reply = message(StatusCode::UNAUTHORIZED, refusal.message());
+        reply
+            .headers_mut()
+            .insert(WWW_AUTHENTICATE, refusal.challenge());
+        return reply;
+    }
     if !is_json(headers) {
         return message(
             StatusCode::UNSUPPORTED_MEDIA_TYPE,
@@ -142,7 +181,16 @@ where
     };
     // Header and body problems are reported together.
     let mut problems = Vec::new();
-    let client_id = client_id(headers, peer).map_err(|p| problems.push(p)).ok();
+    let client = match caller {
+        Caller::Client(client) => Some(client),
+        _ => client_id(headers, peer)
+            .map(|id| Client {
+                id: id.into(),
+                scopes: Scopes::ALL,
+            })
+            .map_err(|p| problems.push(p))
+            .ok(),
+    };
     let key = idempotency_key(headers)
         .map_err(|p| problems.push(p))
         .ok()
@@ -160,14 +208,29 @@ where
             );
         }
     };
-    let (Some(batch), Some(client_id), true) = (batch, client_id, problems.is_empty()) else {
+    let (Some(batch), Some(client), true) = (batch, client, problems.is_empty()) else {
         return invalid(&problems);
     };
+    if let Some(kind) = auth::forbidden(client.scopes, &batch) {
+        return message(
+            StatusCode::FORBIDDEN,
+            &format!(
+                "client `{}` may not send {kind} operations (its scopes: {}); nothing was recorded",
+                client.id,
+                client.scopes.describe()
+            ),
+        );
+    }
+    let id = key
+        .clone()
+        .unwrap_or_else(|| uuid::Uuid::new_v4().to_string());
+    let message_key = idempotency::scoped(&client.id, &id);
     let pending = match &key {
         None => None,
-        Some(key) => match app.idempotency.claim(key, &body, Instant::now()) {
-            Claim::New(pending) => Some(pending),
-            Claim::Replay(answer) => {
+        Some(_) => match app.idempotency.claim(&message_key, &body).await {
+            Ok(Claim::New(pending)) => Some(pending),
+            Ok(Claim::Replay(answer)) => {
+                app.metrics.idempotent_replays.add(1);
                 let mut reply = Response::new(answer);
                 reply.headers_mut().insert(CONTENT_TYPE, json_type());
                 reply
@@ -175,28 +238,48 @@ where
                     .insert("idempotent-replayed", HeaderValue::from_static("true"));
                 return reply;
             }
-            Claim::InProgress => {
+            Ok(Claim::InProgress) => {
                 return message(
                     StatusCode::CONFLICT,
                     "a request with this Idempotency-Key is still being processed; retry later",
                 );
             }
-            Claim::Mismatch => {
+            Ok(Claim::Mismatch) => {
                 return message(
                     StatusCode::CONFLICT,
                     "this Idempotency-Key was used before with a different body; use a new key for a new batch",
                 );
             }
+            Err(error) => {
+                tracing::warn!(%error, "the idempotency store failed");
+                return message(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    &format!("the idempotency store is unavailable ({error}); nothing was recorded"),
+                );
+            }
         },
     };
-    let reply = limit_and_produce(app, &body, &batch, &client_id, key.as_deref(), received).await;
+    let batch_id = BatchId {
+        id: &id,
+        key: &message_key,
+        client_id: &client.id,
+    };
+    let reply = limit_and_produce(app, &body, &batch, batch_id, received).await;
     // An unfinished claim is released when dropped, so a refused batch can be retried.
     if let Some(pending) = pending
         && reply.status() == StatusCode::OK
     {
-        pending.finish(reply.body().clone(), Instant::now());
+        pending.finish(reply.body().clone()).await;
     }
     reply
+}
+
+/// How a batch is named: its id, its message key, and its client.
+#[derive(Clone, Copy)]
+struct BatchId<'a> {
+    id: &'a str,
+    key: &'a str,
+    client_id: &'a str,
 }
 
 /// The `Idempotency-Key` header, if any.
@@ -219,8 +302,7 @@ async fn limit_and_produce(
     app: &App,
     body: &Bytes,
     batch: &Batch,
-    client_id: &str,
-    key: Option<&str>,
+    batch_id: BatchId<'_>,
     received: SystemTime,
 ) -> Reply {
     // A known outage is answered before the batch counts against any limit.
@@ -229,11 +311,12 @@ async fn limit_and_produce(
     }
     let limit_headers = match app
         .limits
-        .check(client_id, batch, &app.headers_format)
+        .check(batch_id.client_id, batch, &app.headers_format)
         .await
     {
         Verdict::Allow(headers) => headers,
         Verdict::Deny { headers, retry } => {
+            app.metrics.limit_refusals.add(1);
             let text = match retry {
                 Retry::After(_) => "rate limit exceeded; nothing was recorded",
                 Retry::Never => {
@@ -254,19 +337,25 @@ async fn limit_and_produce(
             );
         }
     };
-    let id = key.map_or_else(|| uuid::Uuid::new_v4().to_string(), str::to_owned);
+    let id = batch_id.id;
     let received_at = humantime::format_rfc3339_millis(received).to_string();
     let meta = MessageMeta {
-        request_id: &id,
-        client_id,
+        key: batch_id.key,
+        request_id: id,
+        client_id: batch_id.client_id,
         received_at: &received_at,
     };
-    let mut reply = match app.kafka.produce(body, meta).await {
+    let started = Instant::now();
+    let produced = app.kafka.produce(body, meta).await;
+    if produced.is_ok() {
+        app.metrics.produced(started.elapsed(), batch.count);
+    }
+    let mut reply = match produced {
         Ok(ack) => json_reply(
             StatusCode::OK,
             &Accepted {
                 message: ACCEPTED_MESSAGE,
-                id: &id,
+                id,
                 count: batch.count,
                 partition: ack.partition,
                 offset: ack.offset,

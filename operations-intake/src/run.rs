@@ -2,18 +2,25 @@
 //! SIGINT, let the requests in flight finish, flush the producer.
 
 use std::net::SocketAddr;
+use std::path::Path;
 use std::sync::Arc;
 use std::time::Instant;
 
 use ratelimit_sidecar::serve;
+use ratelimit_sidecar::watch::Watch;
 use rdkafka::mocking::MockCluster;
 use tokio::net::TcpListener;
 
+use crate::auth::Auth;
+use crate::files::{Apply, Followed};
 use crate::idempotency;
 use crate::kafka::{Kafka, ProducerSettings, SetupError};
 use crate::limits::{Limits, LimitsError};
+use crate::metrics::Metrics;
 use crate::routes::{App, routes};
-use crate::settings::{Settings, parse_properties, parse_properties_file};
+use crate::settings::{
+    AuthMode, IdempotencyStore, Settings, parse_properties, parse_properties_file,
+};
 
 /// Why the service could not start.
 #[derive(Debug, thiserror::Error)]
@@ -21,6 +28,15 @@ pub enum StartError {
     /// The rate limits could not be set up.
     #[error(transparent)]
     Limits(#[from] LimitsError),
+    /// A followed file (RATELIMIT_CONFIG, API_KEYS_FILE) is missing or not valid.
+    #[error("{0}")]
+    File(String),
+    /// Authentication or idempotency settings that cannot work.
+    #[error("{0}")]
+    Setting(String),
+    /// The idempotency store could not be reached.
+    #[error("{0}")]
+    Idempotency(String),
     /// A librdkafka property list is malformed or unreadable.
     #[error("{0}")]
     Properties(String),
@@ -44,12 +60,13 @@ pub enum StartError {
 pub async fn run(settings: Settings) -> Result<(), StartError> {
     // Installed before anything slow, so a SIGTERM during start-up still drains.
     let shutdown = shutdown_signal();
-    let limits = match (&settings.ratelimit_config, &settings.ratelimit_grpc_url) {
-        (Some(path), _) => Limits::local(
-            path,
+    let metrics = Metrics::new();
+    let mut files = Vec::new();
+    let limits = Arc::new(match (&settings.ratelimit_config, &settings.ratelimit_grpc_url) {
+        (Some(_), _) => Limits::local(
             &settings.ratelimit_domain,
             &settings.limit_response_headers_format,
-        )?,
+        ),
         (None, Some(url)) => Limits::remote(
             url,
             &settings.ratelimit_domain,
@@ -57,7 +74,35 @@ pub async fn run(settings: Settings) -> Result<(), StartError> {
             settings.ratelimit_failure_mode_deny,
         )?,
         (None, None) => Limits::Off,
-    };
+    });
+    if let Some(path) = &settings.ratelimit_config {
+        let rules = Arc::clone(&limits);
+        let source = path.display().to_string();
+        let apply = Box::new(move |text: &str| rules.set_rules(&source, text));
+        files.push(follow("ratelimit_config", "RATELIMIT_CONFIG", path, apply, &metrics)?);
+    }
+    let auth = Arc::new(Auth::new(settings.auth));
+    match (settings.auth, &settings.api_keys_file) {
+        (AuthMode::ApiKeys, Some(path)) => {
+            let keys = Arc::clone(&auth);
+            let apply = Box::new(move |text: &str| keys.set_keys(text));
+            files.push(follow("api_keys", "API_KEYS_FILE", path, apply, &metrics)?);
+        }
+        (AuthMode::ApiKeys, None) => {
+            return Err(StartError::Setting(
+                "AUTH=api-keys (the default) needs API_KEYS_FILE. Make a key with `operations-intake keygen --client-id <id>` and list its hash in the file, or set AUTH=none to trust X-Client-Id (development only)".into(),
+            ));
+        }
+        (AuthMode::None, keys) => {
+            if keys.is_some() {
+                return Err(StartError::Setting(
+                    "API_KEYS_FILE is set but AUTH=none would ignore it; set AUTH=api-keys or remove API_KEYS_FILE".into(),
+                ));
+            }
+            tracing::warn!("AUTH=none: clients are NOT authenticated; whoever can reach the service names itself with X-Client-Id. For development only");
+        }
+    }
+    let idempotency = idempotency_store(&settings).await?;
     if settings.ratelimit_allow_unknown_domain {
         tracing::warn!(
             domain = %settings.ratelimit_domain,
@@ -114,17 +159,21 @@ pub async fn run(settings: Settings) -> Result<(), StartError> {
         tracing::warn!(status = first.status, reason = first.reason.as_deref(), bootstrap_servers = %bootstrap, topic = %settings.kafka_topic, "Kafka probed: not ready; batches are refused (503) until it is");
     }
     let watcher = tokio::spawn(kafka.clone().watch());
+    let health = Arc::clone(&kafka);
+    metrics.kafka_up(Arc::new(move || u64::from(health.health().is_up())));
+    // Held until the end of the run: dropping them stops following the files.
+    let _watches: Vec<Watch> = files.iter().filter_map(|(_, file)| file.follow()).collect();
 
     let app = Arc::new(App {
+        auth,
         limits,
         headers_format: settings.limit_response_headers_format.clone(),
         kafka: kafka.clone(),
-        idempotency: idempotency::Store::new(
-            settings.idempotency_ttl,
-            settings.idempotency_max_keys,
-        ),
+        idempotency,
         max_body_bytes: settings.max_body_bytes,
         max_operations: settings.max_operations,
+        metrics,
+        files,
     });
     let addr = format!("{}:{}", settings.host, settings.port);
     let listener = TcpListener::bind(&addr)
@@ -171,6 +220,55 @@ pub async fn run(settings: Settings) -> Result<(), StartError> {
     watcher.abort();
     drop(mock);
     Ok(())
+}
+
+/// Loads the file at `path` (a start-up error when it does not load) and returns it, to
+/// be followed, under `name`; its loads count in `intake.<name>.load_*`.
+fn follow(
+    name: &'static str,
+    setting: &'static str,
+    path: &Path,
+    apply: Apply,
+    metrics: &Metrics,
+) -> Result<(&'static str, Arc<Followed>), StartError> {
+    let (success, error) = metrics.loads(name);
+    let followed = Arc::new(Followed::new(setting, path, apply, success, error));
+    followed.load().map_err(StartError::File)?;
+    Ok((name, followed))
+}
+
+/// The idempotency store the settings ask for; Redis must answer at start.
+async fn idempotency_store(settings: &Settings) -> Result<idempotency::Store, StartError> {
+    match (settings.idempotency_store, &settings.idempotency_redis_url) {
+        (IdempotencyStore::Memory, None) => Ok(idempotency::Store::Memory(
+            idempotency::memory::Store::new(settings.idempotency_ttl, settings.idempotency_max_keys),
+        )),
+        (IdempotencyStore::Memory, Some(_)) => Err(StartError::Setting(
+            "IDEMPOTENCY_REDIS_URL is set but IDEMPOTENCY_STORE=memory would ignore it; set IDEMPOTENCY_STORE=redis".into(),
+        )),
+        (IdempotencyStore::Redis, None) => Err(StartError::Setting(
+            "IDEMPOTENCY_STORE=redis needs IDEMPOTENCY_REDIS_URL".into(),
+        )),
+        (IdempotencyStore::Redis, Some(url)) => {
+            let slowest = settings.kafka_delivery_timeout + settings.ratelimit_timeout;
+            if settings.idempotency_claim_ttl <= slowest {
+                return Err(StartError::Setting(format!(
+                    "IDEMPOTENCY_CLAIM_TTL ({:?}) must exceed KAFKA_DELIVERY_TIMEOUT plus RATELIMIT_TIMEOUT ({slowest:?}): a claim that expires while its batch is being produced lets a retry produce it again",
+                    settings.idempotency_claim_ttl
+                )));
+            }
+            let store = idempotency::redis::Store::connect(
+                url,
+                settings.idempotency_claim_ttl,
+                settings.idempotency_ttl,
+                settings.idempotency_redis_timeout,
+            )
+            .await
+            .map_err(StartError::Idempotency)?;
+            tracing::info!(url, "idempotency keys are shared in Redis");
+            Ok(idempotency::Store::Redis(store))
+        }
+    }
 }
 
 /// Completes on SIGTERM or SIGINT; the SIGTERM handler is installed on the call.

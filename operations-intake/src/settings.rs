@@ -14,6 +14,9 @@ use clap::{ArgAction, Parser};
     about = "Receives financial operations over HTTP, rate-limits them and produces them to Kafka"
 )]
 pub struct Settings {
+    /// `keygen`: print a new API key instead of serving.
+    #[command(subcommand)]
+    pub command: Option<Command>,
     /// Address to listen on.
     #[arg(long, env = "HOST", default_value = "0.0.0.0")]
     pub host: String,
@@ -30,7 +33,17 @@ pub struct Settings {
     #[command(flatten)]
     pub http: ratelimit_sidecar::bounds::HttpLimitsSettings,
 
-    /// Rate-limit rules in envoyproxy/ratelimit's YAML format; none means no limits.
+    /// How clients authenticate: api-keys (Authorization: Bearer, keys in API_KEYS_FILE)
+    /// or none (X-Client-Id names the client; for development only).
+    #[arg(long, env = "AUTH", value_enum, default_value_t = AuthMode::ApiKeys)]
+    pub auth: AuthMode,
+    /// The clients' keys: a YAML list of {client_id, key_sha256, scopes}; reloaded when
+    /// it changes. Required with AUTH=api-keys.
+    #[arg(long, env = "API_KEYS_FILE")]
+    pub api_keys_file: Option<PathBuf>,
+
+    /// Rate-limit rules in envoyproxy/ratelimit's YAML format, reloaded when the file
+    /// changes; none means no limits.
     #[arg(long, env = "RATELIMIT_CONFIG")]
     pub ratelimit_config: Option<PathBuf>,
     /// The rules' domain.
@@ -90,6 +103,20 @@ pub struct Settings {
     /// Most idempotency keys remembered; the oldest are forgotten first.
     #[arg(long, env = "IDEMPOTENCY_MAX_KEYS", default_value_t = 100_000)]
     pub idempotency_max_keys: usize,
+    /// Where idempotency keys are remembered: memory (this process) or redis (shared by
+    /// every replica, and kept across restarts).
+    #[arg(long, env = "IDEMPOTENCY_STORE", value_enum, default_value_t = IdempotencyStore::Memory)]
+    pub idempotency_store: IdempotencyStore,
+    /// The Redis of IDEMPOTENCY_STORE=redis (redis://host:port/db, rediss:// for TLS).
+    #[arg(long, env = "IDEMPOTENCY_REDIS_URL")]
+    pub idempotency_redis_url: Option<String>,
+    /// How long a claimed key stays claimed if its replica dies before answering. Must
+    /// exceed KAFKA_DELIVERY_TIMEOUT plus RATELIMIT_TIMEOUT.
+    #[arg(long, env = "IDEMPOTENCY_CLAIM_TTL", default_value = "60s", value_parser = duration)]
+    pub idempotency_claim_ttl: Duration,
+    /// How long a Redis call may take.
+    #[arg(long, env = "IDEMPOTENCY_REDIS_TIMEOUT", default_value = "500ms", value_parser = duration)]
+    pub idempotency_redis_timeout: Duration,
 
     /// On SIGTERM, how long to wait for requests in flight and the producer's queue.
     #[arg(long, env = "SHUTDOWN_TIMEOUT", default_value = "30s", value_parser = duration)]
@@ -103,6 +130,31 @@ pub struct Settings {
 }
 
 pub use ratelimit_sidecar::settings::LogFormat;
+
+pub use crate::auth::Mode as AuthMode;
+
+/// `IDEMPOTENCY_STORE`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum IdempotencyStore {
+    /// This process's memory.
+    Memory,
+    /// Redis, at IDEMPOTENCY_REDIS_URL.
+    Redis,
+}
+
+/// What to do instead of serving.
+#[derive(Clone, Debug, clap::Subcommand)]
+pub enum Command {
+    /// Print a new API key, and the API_KEYS_FILE entry (its SHA-256) to add for it.
+    Keygen {
+        /// The client the key is for.
+        #[arg(long)]
+        client_id: String,
+        /// What it may send: buy, sell (comma-separated); every operation when left out.
+        #[arg(long, value_delimiter = ',')]
+        scopes: Option<Vec<String>>,
+    },
+}
 
 fn headers_format(value: &str) -> Result<ratelimit_core::HeaderFormat, String> {
     ratelimit_core::HeaderFormat::parse(value)
@@ -151,6 +203,9 @@ mod tests {
         assert_eq!(s.idempotency_ttl, Duration::from_secs(86_400));
         assert!(!s.ratelimit_failure_mode_deny);
         assert!(!s.kafka_mock_broker);
+        assert_eq!(s.auth, AuthMode::ApiKeys);
+        assert_eq!(s.idempotency_store, IdempotencyStore::Memory);
+        assert_eq!(s.idempotency_claim_ttl, Duration::from_secs(60));
     }
 
     #[test]

@@ -1,0 +1,183 @@
+//! `Idempotency-Key`: the first successful answer for a key is remembered for a while,
+//! and a retry with the same key and body gets it again without producing a second
+//! message.
+//!
+//! Keys belong to their client: two clients may use the same key. A key is stored, and
+//! becomes the Kafka message key, as `<client id> <key>` (neither may contain a space,
+//! so the pair is unambiguous and the message key is unique across clients).
+//!
+//! Only acknowledged batches are remembered: a refused batch recorded nothing, and a
+//! batch whose fate is unknown must be retried (with the same key, so consumers can drop
+//! the duplicate if both arrived).
+
+pub mod memory;
+pub mod redis;
+
+use std::time::Instant;
+
+use bytes::Bytes;
+
+use self::memory::Found;
+use crate::auth::keys::sha256_hex;
+
+/// The longest accepted key.
+pub const MAX_KEY_LEN: usize = 255;
+
+/// Whether `key` is usable: 1 to [`MAX_KEY_LEN`] visible ASCII characters.
+pub fn valid_key(key: &str) -> bool {
+    (1..=MAX_KEY_LEN).contains(&key.len()) && key.bytes().all(|b| b.is_ascii_graphic())
+}
+
+/// A key as stored and as the message key: `<client id> <key>`.
+pub fn scoped(client_id: &str, key: &str) -> String {
+    format!("{client_id} {key}")
+}
+
+/// Where answers are remembered.
+pub enum Store {
+    /// In this process (`IDEMPOTENCY_STORE=memory`).
+    Memory(memory::Store),
+    /// In Redis, shared by every replica (`IDEMPOTENCY_STORE=redis`).
+    Redis(redis::Store),
+}
+
+/// What a lookup found.
+#[derive(Debug)]
+pub enum Claim<'a> {
+    /// The key is new and now held by the caller until the [`Pending`] is finished or
+    /// dropped.
+    New(Pending<'a>),
+    /// The key already has an answer: send it again.
+    Replay(Bytes),
+    /// A request with this key is still being processed.
+    InProgress,
+    /// The key was used with a different body.
+    Mismatch,
+}
+
+/// A claimed key. [`Pending::finish`] remembers the answer; dropping it unfinished (a
+/// refused batch, or a panic) gives the key up so it can be used again.
+pub struct Pending<'a> {
+    store: &'a Store,
+    key: Option<String>,
+    digest: String,
+    token: String,
+}
+
+impl std::fmt::Debug for Pending<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Pending").field("key", &self.key).finish()
+    }
+}
+
+impl Store {
+    /// Looks up `scoped_key` (from [`scoped`]) for a request with `body`. An error means
+    /// the shared store could not be asked.
+    pub async fn claim(&self, scoped_key: &str, body: &[u8]) -> Result<Claim<'_>, String> {
+        let digest = sha256_hex(body);
+        let (found, token) = match self {
+            Store::Memory(store) => {
+                let hash = digest_bytes(&digest);
+                (store.claim(scoped_key, hash, Instant::now()), String::new())
+            }
+            Store::Redis(store) => {
+                let token = uuid::Uuid::new_v4().simple().to_string();
+                (store.claim(scoped_key, &digest, &token).await?, token)
+            }
+        };
+        Ok(match found {
+            Found::New => Claim::New(Pending {
+                store: self,
+                key: Some(scoped_key.to_owned()),
+                digest,
+                token,
+            }),
+            Found::Replay(answer) => Claim::Replay(answer),
+            Found::InProgress => Claim::InProgress,
+            Found::Mismatch => Claim::Mismatch,
+        })
+    }
+}
+
+impl Pending<'_> {
+    /// Remembers `answer` for the key. A failure is logged: the batch was recorded, so
+    /// the answer stands, but a retry may produce it again (with the same message key).
+    pub async fn finish(mut self, answer: Bytes) {
+        let Some(key) = self.key.take() else { return };
+        match self.store {
+            Store::Memory(store) => store.finish(key, answer, Instant::now()),
+            Store::Redis(store) => {
+                match store.finish(&key, &self.digest, &self.token, &answer).await {
+                    Ok(true) => {}
+                    Ok(false) => tracing::error!(
+                        key,
+                        "the idempotency claim expired before the batch was acknowledged (IDEMPOTENCY_CLAIM_TTL is too short): a retry may record it again"
+                    ),
+                    Err(error) => tracing::error!(
+                        key,
+                        %error,
+                        "cannot store the answer in Redis: a retry may record the batch again"
+                    ),
+                }
+            }
+        }
+    }
+}
+
+impl Drop for Pending<'_> {
+    fn drop(&mut self) {
+        let Some(key) = self.key.take() else { return };
+        match self.store {
+            Store::Memory(store) => store.release(&key),
+            Store::Redis(store) => {
+                let (store, digest, token) =
+                    (store.clone(), self.digest.clone(), self.token.clone());
+                // Off the request: a failure only leaves the claim to expire.
+                tokio::spawn(async move {
+                    if let Err(error) = store.release(&key, &digest, &token).await {
+                        tracing::warn!(key, %error, "cannot release an idempotency claim; it expires after IDEMPOTENCY_CLAIM_TTL");
+                    }
+                });
+            }
+        }
+    }
+}
+
+fn digest_bytes(hex: &str) -> [u8; 32] {
+    let mut bytes = [0; 32];
+    for (i, byte) in bytes.iter_mut().enumerate() {
+        *byte = u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).unwrap_or(0);
+    }
+    bytes
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    #[tokio::test]
+    async fn keys_are_scoped_per_client_and_released_when_dropped() {
+        let store = Store::Memory(memory::Store::new(Duration::from_secs(60), 10));
+        let mine = scoped("acme", "k1");
+        let theirs = scoped("globex", "k1");
+        let Claim::New(pending) = store.claim(&mine, b"body").await.unwrap() else {
+            panic!("new")
+        };
+        assert!(matches!(store.claim(&mine, b"body").await, Ok(Claim::InProgress)));
+        assert!(matches!(store.claim(&theirs, b"other").await, Ok(Claim::New(_))));
+        pending.finish(Bytes::from_static(b"answer")).await;
+        assert!(matches!(store.claim(&mine, b"body").await, Ok(Claim::Replay(a)) if a == "answer"));
+        assert!(matches!(store.claim(&mine, b"changed").await, Ok(Claim::Mismatch)));
+        assert!(matches!(store.claim(&theirs, b"other").await, Ok(Claim::New(_))), "dropped, so released");
+    }
+
+    #[test]
+    fn keys_must_be_short_visible_ascii() {
+        assert!(valid_key("order-42"));
+        assert!(!valid_key(""));
+        assert!(!valid_key("with space"));
+        assert!(!valid_key(&"x".repeat(256)));
+    }
+}
