@@ -70,7 +70,11 @@ impl Followed {
             *lock(&self.applied) = Some(text);
             Ok(())
         });
-        let counter = if result.is_ok() { &self.success } else { &self.error };
+        let counter = if result.is_ok() {
+            &self.success
+        } else {
+            &self.error
+        };
         counter.add(1);
         *lock(&self.last) = Some(LastLoad {
             at: humantime::format_rfc3339_seconds(SystemTime::now()).to_string(),
@@ -109,7 +113,9 @@ impl Followed {
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    mutex
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 #[cfg(test)]

@@ -9,10 +9,10 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
+use ratelimit_core::stats::StatsRegistry;
 use ratelimit_core::{
     Config, Descriptor, HeaderFormat, Limiter, MemoryStore, Request, Response, Retry, Settings,
 };
-use ratelimit_core::stats::StatsRegistry;
 use ratelimit_proto::envoy::client::{request_to_pb, response_from_pb};
 use ratelimit_sidecar::provider;
 use tonic::transport::{Channel, Endpoint};

@@ -1,8 +1,8 @@
 //! `operations-intake`: see the README's section on the service for every setting.
 
 use clap::Parser;
-use operations_intake::run::run;
 use operations_intake::auth::keys::generate;
+use operations_intake::run::run;
 use operations_intake::settings::{Command, Settings};
 use ratelimit_sidecar::logging;
 
@@ -12,7 +12,9 @@ async fn main() -> std::process::ExitCode {
     if let Some(Command::Keygen { client_id, scopes }) = &settings.command {
         return match generate(client_id, scopes.as_deref()) {
             Ok((key, entry)) => {
-                println!("# The key: give it to the client, once. It is not stored anywhere.\n# {key}\n# Its entry for API_KEYS_FILE:\n{entry}");
+                println!(
+                    "# The key: give it to the client, once. It is not stored anywhere.\n# {key}\n# Its entry for API_KEYS_FILE:\n{entry}"
+                );
                 std::process::ExitCode::SUCCESS
             }
             Err(error) => {

@@ -62,7 +62,8 @@ impl Metrics {
     /// The load counters of a followed file: `intake.<file>.load_success` and `_error`.
     pub fn loads(&self, file: &str) -> (Arc<Counter>, Arc<Counter>) {
         (
-            self.registry.counter(&format!("intake.{file}.load_success")),
+            self.registry
+                .counter(&format!("intake.{file}.load_success")),
             self.registry.counter(&format!("intake.{file}.load_error")),
         )
     }
@@ -72,7 +73,7 @@ impl Metrics {
         self.registry.gauge("intake.kafka_up", read);
     }
 
-    /// Counts an answer.
+    /// Counts an answer to `POST /operations`.
     pub fn answered(&self, status: StatusCode) {
         let code = status.as_u16();
         let found = self.requests.iter().find(|(s, _)| *s == code);
@@ -131,7 +132,10 @@ mod tests {
             "intake_reloads_total{file=\"api_keys\",outcome=\"rejected\"} 1",
             "intake_kafka_up 1",
         ] {
-            assert!(text.lines().any(|l| l == line), "{line} missing from\n{text}");
+            assert!(
+                text.lines().any(|l| l == line),
+                "{line} missing from\n{text}"
+            );
         }
     }
 }

@@ -21,9 +21,9 @@ use crate::auth::{self, Auth, Caller, Client, Scopes};
 use crate::batch::{self, Batch, Problem, Rejection};
 use crate::files::{Followed, LastLoad};
 use crate::idempotency::{self, Claim};
-use crate::metrics::Metrics;
 use crate::kafka::{BrokerHealth, Kafka, MessageMeta, ProduceError};
 use crate::limits::{LimitHeaders, Limits, Verdict};
+use crate::metrics::Metrics;
 
 /// The answer the original service gave for an accepted batch; clients match on it.
 pub const ACCEPTED_MESSAGE: &str = "Operations processed successfully";
@@ -68,9 +68,11 @@ pub fn routes(
                     // The work runs to its end even if the client goes away, so an
                     // acknowledged batch is always remembered for its idempotency key.
                     let task = tokio::spawn(async move {
-                        let reply = match path.as_str() {
+                        match path.as_str() {
                             "/operations" if method == Method::POST => {
-                                post_operations(&app, &headers, peer, body).await
+                                let reply = post_operations(&app, &headers, peer, body).await;
+                                app.metrics.answered(reply.status());
+                                reply
                             }
                             "/health" if method == Method::GET => health(&app),
                             "/metrics" if method == Method::GET => metrics(&app),
@@ -80,9 +82,7 @@ pub fn routes(
                                 StatusCode::NOT_FOUND,
                                 "no such route; the routes are POST /operations, GET /health and GET /metrics",
                             ),
-                        };
-                        app.metrics.answered(reply.status());
-                        reply
+                        }
                     });
                     task.await.unwrap_or_else(|error| {
                         tracing::error!(%error, "request handler failed");
@@ -181,15 +181,16 @@ where
     };
     // Header and body problems are reported together.
     let mut problems = Vec::new();
+    // A malformed X-Client-Id is refused even when a key names the client instead.
+    let named = client_id(headers, peer)
+        .map_err(|p| problems.push(p))
+        .ok();
     let client = match caller {
         Caller::Client(client) => Some(client),
-        _ => client_id(headers, peer)
-            .map(|id| Client {
-                id: id.into(),
-                scopes: Scopes::ALL,
-            })
-            .map_err(|p| problems.push(p))
-            .ok(),
+        _ => named.map(|id| Client {
+            id: id.into(),
+            scopes: Scopes::ALL,
+        }),
     };
     let key = idempotency_key(headers)
         .map_err(|p| problems.push(p))
@@ -254,7 +255,9 @@ where
                 tracing::warn!(%error, "the idempotency store failed");
                 return message(
                     StatusCode::SERVICE_UNAVAILABLE,
-                    &format!("the idempotency store is unavailable ({error}); nothing was recorded"),
+                    &format!(
+                        "the idempotency store is unavailable ({error}); nothing was recorded"
+                    ),
                 );
             }
         },

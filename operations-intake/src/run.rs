@@ -62,30 +62,42 @@ pub async fn run(settings: Settings) -> Result<(), StartError> {
     let shutdown = shutdown_signal();
     let metrics = Metrics::new();
     let mut files = Vec::new();
-    let limits = Arc::new(match (&settings.ratelimit_config, &settings.ratelimit_grpc_url) {
-        (Some(_), _) => Limits::local(
-            &settings.ratelimit_domain,
-            &settings.limit_response_headers_format,
-        ),
-        (None, Some(url)) => Limits::remote(
-            url,
-            &settings.ratelimit_domain,
-            settings.ratelimit_timeout,
-            settings.ratelimit_failure_mode_deny,
-        )?,
-        (None, None) => Limits::Off,
-    });
+    let limits = Arc::new(
+        match (&settings.ratelimit_config, &settings.ratelimit_grpc_url) {
+            (Some(_), _) => Limits::local(
+                &settings.ratelimit_domain,
+                &settings.limit_response_headers_format,
+            ),
+            (None, Some(url)) => Limits::remote(
+                url,
+                &settings.ratelimit_domain,
+                settings.ratelimit_timeout,
+                settings.ratelimit_failure_mode_deny,
+            )?,
+            (None, None) => Limits::Off,
+        },
+    );
     if let Some(path) = &settings.ratelimit_config {
         let rules = Arc::clone(&limits);
         let source = path.display().to_string();
         let apply = Box::new(move |text: &str| rules.set_rules(&source, text));
-        files.push(follow("ratelimit_config", "RATELIMIT_CONFIG", path, apply, &metrics)?);
+        files.push(follow(
+            "ratelimit_config",
+            "RATELIMIT_CONFIG",
+            path,
+            apply,
+            &metrics,
+        )?);
     }
     let auth = Arc::new(Auth::new(settings.auth));
     match (settings.auth, &settings.api_keys_file) {
         (AuthMode::ApiKeys, Some(path)) => {
             let keys = Arc::clone(&auth);
-            let apply = Box::new(move |text: &str| keys.set_keys(text));
+            let apply = Box::new(move |text: &str| {
+                keys.set_keys(text).inspect_err(|error| {
+                    tracing::error!(%error, "API_KEYS_FILE rejected; the previous keys stay in use");
+                })
+            });
             files.push(follow("api_keys", "API_KEYS_FILE", path, apply, &metrics)?);
         }
         (AuthMode::ApiKeys, None) => {
@@ -99,7 +111,9 @@ pub async fn run(settings: Settings) -> Result<(), StartError> {
                     "API_KEYS_FILE is set but AUTH=none would ignore it; set AUTH=api-keys or remove API_KEYS_FILE".into(),
                 ));
             }
-            tracing::warn!("AUTH=none: clients are NOT authenticated; whoever can reach the service names itself with X-Client-Id. For development only");
+            tracing::warn!(
+                "AUTH=none: clients are NOT authenticated; whoever can reach the service names itself with X-Client-Id. For development only"
+            );
         }
     }
     let idempotency = idempotency_store(&settings).await?;

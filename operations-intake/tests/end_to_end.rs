@@ -98,14 +98,18 @@ async fn accepted_batches_reach_the_topic_byte_for_byte() {
     let records = read_topic(&tansu.bootstrap(), "ops");
     assert_eq!(records.len(), bodies.len());
     for record in &records {
-        let key = String::from_utf8(record.key.clone()).unwrap();
+        let id = record.header("request-id").unwrap().to_owned();
         let (body, client, answer) = accepted
-            .get(&key)
+            .get(&id)
             .expect("every message is an accepted request");
+        assert_eq!(
+            record.key,
+            format!("{client} {id}").as_bytes(),
+            "the message key is the client id and the batch id"
+        );
         assert_eq!(record.value, body.as_bytes(), "value changed on the way");
         assert_eq!(answer["partition"], record.partition);
         assert_eq!(answer["offset"], record.offset);
-        assert_eq!(record.header("request-id"), Some(key.as_str()));
         assert_eq!(record.header("client-id"), Some(client.as_str()));
         assert_eq!(record.header("content-type"), Some("application/json"));
         let received = record.header("received-at").unwrap();
@@ -301,7 +305,7 @@ async fn limits_count_operations_and_roll_over_with_the_window() {
     let records = read_topic(&tansu.bootstrap(), "limited");
     let ids: Vec<String> = records
         .iter()
-        .map(|r| String::from_utf8(r.key.clone()).unwrap())
+        .map(|r| r.header("request-id").unwrap().to_owned())
         .collect();
     let mut expected: Vec<String> = [&first, &other, &next]
         .iter()
@@ -373,7 +377,9 @@ async fn idempotent_retries_produce_once() {
 
     let records = read_topic(&tansu.bootstrap(), "idem");
     assert_eq!(records.len(), 1, "produced once");
-    assert_eq!(records[0].key, b"order-7");
+    // Keys belong to their client (here the peer's address): the message key says whose.
+    assert_eq!(records[0].key, b"127.0.0.1 order-7");
+    assert_eq!(records[0].header("request-id"), Some("order-7"));
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -426,7 +432,7 @@ async fn sigterm_loses_no_answered_batch() {
     let records = read_topic(&tansu.bootstrap(), "drain");
     let keys: std::collections::HashSet<String> = records
         .iter()
-        .map(|r| String::from_utf8(r.key.clone()).unwrap())
+        .map(|r| r.header("request-id").unwrap().to_owned())
         .collect();
     for id in &answered {
         assert!(
@@ -439,7 +445,17 @@ async fn sigterm_loses_no_answered_batch() {
 #[tokio::test(flavor = "multi_thread")]
 async fn schemathesis_finds_no_failures() {
     let tansu = broker_with_topic("fuzz", 1).await;
-    let service = intake(&tansu, "fuzz", &[]);
+    let (key, entry) = support::keygen("fuzzer", None);
+    let keys = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(keys.path(), entry).unwrap();
+    let service = intake(
+        &tansu,
+        "fuzz",
+        &[
+            ("AUTH", "api-keys"),
+            ("API_KEYS_FILE", keys.path().to_str().unwrap()),
+        ],
+    );
     let spec = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("openapi.yaml");
     // Schemathesis and Hypothesis keep caches in the working directory: not in the tree.
     let scratch = tempfile::tempdir().unwrap();
@@ -456,6 +472,10 @@ async fn schemathesis_finds_no_failures() {
         "all",
         "--max-examples",
         "60",
+        // The declared security scheme's credentials; the `ignored_auth` check also
+        // sends requests without them and with made-up ones, expecting 401.
+        "--header",
+        &format!("Authorization: Bearer {key}"),
     ])
     .args(["--generation-deterministic", "--no-color"])
     .output()

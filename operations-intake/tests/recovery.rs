@@ -52,7 +52,7 @@ fn replacements(service: &Intake) -> Vec<String> {
 fn on_topic_once(tansu: &Tansu, topic: &str, ids: &[&str]) {
     let keys: Vec<String> = read_topic(&tansu.bootstrap(), topic)
         .iter()
-        .map(|r| String::from_utf8(r.key.clone()).unwrap())
+        .map(|r| r.header("request-id").unwrap().to_owned())
         .collect();
     for id in ids {
         assert_eq!(

@@ -28,6 +28,7 @@ pub struct Intake {
 
 impl Intake {
     /// Starts the service with `env` (besides HOST and PORT) and waits for its port.
+    /// Clients are not authenticated (`AUTH=none`) unless `env` sets `AUTH`.
     pub fn start(env: &[(&str, &str)]) -> Intake {
         let dir = tempfile::tempdir().unwrap();
         let port = free_port();
@@ -39,6 +40,7 @@ impl Intake {
             .env("HOST", "127.0.0.1")
             .env("PORT", port.to_string())
             .env("LOG_LEVEL", "debug")
+            .env("AUTH", "none")
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(&log).unwrap());
         for (key, value) in env {
@@ -321,4 +323,42 @@ pub fn mock_with_topic(
     let mock = rdkafka::mocking::MockCluster::new(1).unwrap();
     mock.create_topic(topic, 1, 1).unwrap();
     mock
+}
+
+/// A new key for `client_id` from the service's own `keygen` (with `scopes`, comma-
+/// separated, if any): the key, and its API_KEYS_FILE entry.
+pub fn keygen(client_id: &str, scopes: Option<&str>) -> (String, String) {
+    let mut command = Command::new(binary("operations-intake"));
+    command
+        .env_clear()
+        .args(["keygen", "--client-id", client_id]);
+    if let Some(scopes) = scopes {
+        command.args(["--scopes", scopes]);
+    }
+    let output = command.output().expect("keygen runs");
+    assert!(output.status.success(), "{output:?}");
+    let text = String::from_utf8(output.stdout).unwrap();
+    let key = text
+        .lines()
+        .find_map(|line| line.strip_prefix("# oik_"))
+        .map(|rest| format!("oik_{rest}"))
+        .expect("keygen prints the key");
+    let entry: String = text
+        .lines()
+        .filter(|line| !line.starts_with('#'))
+        .map(|line| format!("{line}\n"))
+        .collect();
+    (key, entry)
+}
+
+/// `Authorization: Bearer <key>`.
+pub fn bearer(key: &str) -> (&'static str, String) {
+    ("authorization", format!("Bearer {key}"))
+}
+
+/// Writes `text` to `path` as an editor saves: aside, then renamed over.
+pub fn replace_file(path: &Path, text: &str) {
+    let aside = path.with_extension("tmp");
+    std::fs::write(&aside, text).unwrap();
+    std::fs::rename(&aside, path).unwrap();
 }

@@ -91,7 +91,8 @@ impl KeyRing {
             yaml_serde::from_str(text).map_err(|error| error.to_string())?;
         let mut ring = KeyRing::default();
         for (n, entry) in entries.unwrap_or_default().into_iter().enumerate() {
-            let at = |why: String| format!("entry {} (client_id `{}`): {why}", n + 1, entry.client_id);
+            let at =
+                |why: String| format!("entry {} (client_id `{}`): {why}", n + 1, entry.client_id);
             if !valid_client_id(&entry.client_id) {
                 return Err(at(format!(
                     "client_id must be 1 to {MAX_CLIENT_ID_LEN} visible ASCII characters"
@@ -151,11 +152,23 @@ fn parse_scopes(list: &[String]) -> Result<Scopes, String> {
         match scope.as_str() {
             "buy" => scopes.buy = true,
             "sell" => scopes.sell = true,
-            other => return Err(format!("unknown scope `{other}`; the scopes are buy and sell")),
+            other => {
+                return Err(format!(
+                    "unknown scope `{other}`; the scopes are buy and sell"
+                ));
+            }
         }
     }
-    if scopes == (Scopes { buy: false, sell: false }) {
-        return Err("scopes is empty, which would allow nothing; leave it out to allow every operation".into());
+    if scopes
+        == (Scopes {
+            buy: false,
+            sell: false,
+        })
+    {
+        return Err(
+            "scopes is empty, which would allow nothing; leave it out to allow every operation"
+                .into(),
+        );
     }
     Ok(scopes)
 }
@@ -238,11 +251,28 @@ mod tests {
         let hash = sha256_hex(b"k");
         let cases = [
             ("- client_id: a\n  key_sha256: abc\n", "64 hexadecimal"),
-            (&format!("- client_id: 'a b'\n  key_sha256: {hash}\n"), "visible ASCII"),
-            (&format!("- client_id: a\n  key_sha256: {hash}\n  scopes: [hold]\n"), "unknown scope `hold`"),
-            (&format!("- client_id: a\n  key_sha256: {hash}\n  scopes: []\n"), "allow nothing"),
-            (&format!("- client_id: a\n  key_sha256: {hash}\n- client_id: b\n  key_sha256: {hash}\n"), "entry 2 (client_id `b`): this key_sha256 is listed twice"),
-            (&format!("- client_id: a\n  key_sha265: {hash}\n"), "unknown field"),
+            (
+                &format!("- client_id: 'a b'\n  key_sha256: {hash}\n"),
+                "visible ASCII",
+            ),
+            (
+                &format!("- client_id: a\n  key_sha256: {hash}\n  scopes: [hold]\n"),
+                "unknown scope `hold`",
+            ),
+            (
+                &format!("- client_id: a\n  key_sha256: {hash}\n  scopes: []\n"),
+                "allow nothing",
+            ),
+            (
+                &format!(
+                    "- client_id: a\n  key_sha256: {hash}\n- client_id: b\n  key_sha256: {hash}\n"
+                ),
+                "entry 2 (client_id `b`): this key_sha256 is listed twice",
+            ),
+            (
+                &format!("- client_id: a\n  key_sha265: {hash}\n"),
+                "unknown field",
+            ),
         ];
         for (text, expected) in cases {
             let error = KeyRing::parse(text).unwrap_err();
@@ -257,6 +287,9 @@ mod tests {
             sha256_hex(b"abc"),
             "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
         );
-        assert_eq!(parse_hash(&sha256_hex(b"abc").to_uppercase()), Some(Sha256::digest(b"abc").into()));
+        assert_eq!(
+            parse_hash(&sha256_hex(b"abc").to_uppercase()),
+            Some(Sha256::digest(b"abc").into())
+        );
     }
 }

@@ -127,8 +127,8 @@ fn bearer(value: &[u8]) -> Option<&[u8]> {
         return None;
     }
     let key = value[7..].trim_ascii();
-    let usable = (1..=keys::MAX_KEY_LEN).contains(&key.len())
-        && key.iter().all(u8::is_ascii_graphic);
+    let usable =
+        (1..=keys::MAX_KEY_LEN).contains(&key.len()) && key.iter().all(u8::is_ascii_graphic);
     usable.then_some(key)
 }
 
@@ -158,24 +158,47 @@ mod tests {
         let auth = Auth::new(Mode::ApiKeys);
         auth.set_keys(&entry).unwrap();
         let caller = |value: Option<&str>| auth.caller(&headers(value));
-        assert!(matches!(caller(Some(&format!("Bearer {key}"))), Caller::Client(c) if &*c.id == "acme"));
-        assert!(matches!(caller(Some(&format!("bearer   {key} "))), Caller::Client(_)));
+        assert!(
+            matches!(caller(Some(&format!("Bearer {key}"))), Caller::Client(c) if &*c.id == "acme")
+        );
+        assert!(matches!(
+            caller(Some(&format!("bearer   {key} "))),
+            Caller::Client(_)
+        ));
         assert!(matches!(caller(None), Caller::Refused(Refusal::Missing)));
-        assert!(matches!(caller(Some(&format!("Basic {key}"))), Caller::Refused(Refusal::Malformed)));
-        assert!(matches!(caller(Some("Bearer ")), Caller::Refused(Refusal::Malformed)));
-        assert!(matches!(caller(Some("Bearer oik_0000")), Caller::Refused(Refusal::Unknown)));
+        assert!(matches!(
+            caller(Some(&format!("Basic {key}"))),
+            Caller::Refused(Refusal::Malformed)
+        ));
+        assert!(matches!(
+            caller(Some("Bearer ")),
+            Caller::Refused(Refusal::Malformed)
+        ));
+        assert!(matches!(
+            caller(Some("Bearer oik_0000")),
+            Caller::Refused(Refusal::Unknown)
+        ));
         // A bad file changes nothing.
         assert!(auth.set_keys("- client_id: x\n").is_err());
-        assert!(matches!(caller(Some(&format!("Bearer {key}"))), Caller::Client(_)));
+        assert!(matches!(
+            caller(Some(&format!("Bearer {key}"))),
+            Caller::Client(_)
+        ));
         // Rotation: the file without the key.
         auth.set_keys("[]").unwrap();
-        assert!(matches!(caller(Some(&format!("Bearer {key}"))), Caller::Refused(Refusal::Unknown)));
+        assert!(matches!(
+            caller(Some(&format!("Bearer {key}"))),
+            Caller::Refused(Refusal::Unknown)
+        ));
     }
 
     #[test]
     fn without_authentication_nobody_is_refused() {
         let auth = Auth::new(Mode::None);
-        assert!(matches!(auth.caller(&headers(None)), Caller::Unauthenticated));
+        assert!(matches!(
+            auth.caller(&headers(None)),
+            Caller::Unauthenticated
+        ));
     }
 
     #[test]

@@ -165,12 +165,24 @@ mod tests {
         let Claim::New(pending) = store.claim(&mine, b"body").await.unwrap() else {
             panic!("new")
         };
-        assert!(matches!(store.claim(&mine, b"body").await, Ok(Claim::InProgress)));
-        assert!(matches!(store.claim(&theirs, b"other").await, Ok(Claim::New(_))));
+        assert!(matches!(
+            store.claim(&mine, b"body").await,
+            Ok(Claim::InProgress)
+        ));
+        assert!(matches!(
+            store.claim(&theirs, b"other").await,
+            Ok(Claim::New(_))
+        ));
         pending.finish(Bytes::from_static(b"answer")).await;
         assert!(matches!(store.claim(&mine, b"body").await, Ok(Claim::Replay(a)) if a == "answer"));
-        assert!(matches!(store.claim(&mine, b"changed").await, Ok(Claim::Mismatch)));
-        assert!(matches!(store.claim(&theirs, b"other").await, Ok(Claim::New(_))), "dropped, so released");
+        assert!(matches!(
+            store.claim(&mine, b"changed").await,
+            Ok(Claim::Mismatch)
+        ));
+        assert!(
+            matches!(store.claim(&theirs, b"other").await, Ok(Claim::New(_))),
+            "dropped, so released"
+        );
     }
 
     #[test]

@@ -162,7 +162,9 @@ fn found(value: &[u8], digest: &str) -> Found {
 }
 
 fn millis(duration: Duration) -> u64 {
-    u64::try_from(duration.as_millis()).unwrap_or(u64::MAX).max(1)
+    u64::try_from(duration.as_millis())
+        .unwrap_or(u64::MAX)
+        .max(1)
 }
 
 #[cfg(test)]
