@@ -182,9 +182,7 @@ where
     // Header and body problems are reported together.
     let mut problems = Vec::new();
     // A malformed X-Client-Id is refused even when a key names the client instead.
-    let named = client_id(headers, peer)
-        .map_err(|p| problems.push(p))
-        .ok();
+    let named = client_id(headers, peer).map_err(|p| problems.push(p)).ok();
     let client = match caller {
         Caller::Client(client) => Some(client),
         _ => named.map(|id| Client {

@@ -1,0 +1,186 @@
+//! Idempotency shared through a real Redis: replicas behind one address, replicas killed
+//! and restarted, and a claim whose holder died. Messages are read back from a real
+//! broker (tansu) by an independent client.
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use operations_intake::idempotency::{self, Claim};
+use ratelimit_tests::intake as support;
+use ratelimit_tests::sidecar::Redis;
+use support::{Intake, Tansu, batch, post, read_topic};
+
+fn replica(tansu: &Tansu, redis: &Redis, topic: &str) -> Intake {
+    let bootstrap = tansu.bootstrap();
+    let url = format!("redis://127.0.0.1:{}", redis.port);
+    Intake::start(&[
+        ("KAFKA_BOOTSTRAP_SERVERS", &bootstrap),
+        ("KAFKA_TOPIC", topic),
+        ("IDEMPOTENCY_STORE", "redis"),
+        ("IDEMPOTENCY_REDIS_URL", &url),
+    ])
+}
+
+/// The messages on `topic` whose key is `key`.
+fn with_key(tansu: &Tansu, topic: &str, key: &str) -> usize {
+    read_topic(&tansu.bootstrap(), topic)
+        .iter()
+        .filter(|r| r.key == key.as_bytes())
+        .count()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn two_replicas_sharing_redis_produce_a_key_sent_to_both_at_once_exactly_once() {
+    let redis = Redis::start(&[]);
+    let tansu = Tansu::start();
+    tansu.create_topic("shared", 1).await;
+    let replicas = [
+        replica(&tansu, &redis, "shared"),
+        replica(&tansu, &redis, "shared"),
+    ];
+    let body = batch("buy", 3);
+    let sends = (0..50).map(|i| {
+        let (service, body) = (&replicas[i % 2], body.as_str());
+        async move { post(service, body, &[("idempotency-key", "order-50")]).await }
+    });
+    let answers = futures_util::future::join_all(sends).await;
+    let mut accepted = Vec::new();
+    for answer in &answers {
+        match answer.status {
+            200 => accepted.push(answer.body.clone()),
+            409 => assert!(
+                answer.body["message"]
+                    .as_str()
+                    .unwrap()
+                    .contains("still being processed")
+            ),
+            other => panic!("{other}: {}", answer.body),
+        }
+    }
+    assert!(!accepted.is_empty());
+    assert!(
+        accepted.iter().all(|a| *a == accepted[0]),
+        "every 200 is the one answer: {accepted:?}"
+    );
+    // Retries after the fact, to either replica, replay it.
+    for service in &replicas {
+        let retry = post(service, &body, &[("idempotency-key", "order-50")]).await;
+        assert_eq!(retry.status, 200);
+        assert_eq!(retry.body, accepted[0]);
+        assert_eq!(retry.header("idempotent-replayed"), Some("true"));
+    }
+    assert_eq!(
+        with_key(&tansu, "shared", "127.0.0.1 order-50"),
+        1,
+        "one message"
+    );
+    assert_eq!(read_topic(&tansu.bootstrap(), "shared").len(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_replica_killed_between_a_request_and_its_retry_produces_once() {
+    let mut redis = Redis::start(&[]);
+    let tansu = Tansu::start();
+    tansu.create_topic("killed", 1).await;
+    let first = replica(&tansu, &redis, "killed");
+    let body = batch("sell", 2);
+    let key = [("idempotency-key", "order-k")];
+    let answered = post(&first, &body, &key).await;
+    assert_eq!(answered.status, 200, "{}", answered.body);
+    drop(first); // SIGKILL: nothing in its memory survives.
+
+    let restarted = replica(&tansu, &redis, "killed");
+    let retry = post(&restarted, &body, &key).await;
+    assert_eq!(retry.status, 200, "{}", retry.body);
+    assert_eq!(retry.body, answered.body);
+    assert_eq!(retry.header("idempotent-replayed"), Some("true"));
+    assert_eq!(with_key(&tansu, "killed", "127.0.0.1 order-k"), 1);
+
+    // Without Redis a keyed batch cannot be checked: refused, and nothing recorded. A
+    // batch without a key does not need it.
+    redis.kill();
+    let refused = post(
+        &restarted,
+        &batch("buy", 1),
+        &[("idempotency-key", "order-r")],
+    )
+    .await;
+    assert_eq!(refused.status, 503, "{}", refused.body);
+    assert!(
+        refused.body["message"]
+            .as_str()
+            .unwrap()
+            .contains("idempotency store is unavailable")
+    );
+    let unkeyed = post(&restarted, &batch("buy", 1), &[]).await;
+    assert_eq!(unkeyed.status, 200, "{}", unkeyed.body);
+    assert_eq!(read_topic(&tansu.bootstrap(), "killed").len(), 2);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_claim_whose_holder_died_expires_and_a_refused_batch_releases_its_claim() {
+    let redis = Redis::start(&[]);
+    let url = format!("redis://127.0.0.1:{}", redis.port);
+    let connect = || {
+        idempotency::redis::Store::connect(
+            &url,
+            Duration::from_millis(300),
+            Duration::from_secs(60),
+            Duration::from_secs(1),
+        )
+    };
+    let (holder, other) = (
+        idempotency::Store::Redis(connect().await.unwrap()),
+        idempotency::Store::Redis(connect().await.unwrap()),
+    );
+    let key = idempotency::scoped("acme", "k1");
+    let Ok(Claim::New(pending)) = holder.claim(&key, b"body").await else {
+        panic!("the first claim wins")
+    };
+    std::mem::forget(pending); // The holder dies: no release, no answer.
+    assert!(matches!(
+        other.claim(&key, b"body").await,
+        Ok(Claim::InProgress)
+    ));
+    assert!(matches!(
+        other.claim(&key, b"another").await,
+        Ok(Claim::Mismatch)
+    ));
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let Ok(Claim::New(pending)) = other.claim(&key, b"body").await else {
+        panic!("the expired claim is taken over")
+    };
+    pending.finish(Bytes::from_static(b"{\"ok\":true}")).await;
+    assert!(matches!(
+        holder.claim(&key, b"body").await,
+        Ok(Claim::Replay(answer)) if answer == "{\"ok\":true}"
+    ));
+    // The answer outlives the claim's TTL: it is kept for IDEMPOTENCY_TTL.
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    assert!(matches!(
+        other.claim(&key, b"body").await,
+        Ok(Claim::Replay(_))
+    ));
+
+    // A claim given up (a refused batch) is free again at once.
+    let released = idempotency::scoped("acme", "k2");
+    let Ok(Claim::New(pending)) = holder.claim(&released, b"body").await else {
+        panic!("new")
+    };
+    drop(pending);
+    support::wait_until("the claim is released", || async {
+        match other.claim(&released, b"body").await {
+            Ok(Claim::New(pending)) => {
+                std::mem::forget(pending);
+                true
+            }
+            _ => false,
+        }
+    })
+    .await;
+    let stored = redis.keys();
+    assert!(
+        stored.contains(&"operations-intake:idempotency:acme k1".to_owned()),
+        "{stored:?}"
+    );
+}
