@@ -9,7 +9,7 @@ use std::time::{Instant, SystemTime};
 use bytes::{Buf, Bytes, BytesMut};
 use futures_util::{Stream, StreamExt};
 use ratelimit_core::{HeaderFormat, Retry};
-use ratelimit_sidecar::serve::Peer;
+use ratelimit_sidecar::serve::{Peer, PeerCertificate};
 use serde::Serialize;
 use serde_json::json;
 use warp::Filter;
@@ -60,9 +60,10 @@ pub fn routes(
         .and(warp::path::full())
         .and(warp::header::headers_cloned())
         .and(warp::ext::optional::<Peer>().map(|peer: Option<Peer>| peer.map(|Peer(addr)| addr)))
+        .and(warp::ext::optional::<PeerCertificate>())
         .and(warp::body::stream())
         .then(
-            move |method, path: warp::path::FullPath, headers, peer, body| {
+            move |method, path: warp::path::FullPath, headers, peer, certificate, body| {
                 let app = app.clone();
                 async move {
                     // The work runs to its end even if the client goes away, so an
@@ -70,7 +71,9 @@ pub fn routes(
                     let task = tokio::spawn(async move {
                         match path.as_str() {
                             "/operations" if method == Method::POST => {
-                                let reply = post_operations(&app, &headers, peer, body).await;
+                                let connection = Connection { peer, certificate };
+                                let reply =
+                                    post_operations(&app, &headers, connection, body).await;
                                 app.metrics.answered(reply.status());
                                 reply
                             }
@@ -149,10 +152,18 @@ struct Accepted<'a> {
     offset: i64,
 }
 
+/// What the connection says about the client.
+struct Connection {
+    /// Its address.
+    peer: Option<SocketAddr>,
+    /// Its certificate, over mutual TLS.
+    certificate: Option<PeerCertificate>,
+}
+
 async fn post_operations<S, B>(
     app: &App,
     headers: &HeaderMap,
-    peer: Option<SocketAddr>,
+    connection: Connection,
     body: S,
 ) -> Reply
 where
@@ -160,7 +171,7 @@ where
     B: Buf,
 {
     let received = SystemTime::now();
-    let caller = app.auth.caller(headers);
+    let caller = app.auth.caller(headers, connection.certificate.as_ref());
     if let Caller::Refused(refusal) = caller {
         let mut reply = message(StatusCode::UNAUTHORIZED, refusal.message());
         reply
@@ -182,7 +193,9 @@ where
     // Header and body problems are reported together.
     let mut problems = Vec::new();
     // A malformed X-Client-Id is refused even when a key names the client instead.
-    let named = client_id(headers, peer).map_err(|p| problems.push(p)).ok();
+    let named = client_id(headers, connection.peer)
+        .map_err(|p| problems.push(p))
+        .ok();
     let client = match caller {
         Caller::Client(client) => Some(client),
         _ => named.map(|id| Client {

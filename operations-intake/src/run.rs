@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use ratelimit_sidecar::serve;
+use ratelimit_sidecar::tls::{CertificateFiles, HttpTls};
 use ratelimit_sidecar::watch::Watch;
 use rdkafka::mocking::MockCluster;
 use tokio::net::TcpListener;
@@ -90,6 +91,8 @@ pub async fn run(settings: Settings) -> Result<(), StartError> {
         )?);
     }
     let auth = Arc::new(Auth::new(settings.auth));
+    // Held until the end of the run: the certificate is followed while it lives.
+    let tls = tls(&settings)?;
     match (settings.auth, &settings.api_keys_file) {
         (AuthMode::ApiKeys, Some(path)) => {
             let keys = Arc::clone(&auth);
@@ -105,6 +108,13 @@ pub async fn run(settings: Settings) -> Result<(), StartError> {
                 "AUTH=api-keys (the default) needs API_KEYS_FILE. Make a key with `operations-intake keygen --client-id <id>` and list its hash in the file, or set AUTH=none to trust X-Client-Id (development only)".into(),
             ));
         }
+        (AuthMode::Mtls, keys) => {
+            if settings.tls_client_ca.is_none() || keys.is_some() {
+                return Err(StartError::Setting(
+                    "AUTH=mtls names clients by their certificates: it needs TLS_CERT, TLS_KEY and TLS_CLIENT_CA, and no API_KEYS_FILE".into(),
+                ));
+            }
+        }
         (AuthMode::None, keys) => {
             if keys.is_some() {
                 return Err(StartError::Setting(
@@ -115,6 +125,11 @@ pub async fn run(settings: Settings) -> Result<(), StartError> {
                 "AUTH=none: clients are NOT authenticated; whoever can reach the service names itself with X-Client-Id. For development only"
             );
         }
+    }
+    if settings.auth == AuthMode::ApiKeys && tls.is_none() {
+        tracing::warn!(
+            "API keys arrive over plain HTTP: set TLS_CERT and TLS_KEY, or terminate TLS in front of the service"
+        );
     }
     let idempotency = idempotency_store(&settings).await?;
     if settings.ratelimit_allow_unknown_domain {
@@ -204,7 +219,7 @@ pub async fn run(settings: Settings) -> Result<(), StartError> {
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
     let server = serve::serve(
         listener,
-        None,
+        tls.as_ref().map(|tls| Arc::clone(&tls.config)),
         serve::warp_filter(routes(app)),
         settings.http.connection_limits(),
         settings.http.connection_slots(),
@@ -249,6 +264,24 @@ fn follow(
     let followed = Arc::new(Followed::new(setting, path, apply, success, error));
     followed.load().map_err(StartError::File)?;
     Ok((name, followed))
+}
+
+/// HTTPS, with mutual TLS when TLS_CLIENT_CA is set, or nothing without TLS_CERT.
+fn tls(settings: &Settings) -> Result<Option<HttpTls>, StartError> {
+    let (Some(cert), Some(key)) = (&settings.tls_cert, &settings.tls_key) else {
+        return Ok(None);
+    };
+    let files = CertificateFiles {
+        cert: (cert, "TLS_CERT"),
+        key: (key, "TLS_KEY"),
+        client_ca: settings
+            .tls_client_ca
+            .as_deref()
+            .map(|ca| (ca, "TLS_CLIENT_CA")),
+    };
+    let tls = ratelimit_sidecar::tls::http_server(files).map_err(StartError::Setting)?;
+    tracing::warn!(cert = %cert.display(), mutual = settings.tls_client_ca.is_some(), "serving HTTPS");
+    Ok(Some(tls))
 }
 
 /// The idempotency store the settings ask for; Redis must answer at start.

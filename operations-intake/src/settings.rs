@@ -33,14 +33,25 @@ pub struct Settings {
     #[command(flatten)]
     pub http: ratelimit_sidecar::bounds::HttpLimitsSettings,
 
-    /// How clients authenticate: api-keys (Authorization: Bearer, keys in API_KEYS_FILE)
-    /// or none (X-Client-Id names the client; for development only).
+    /// How clients authenticate: api-keys (Authorization: Bearer, keys in API_KEYS_FILE),
+    /// mtls (the client certificate's name; needs TLS_CLIENT_CA) or none (X-Client-Id
+    /// names the client; for development only).
     #[arg(long, env = "AUTH", value_enum, default_value_t = AuthMode::ApiKeys)]
     pub auth: AuthMode,
     /// The clients' keys: a YAML list of {client_id, key_sha256, scopes}; reloaded when
     /// it changes. Required with AUTH=api-keys.
     #[arg(long, env = "API_KEYS_FILE")]
     pub api_keys_file: Option<PathBuf>,
+
+    /// Serve HTTPS with this certificate chain (PEM); reloaded when it changes.
+    #[arg(long, env = "TLS_CERT", requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+    /// The private key of TLS_CERT (PEM).
+    #[arg(long, env = "TLS_KEY", requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
+    /// Require client certificates chaining to these CA certificates (PEM): mutual TLS.
+    #[arg(long, env = "TLS_CLIENT_CA", requires = "tls_cert")]
+    pub tls_client_ca: Option<PathBuf>,
 
     /// Rate-limit rules in envoyproxy/ratelimit's YAML format, reloaded when the file
     /// changes; none means no limits.

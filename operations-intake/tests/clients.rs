@@ -343,6 +343,11 @@ fn authentication_and_idempotency_misconfigurations_stop_start_up() {
     assert!(absent.contains("cannot read API_KEYS_FILE"), "{absent}");
     let no_url = start_up_error(&[], &[("AUTH", "none"), ("IDEMPOTENCY_STORE", "redis")]);
     assert!(no_url.contains("needs IDEMPOTENCY_REDIS_URL"), "{no_url}");
+    let mtls = start_up_error(&[], &[("AUTH", "mtls")]);
+    assert!(
+        mtls.contains("AUTH=mtls names clients by their certificates"),
+        "{mtls}"
+    );
     let short = start_up_error(
         &[],
         &[
@@ -371,4 +376,71 @@ fn authentication_and_idempotency_misconfigurations_stop_start_up() {
         unreachable.contains("cannot reach Redis at IDEMPOTENCY_REDIS_URL"),
         "{unreachable}"
     );
+}
+
+/// `curl` over HTTPS to the intake, trusting `ca.crt` in `pki`, with the client
+/// certificate when `client` is set: its exit status and output.
+fn curl_tls(service: &Intake, pki: &Path, client: bool, args: &[&str]) -> (bool, String) {
+    let mut command = std::process::Command::new("curl");
+    command
+        .args(["-sS", "--cacert"])
+        .arg(pki.join("ca.crt"))
+        .args(args);
+    if client {
+        command
+            .arg("--cert")
+            .arg(pki.join("client.crt"))
+            .arg("--key")
+            .arg(pki.join("client.key"));
+    }
+    let output = command
+        .arg(format!("https://127.0.0.1:{}/operations", service.port))
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&output.stdout).into_owned()
+        + &String::from_utf8_lossy(&output.stderr);
+    (output.status.success(), text)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn mutual_tls_names_the_client_by_its_certificate() {
+    let tansu = Tansu::start();
+    tansu.create_topic("mtls", 1).await;
+    let pki = tempfile::tempdir().unwrap();
+    ratelimit_tests::pki::make_pki(pki.path());
+    let file = |name: &str| pki.path().join(name).to_str().unwrap().to_owned();
+    let bootstrap = tansu.bootstrap();
+    let service = Intake::start(&[
+        ("AUTH", "mtls"),
+        ("TLS_CERT", &file("server.crt")),
+        ("TLS_KEY", &file("server.key")),
+        ("TLS_CLIENT_CA", &file("ca.crt")),
+        ("KAFKA_BOOTSTRAP_SERVERS", &bootstrap),
+        ("KAFKA_TOPIC", "mtls"),
+    ]);
+    let body = batch("buy", 2);
+    let post_args = [
+        "-H",
+        "content-type: application/json",
+        "-H",
+        "x-client-id: someone-else",
+        "--data-binary",
+        body.as_str(),
+    ];
+    let (ok, answer) = curl_tls(&service, pki.path(), true, &post_args);
+    assert!(
+        ok && answer.contains("Operations processed successfully"),
+        "{answer}"
+    );
+    let (ok, answer) = curl_tls(&service, pki.path(), false, &post_args);
+    assert!(!ok, "no certificate, no connection: {answer}");
+    let records = read_topic(&tansu.bootstrap(), "mtls");
+    assert_eq!(records.len(), 1);
+    assert_eq!(
+        records[0].header("client-id"),
+        Some(ratelimit_tests::pki::CLIENT_NAME)
+    );
+    // Plain HTTP is not served on the port.
+    let plain = reqwest::get(service.url("/health")).await;
+    assert!(plain.is_err() || !plain.unwrap().status().is_success());
 }

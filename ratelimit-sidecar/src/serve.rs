@@ -20,7 +20,7 @@ use std::net::SocketAddr;
 use hyper::Request;
 use hyper::body::Incoming;
 use hyper::server::conn::http1;
-use hyper::service::{Service as HyperService, service_fn};
+use hyper::service::Service as HyperService;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::graceful::{GracefulShutdown, Watcher};
 use hyper_util::service::TowerToHyperService;
@@ -65,6 +65,40 @@ const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
 /// The address of the client, in every request's extensions (`warp::ext::optional::<Peer>()`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Peer(pub SocketAddr);
+
+/// The client's certificate, verified during the TLS handshake, in every request's
+/// extensions when the client presented one (`warp::ext::optional::<PeerCertificate>()`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PeerCertificate(pub Arc<rustls::pki_types::CertificateDer<'static>>);
+
+/// `inner`, with the connection's [`Peer`] and [`PeerCertificate`] in each request.
+struct WithPeer<S> {
+    inner: S,
+    peer: SocketAddr,
+    certificate: Option<PeerCertificate>,
+}
+
+fn with_peer<S>(inner: S, peer: SocketAddr, certificate: Option<PeerCertificate>) -> WithPeer<S> {
+    WithPeer {
+        inner,
+        peer,
+        certificate,
+    }
+}
+
+impl<S: HyperService<Request<Incoming>>> HyperService<Request<Incoming>> for WithPeer<S> {
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = S::Future;
+
+    fn call(&self, mut request: Request<Incoming>) -> S::Future {
+        request.extensions_mut().insert(Peer(self.peer));
+        if let Some(certificate) = &self.certificate {
+            request.extensions_mut().insert(certificate.clone());
+        }
+        self.inner.call(request)
+    }
+}
 
 /// A warp filter as a service for [`serve`].
 pub fn warp_filter<F, R>(
@@ -143,19 +177,25 @@ pub async fn serve<S, B>(
         at_cap = permits.available_permits() == 0;
         let _ = stream.set_nodelay(true);
         let inner = service.clone();
-        let service = service_fn(move |mut request: Request<Incoming>| {
-            request.extensions_mut().insert(Peer(peer));
-            inner.call(request)
-        });
         let watcher = graceful.watcher();
         let tls = tls.clone().map(tokio_rustls::TlsAcceptor::from);
         tokio::spawn(async move {
             let _permit = permit;
             let Some(tls) = tls else {
+                let service = with_peer(inner, peer, None);
                 return connection(stream, service, limits, watcher).await;
             };
             match tokio::time::timeout(limits.header_read_timeout, tls.accept(stream)).await {
-                Ok(Ok(stream)) => connection(stream, service, limits, watcher).await,
+                Ok(Ok(stream)) => {
+                    let certificate = stream
+                        .get_ref()
+                        .1
+                        .peer_certificates()
+                        .and_then(|chain| chain.first())
+                        .map(|c| PeerCertificate(Arc::new(c.clone().into_owned())));
+                    let service = with_peer(inner, peer, certificate);
+                    connection(stream, service, limits, watcher).await;
+                }
                 Ok(Err(error)) => tracing::debug!(%peer, %error, "TLS handshake failed"),
                 Err(_) => tracing::debug!(%peer, "TLS handshake timed out"),
             }

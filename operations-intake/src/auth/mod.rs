@@ -12,8 +12,10 @@ use std::sync::Arc;
 
 use arc_swap::ArcSwap;
 use clap::ValueEnum;
+use ratelimit_sidecar::serve::PeerCertificate;
 use warp::http::header::AUTHORIZATION;
 use warp::http::{HeaderMap, HeaderValue};
+use x509_parser::prelude::{FromDer, GeneralName, X509Certificate};
 
 pub use self::keys::{Client, KeyRing, Scopes};
 use crate::batch::Batch;
@@ -24,6 +26,9 @@ pub enum Mode {
     /// Bearer keys from API_KEYS_FILE.
     #[value(name = "api-keys")]
     ApiKeys,
+    /// Client certificates (mutual TLS, TLS_CLIENT_CA): the client is the certificate's
+    /// first DNS or URI subject alternative name.
+    Mtls,
     /// No authentication: `X-Client-Id` names the client. For development.
     None,
 }
@@ -37,6 +42,10 @@ pub enum Refusal {
     Malformed,
     /// A key no client has.
     Unknown,
+    /// `AUTH=mtls` and no client certificate (the handshake normally refuses first).
+    NoCertificate,
+    /// A client certificate without a DNS or URI name usable as a client id.
+    Unnamed,
 }
 
 impl Refusal {
@@ -50,6 +59,10 @@ impl Refusal {
                 "the Authorization header must be Bearer followed by a key; nothing was recorded"
             }
             Refusal::Unknown => "unknown API key; nothing was recorded",
+            Refusal::NoCertificate => "a client certificate is required; nothing was recorded",
+            Refusal::Unnamed => {
+                "the client certificate has no DNS or URI subject alternative name of 1 to 255 visible ASCII characters to name the client; nothing was recorded"
+            }
         }
     }
 
@@ -59,6 +72,8 @@ impl Refusal {
             Refusal::Missing => r#"Bearer realm="operations-intake""#,
             Refusal::Malformed => r#"Bearer realm="operations-intake", error="invalid_request""#,
             Refusal::Unknown => r#"Bearer realm="operations-intake", error="invalid_token""#,
+            // No HTTP scheme names TLS client certificates; this says what is expected.
+            Refusal::NoCertificate | Refusal::Unnamed => r#"Mutual realm="operations-intake""#,
         })
     }
 }
@@ -101,10 +116,24 @@ impl Auth {
         Ok(())
     }
 
-    /// Who sent a request with `headers`.
-    pub fn caller(&self, headers: &HeaderMap) -> Caller {
-        if self.mode == Mode::None {
-            return Caller::Unauthenticated;
+    /// Who sent a request with `headers` over a connection whose client presented
+    /// `certificate`.
+    pub fn caller(&self, headers: &HeaderMap, certificate: Option<&PeerCertificate>) -> Caller {
+        match self.mode {
+            Mode::None => return Caller::Unauthenticated,
+            Mode::Mtls => {
+                return match certificate {
+                    None => Caller::Refused(Refusal::NoCertificate),
+                    Some(PeerCertificate(der)) => match certificate_name(der) {
+                        Some(id) => Caller::Client(Client {
+                            id: id.into(),
+                            scopes: Scopes::ALL,
+                        }),
+                        None => Caller::Refused(Refusal::Unnamed),
+                    },
+                };
+            }
+            Mode::ApiKeys => {}
         }
         let Some(value) = headers.get(AUTHORIZATION) else {
             return Caller::Refused(Refusal::Missing);
@@ -132,6 +161,23 @@ fn bearer(value: &[u8]) -> Option<&[u8]> {
     usable.then_some(key)
 }
 
+/// The client id a certificate names: its first DNS or URI subject alternative name
+/// that is a valid client id.
+pub fn certificate_name(der: &[u8]) -> Option<String> {
+    let (_, certificate) = X509Certificate::from_der(der).ok()?;
+    let names = certificate.subject_alternative_name().ok()??;
+    names
+        .value
+        .general_names
+        .iter()
+        .find_map(|name| match name {
+            GeneralName::DNSName(id) | GeneralName::URI(id) if keys::valid_client_id(id) => {
+                Some((*id).to_owned())
+            }
+            _ => None,
+        })
+}
+
 /// The first kind of operation in `batch` that `scopes` do not allow, if any (403).
 pub fn forbidden(scopes: Scopes, batch: &Batch) -> Option<&'static str> {
     batch
@@ -157,7 +203,7 @@ mod tests {
         let (key, entry) = keys::generate("acme", None).unwrap();
         let auth = Auth::new(Mode::ApiKeys);
         auth.set_keys(&entry).unwrap();
-        let caller = |value: Option<&str>| auth.caller(&headers(value));
+        let caller = |value: Option<&str>| auth.caller(&headers(value), None);
         assert!(
             matches!(caller(Some(&format!("Bearer {key}"))), Caller::Client(c) if &*c.id == "acme")
         );
@@ -196,7 +242,7 @@ mod tests {
     fn without_authentication_nobody_is_refused() {
         let auth = Auth::new(Mode::None);
         assert!(matches!(
-            auth.caller(&headers(None)),
+            auth.caller(&headers(None), None),
             Caller::Unauthenticated
         ));
     }

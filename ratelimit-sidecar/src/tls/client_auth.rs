@@ -12,16 +12,17 @@ use rustls::server::WebPkiClientVerifier;
 use rustls::server::danger::{ClientCertVerified, ClientCertVerifier};
 use rustls::{CertificateError, DigitallySignedStruct, DistinguishedName, SignatureScheme};
 
-/// The verifier for clients of the CA in `ca_file`, carrying `san` when not empty.
+/// The verifier for clients of the CA in `ca_file` (named by its setting in messages),
+/// carrying `san` when not empty.
 pub fn verifier(
-    ca_file: &str,
+    (ca_file, setting): (&str, &str),
     san: &str,
     provider: &Arc<CryptoProvider>,
 ) -> Result<Arc<dyn ClientCertVerifier>, String> {
-    let roots = super::roots(Path::new(ca_file), "GRPC_CLIENT_TLS_CACERT")?;
+    let roots = super::roots(Path::new(ca_file), setting)?;
     let chain = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), Arc::clone(provider))
         .build()
-        .map_err(|error| format!("GRPC_CLIENT_TLS_CACERT={ca_file}: {error}"))?;
+        .map_err(|error| format!("{setting}={ca_file}: {error}"))?;
     if san.is_empty() {
         return Ok(chain);
     }

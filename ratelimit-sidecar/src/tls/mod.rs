@@ -46,12 +46,17 @@ impl ServerTls {
         let files = KeyFiles {
             cert: PathBuf::from(&settings.grpc_server_tls_cert),
             key: PathBuf::from(&settings.grpc_server_tls_key),
+            settings: ("GRPC_SERVER_TLS_CERT", "GRPC_SERVER_TLS_KEY"),
             provider: Arc::clone(&provider),
         };
         let current = Arc::new(Current(ArcSwap::new(files.read()?)));
         let clients = match settings.grpc_client_tls_cacert.as_str() {
             "" => WebPkiClientVerifier::no_client_auth(),
-            ca => client_auth::verifier(ca, &settings.grpc_client_tls_san, &provider)?,
+            ca => client_auth::verifier(
+                (ca, "GRPC_CLIENT_TLS_CACERT"),
+                &settings.grpc_client_tls_san,
+                &provider,
+            )?,
         };
         let config = |alpn: &[u8]| -> Result<Arc<ServerConfig>, String> {
             let mut config = ServerConfig::builder_with_provider(Arc::clone(&provider))
@@ -82,6 +87,60 @@ impl ServerTls {
     }
 }
 
+/// A server certificate's files and the settings that name them, for messages.
+#[derive(Clone, Copy, Debug)]
+pub struct CertificateFiles<'a> {
+    /// The certificate chain, PEM, and its setting.
+    pub cert: (&'a Path, &'static str),
+    /// The private key, PEM, and its setting.
+    pub key: (&'a Path, &'static str),
+    /// CA certificates that client certificates must chain to (mutual TLS), and their
+    /// setting; none for no client certificates.
+    pub client_ca: Option<(&'a Path, &'static str)>,
+}
+
+/// HTTP/1.1 over TLS for a service of this workspace other than the sidecar's listeners
+/// (the intake): the certificate is reloaded when its files change while the returned
+/// [`HttpTls`] lives; with a client CA, every client must present a certificate chaining to
+/// it. A bad file is an error naming its setting.
+pub fn http_server(files: CertificateFiles<'_>) -> Result<HttpTls, String> {
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let key_files = KeyFiles {
+        cert: files.cert.0.to_path_buf(),
+        key: files.key.0.to_path_buf(),
+        settings: (files.cert.1, files.key.1),
+        provider: Arc::clone(&provider),
+    };
+    let current = Arc::new(Current(ArcSwap::new(key_files.read()?)));
+    let clients = match files.client_ca {
+        None => WebPkiClientVerifier::no_client_auth(),
+        Some((ca, setting)) => {
+            let ca = ca
+                .to_str()
+                .ok_or_else(|| format!("{setting}: not a UTF-8 path"))?;
+            client_auth::verifier((ca, setting), "", &provider)?
+        }
+    };
+    let mut config = ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| format!("TLS: {e}"))?
+        .with_client_cert_verifier(clients)
+        .with_cert_resolver(Arc::clone(&current) as Arc<dyn ResolvesServerCert>);
+    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    Ok(HttpTls {
+        config: Arc::new(config),
+        _watch: key_files.watch(current),
+    })
+}
+
+/// The TLS of [`http_server`]: the certificate is followed while this lives.
+#[derive(Debug)]
+pub struct HttpTls {
+    /// For [`crate::serve::serve`].
+    pub config: Arc<ServerConfig>,
+    _watch: Option<Watch>,
+}
+
 /// The certificate handed to every new connection.
 #[derive(Debug)]
 struct Current(ArcSwap<CertifiedKey>);
@@ -96,22 +155,25 @@ impl ResolvesServerCert for Current {
 struct KeyFiles {
     cert: PathBuf,
     key: PathBuf,
+    /// The settings naming the certificate and the key.
+    settings: (&'static str, &'static str),
     provider: Arc<CryptoProvider>,
 }
 
 impl KeyFiles {
     /// The certificate chain and its key, checked to belong together.
     fn read(&self) -> Result<Arc<CertifiedKey>, String> {
-        let chain = read_certificates(&self.cert, "GRPC_SERVER_TLS_CERT")?;
+        let (cert_setting, key_setting) = self.settings;
+        let chain = read_certificates(&self.cert, cert_setting)?;
         let key = PrivateKeyDer::from_pem_file(&self.key).map_err(|error| {
             format!(
-                "GRPC_SERVER_TLS_KEY={}: no usable private key: {error}",
+                "{key_setting}={}: no usable private key: {error}",
                 self.key.display()
             )
         })?;
         let certified = CertifiedKey::from_der(chain, key, &self.provider).map_err(|error| {
             format!(
-                "GRPC_SERVER_TLS_CERT={} and GRPC_SERVER_TLS_KEY={}: {error}",
+                "{cert_setting}={} and {key_setting}={}: {error}",
                 self.cert.display(),
                 self.key.display()
             )
