@@ -94,6 +94,8 @@ out=$(bash -euo pipefail -c "$(block intake-client)")
 expect "intake-client" "$out" '"message":"Operations processed successfully","id":"2026-11-22-acme-1","count":2'
 expect "intake-client" "$out" '"field":"unit_cost","message":"unknown field'
 expect "intake-client" "$out" '"status":"UP"'
+expect "intake-client" "$out" '"message":"authentication required'
+expect "intake-client" "$out" 'intake_requests_total{status="200"} 1'
 stop
 
 log "the Envoy walkthroughs up to the 429"

@@ -1,5 +1,8 @@
 //! `operations-intake`: see the README's section on the service for every setting.
 
+use std::io::Write as _;
+use std::path::Path;
+
 use clap::Parser;
 use operations_intake::auth::keys::generate;
 use operations_intake::run::run;
@@ -9,12 +12,15 @@ use ratelimit_sidecar::logging;
 #[tokio::main]
 async fn main() -> std::process::ExitCode {
     let settings = Settings::parse();
-    if let Some(Command::Keygen { client_id, scopes }) = &settings.command {
-        return match generate(client_id, scopes.as_deref()) {
-            Ok((key, entry)) => {
-                println!(
-                    "# The key: give it to the client, once. It is not stored anywhere.\n# {key}\n# Its entry for API_KEYS_FILE:\n{entry}"
-                );
+    if let Some(Command::Keygen {
+        client_id,
+        scopes,
+        append_to,
+    }) = &settings.command
+    {
+        return match keygen(client_id, scopes.as_deref(), append_to.as_deref()) {
+            Ok(text) => {
+                print!("{text}");
                 std::process::ExitCode::SUCCESS
             }
             Err(error) => {
@@ -37,4 +43,36 @@ async fn main() -> std::process::ExitCode {
             std::process::ExitCode::FAILURE
         }
     }
+}
+
+/// A new key: the text to print (the key, with its entry unless it was appended to a file).
+fn keygen(
+    client_id: &str,
+    scopes: Option<&[String]>,
+    append_to: Option<&Path>,
+) -> Result<String, String> {
+    let (key, entry) = generate(client_id, scopes)?;
+    let Some(path) = append_to else {
+        return Ok(format!(
+            "# The key: give it to the client, once. It is not stored anywhere.\n# {key}\n# Its entry for API_KEYS_FILE:\n{entry}"
+        ));
+    };
+    let existing = match std::fs::read_to_string(path) {
+        Ok(text) => text,
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => String::new(),
+        Err(error) => return Err(format!("{}: {error}", path.display())),
+    };
+    let separator = if existing.is_empty() || existing.ends_with('\n') {
+        ""
+    } else {
+        "\n"
+    };
+    let mut file = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+        .map_err(|e| format!("{}: {e}", path.display()))?;
+    file.write_all(format!("{separator}{entry}").as_bytes())
+        .map_err(|e| format!("{}: {e}", path.display()))?;
+    Ok(format!("{key}\n"))
 }

@@ -164,6 +164,9 @@ pub enum Command {
         /// What it may send: buy, sell (comma-separated); every operation when left out.
         #[arg(long, value_delimiter = ',')]
         scopes: Option<Vec<String>>,
+        /// Append the entry to this keys file (created if missing) and print only the key.
+        #[arg(long)]
+        append_to: Option<PathBuf>,
     },
 }
 
