@@ -6,12 +6,22 @@ for i = 1, 10 do ops[i] = op end
 local body = "[" .. table.concat(ops, ",") .. "]"
 local counter = 0
 
+-- With INTAKE_KEYS (a file of API keys, one a line), each request authenticates with the
+-- next key (Authorization: Bearer) instead of naming its client with X-Client-Id.
+local keys = {}
+local keys_file = os.getenv("INTAKE_KEYS")
+if keys_file then
+  for line in io.lines(keys_file) do keys[#keys + 1] = line end
+end
+
 request = function()
   counter = counter + 1
-  local headers = {
-    ["Content-Type"] = "application/json",
-    ["X-Client-Id"] = "client-" .. (counter % 1000),
-  }
+  local headers = { ["Content-Type"] = "application/json" }
+  if #keys > 0 then
+    headers["Authorization"] = "Bearer " .. keys[counter % #keys + 1]
+  else
+    headers["X-Client-Id"] = "client-" .. (counter % 1000)
+  end
   return wrk.format("POST", "/operations", headers, body)
 end
 

@@ -7,7 +7,8 @@
 //! Invariants: nothing panics; `Idempotency-Key` and `X-Client-Id` are accepted exactly
 //! when they are 1 to 255 visible ASCII characters, and refused with a problem naming
 //! the header; the client id falls back to the peer's address; `Content-Type` is JSON
-//! only when it says `application/json`; the store answers every claim as a model of
+//! only when it says `application/json`; the in-memory store answers every claim as a
+//! model of
 //! its contract does (new / replay of the finished answer / in progress / mismatch, with
 //! expiry after the TTL and the oldest answers forgotten beyond the maximum), and never
 //! hands out two claims on one key.
@@ -21,7 +22,7 @@ use arbitrary::{Arbitrary, Unstructured};
 use bytes::Bytes;
 use http::{HeaderMap, HeaderName, HeaderValue};
 use libfuzzer_sys::fuzz_target;
-use operations_intake::idempotency::{self, Claim, Pending, Store};
+use operations_intake::idempotency::{self, memory::Found, memory::Store};
 use operations_intake::routes;
 
 fuzz_target!(|data: &[u8]| {
@@ -160,39 +161,38 @@ fn store_operations(u: &mut Unstructured<'_>, header_key: Option<String>) -> arb
     };
     let mut keys = vec!["a".to_owned(), "b".to_owned(), "order-7".to_owned()];
     keys.extend(header_key);
-    let bodies: [&[u8]; 3] = [b"[]", b"[{\"operation\":\"buy\"}]", b""];
     let t0 = Instant::now();
     let mut now = Duration::ZERO;
-    // Claims still held: the pending claim, its key and its body.
-    let mut held: Vec<(Pending<'_>, String, u8)> = Vec::new();
+    // Claims still held: the key and its body.
+    let mut held: Vec<(String, u8)> = Vec::new();
     for _ in 0..64 {
         match Op::arbitrary(u)? {
             Op::Claim { key, body } => {
                 let key = &keys[usize::from(key) % keys.len()];
-                let body = body % bodies.len() as u8;
+                let body = body % 3;
                 model.expire(now);
-                let claim = store.claim(key, bodies[usize::from(body)], t0 + now);
+                let claim = store.claim(key, [body; 32], t0 + now);
                 match (claim, model.entries.get(key)) {
-                    (Claim::New(pending), None) => {
-                        assert!(held.iter().all(|(_, k, _)| k != key), "two claims on {key}");
+                    (Found::New, None) => {
+                        assert!(held.iter().all(|(k, _)| k != key), "two claims on {key}");
                         model.entries.insert(key.clone(), (body, None));
-                        held.push((pending, key.clone(), body));
+                        held.push((key.clone(), body));
                     }
-                    (Claim::Mismatch, Some((b, _))) => assert_ne!(*b, body),
-                    (Claim::Replay(answer), Some((b, Some((a, _))))) => {
+                    (Found::Mismatch, Some((b, _))) => assert_ne!(*b, body),
+                    (Found::Replay(answer), Some((b, Some((a, _))))) => {
                         assert_eq!(*b, body);
                         assert_eq!(answer, Bytes::from(vec![*a]));
                     }
-                    (Claim::InProgress, Some((b, None))) => {
+                    (Found::InProgress, Some((b, None))) => {
                         assert_eq!(*b, body);
-                        assert!(held.iter().any(|(_, k, _)| k == key));
+                        assert!(held.iter().any(|(k, _)| k == key));
                     }
                     (claim, expected) => panic!("{key}: {claim:?}, expected {expected:?}"),
                 }
             }
             Op::Finish { claim, answer } if !held.is_empty() => {
-                let (pending, key, _) = held.swap_remove(usize::from(claim) % held.len());
-                pending.finish(Bytes::from(vec![answer]), t0 + now);
+                let (key, _) = held.swap_remove(usize::from(claim) % held.len());
+                store.finish(key.clone(), Bytes::from(vec![answer]), t0 + now);
                 model.entries.get_mut(&key).unwrap().1 = Some((answer, now));
                 model.order.push_back(key);
                 while model.order.len() > model.max_keys {
@@ -201,8 +201,8 @@ fn store_operations(u: &mut Unstructured<'_>, header_key: Option<String>) -> arb
                 }
             }
             Op::Drop { claim } if !held.is_empty() => {
-                let (pending, key, _) = held.swap_remove(usize::from(claim) % held.len());
-                drop(pending);
+                let (key, _) = held.swap_remove(usize::from(claim) % held.len());
+                store.release(&key);
                 model.entries.remove(&key);
             }
             Op::Wait { millis } => now += Duration::from_millis(millis.into()),
