@@ -62,8 +62,11 @@ impl Followed {
 
     /// Reads and applies the file; the error names the setting and the file.
     pub fn load(&self) -> Result<(), String> {
-        let text = std::fs::read_to_string(&self.path)
-            .map_err(|e| format!("cannot read {} {}: {e}", self.setting, self.path.display()));
+        let text = std::fs::read_to_string(&self.path).map_err(|e| {
+            let error = format!("cannot read {} {}: {e}", self.setting, self.path.display());
+            tracing::error!(%error, "the previous contents stay in use");
+            error
+        });
         let result = text.and_then(|text| {
             (self.apply)(&text)
                 .map_err(|e| format!("{} {}: {e}", self.setting, self.path.display()))?;
@@ -167,5 +170,17 @@ mod tests {
         }
         assert_eq!(*seen.lock().unwrap(), ["one", "two"]);
         assert_eq!(followed.last().unwrap().outcome, "loaded");
+        // A removed file is a refused load: what was applied stays.
+        std::fs::remove_file(&path).unwrap();
+        for _ in 0..100 {
+            if bad.value() == 2 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let last = followed.last().unwrap();
+        assert_eq!((last.outcome, bad.value()), ("rejected", 2));
+        assert!(last.error.unwrap().contains("cannot read SETTING"));
+        assert_eq!(*seen.lock().unwrap(), ["one", "two"]);
     }
 }

@@ -118,7 +118,7 @@ pub struct Settings {
     /// every replica, and kept across restarts).
     #[arg(long, env = "IDEMPOTENCY_STORE", value_enum, default_value_t = IdempotencyStore::Memory)]
     pub idempotency_store: IdempotencyStore,
-    /// The Redis of IDEMPOTENCY_STORE=redis (redis://host:port/db, rediss:// for TLS).
+    /// The Redis of IDEMPOTENCY_STORE=redis (redis://[:password@]host:port[/db]).
     #[arg(long, env = "IDEMPOTENCY_REDIS_URL")]
     pub idempotency_redis_url: Option<String>,
     /// How long a claimed key stays claimed if its replica dies before answering. Must

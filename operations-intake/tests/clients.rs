@@ -361,6 +361,15 @@ fn authentication_and_idempotency_misconfigurations_stop_start_up() {
         short.contains("IDEMPOTENCY_CLAIM_TTL (5s) must exceed"),
         "{short}"
     );
+    let tls = start_up_error(
+        &[],
+        &[
+            ("AUTH", "none"),
+            ("IDEMPOTENCY_STORE", "redis"),
+            ("IDEMPOTENCY_REDIS_URL", "rediss://127.0.0.1:6380"),
+        ],
+    );
+    assert!(tls.contains("rediss://, is not supported"), "{tls}");
     let unreachable = start_up_error(
         &[],
         &[

@@ -78,6 +78,7 @@ async fn a_sidecar_without_the_domain_stops_start_up_unless_allowed() {
     let output = std::process::Command::new(binary("operations-intake"))
         .env_clear()
         .env("PORT", free_port().to_string())
+        .env("AUTH", "none")
         .env("RATELIMIT_GRPC_URL", &url)
         .output()
         .unwrap();

@@ -54,6 +54,11 @@ impl Store {
         ttl: Duration,
         timeout: Duration,
     ) -> Result<Store, String> {
+        if !url.starts_with("redis://") {
+            return Err(format!(
+                "IDEMPOTENCY_REDIS_URL {url}: expected redis://host:port[/db] (TLS, rediss://, is not supported here yet)"
+            ));
+        }
         let client = Client::open(url).map_err(|e| format!("IDEMPOTENCY_REDIS_URL {url}: {e}"))?;
         let config = ConnectionManagerConfig::new()
             .set_connection_timeout(Some(timeout))
