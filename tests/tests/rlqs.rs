@@ -143,7 +143,22 @@ async fn a_reload_that_lowers_the_limit_takes_effect_within_a_reporting_interval
         assert_eq!(status(a.port, "dave").await, 200);
     }
     sidecar.swap_root("v2", &[("rules.yaml", &rules(5))]);
-    tokio::time::sleep(Duration::from_millis(5_500)).await;
+    // Once the new rules are in, the next assignment (at Envoy's next report, within 5 s)
+    // carries the lowered limit: wait for it rather than for a guessed time, since a
+    // loaded machine delays the report.
+    let loaded = || sidecar.stat("ratelimit.service.config_load_success");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while loaded().await.unwrap_or(0) < 2 {
+        assert!(Instant::now() < deadline, "the new rules were not loaded");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let assignments = || sidecar.stat("ratelimit.rlqs.assignments");
+    let before = assignments().await.unwrap_or(0);
+    while assignments().await.unwrap_or(0) <= before {
+        assert!(Instant::now() < deadline, "no assignment after the reload");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
     let mut later = 0;
     for _ in 0..10 {
         later += u64::from(status(a.port, "dave").await == 200);
@@ -171,6 +186,15 @@ async fn a_sidecar_restart_makes_envoy_follow_its_expired_behaviour_then_recover
     let a = envoy(upstream, grpc, "DENY_ALL");
     assert_eq!(status(a.port, "erin").await, 200);
     until(&a, "erin", 200, Duration::from_secs(2)).await;
+    // Only a bucket with an assignment can see it expire: one without stays on
+    // no_assignment_behavior (ALLOW_ALL). Under load the first assignment can still be on
+    // its way when the sidecar is stopped, so wait for it, and for Envoy to take it.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while first.stat("ratelimit.rlqs.assignments").await.unwrap_or(0) == 0 {
+        assert!(Instant::now() < deadline, "no assignment was sent");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
     drop(first);
     // The assignment runs out 2 s later and the bucket falls back to DENY_ALL.
     until(&a, "erin", 429, Duration::from_secs(6)).await;
