@@ -127,6 +127,16 @@ mod tests {
 
     use super::*;
 
+    /// Waits up to 2 s for `check` to hold.
+    async fn until(check: impl Fn() -> bool) {
+        for _ in 0..100 {
+            if check() {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
     #[tokio::test]
     async fn a_change_is_applied_and_a_bad_one_keeps_the_previous_text() {
         let dir = tempfile::tempdir().unwrap();
@@ -152,32 +162,17 @@ mod tests {
         let _watch = followed.follow().unwrap();
         std::fs::write(dir.path().join("neighbour"), "x").unwrap();
         std::fs::write(&path, "bad").unwrap();
-        for _ in 0..100 {
-            if bad.value() == 1 {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        until(|| bad.value() == 1).await;
         let last = followed.last().unwrap();
         assert_eq!((last.outcome, bad.value()), ("rejected", 1));
         assert!(last.error.unwrap().contains("SETTING"));
         std::fs::write(&path, "two").unwrap();
-        for _ in 0..100 {
-            if ok.value() == 2 {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        until(|| ok.value() == 2).await;
         assert_eq!(*seen.lock().unwrap(), ["one", "two"]);
         assert_eq!(followed.last().unwrap().outcome, "loaded");
         // A removed file is a refused load: what was applied stays.
         std::fs::remove_file(&path).unwrap();
-        for _ in 0..100 {
-            if bad.value() == 2 {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        until(|| bad.value() == 2).await;
         let last = followed.last().unwrap();
         assert_eq!((last.outcome, bad.value()), ("rejected", 2));
         assert!(last.error.unwrap().contains("cannot read SETTING"));

@@ -17,6 +17,7 @@ use warp::http::Response;
 use warp::http::header::{ALLOW, CONTENT_LENGTH, CONTENT_TYPE, RETRY_AFTER, WWW_AUTHENTICATE};
 use warp::http::{HeaderMap, HeaderValue, Method, StatusCode};
 
+use crate::auth::keys::valid_client_id;
 use crate::auth::{self, Auth, Caller, Client, Scopes};
 use crate::batch::{self, Batch, Problem, Rejection};
 use crate::files::{Followed, LastLoad};
@@ -193,15 +194,16 @@ where
     // Header and body problems are reported together.
     let mut problems = Vec::new();
     // A malformed X-Client-Id is refused even when a key names the client instead.
-    let named = client_id(headers, connection.peer)
-        .map_err(|p| problems.push(p))
-        .ok();
-    let client = match caller {
-        Caller::Client(client) => Some(client),
-        _ => named.map(|id| Client {
-            id: id.into(),
+    let named = client_header(headers).map_err(|p| problems.push(p));
+    let client = match (caller, named) {
+        (Caller::Client(client), _) => Some(client),
+        (_, Ok(named)) => Some(Client {
+            id: named
+                .map_or_else(|| peer_id(connection.peer), str::to_owned)
+                .into(),
             scopes: Scopes::ALL,
         }),
+        (_, Err(())) => None,
     };
     let key = idempotency_key(headers)
         .map_err(|p| problems.push(p))
@@ -457,18 +459,24 @@ pub fn is_json(headers: &HeaderMap) -> bool {
 
 /// The `X-Client-Id` header, else the peer's IP address.
 pub fn client_id(headers: &HeaderMap, peer: Option<SocketAddr>) -> Result<String, Problem> {
+    Ok(client_header(headers)?.map_or_else(|| peer_id(peer), str::to_owned))
+}
+
+/// The `X-Client-Id` header, if any, checked.
+fn client_header(headers: &HeaderMap) -> Result<Option<&str>, Problem> {
     match headers.get("x-client-id").map(HeaderValue::to_str) {
-        Some(Ok(id))
-            if (1..=255).contains(&id.len()) && id.bytes().all(|b| b.is_ascii_graphic()) =>
-        {
-            Ok(id.to_owned())
-        }
+        Some(Ok(id)) if valid_client_id(id) => Ok(Some(id)),
         Some(_) => Err(Problem::header(
             "X-Client-Id",
             "must be 1 to 255 visible ASCII characters",
         )),
-        None => Ok(peer.map_or_else(|| "unknown".to_owned(), |p| p.ip().to_string())),
+        None => Ok(None),
     }
+}
+
+/// A client named by its address.
+fn peer_id(peer: Option<SocketAddr>) -> String {
+    peer.map_or_else(|| "unknown".to_owned(), |p| p.ip().to_string())
 }
 
 fn add_limit_headers(headers: &mut HeaderMap, pairs: LimitHeaders) {

@@ -206,10 +206,12 @@ fn parse_hash(hex: &str) -> Option<[u8; 32]> {
 
 /// The lowercase hexadecimal SHA-256 of `data`.
 pub fn sha256_hex(data: &[u8]) -> String {
-    Sha256::digest(data)
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
+    hex(&Sha256::digest(data))
+}
+
+/// `bytes` in lowercase hexadecimal.
+pub fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// A new random key (`oik_` and 64 hexadecimal digits: 256 bits from the operating
@@ -225,9 +227,7 @@ pub fn generate(client_id: &str, scopes: Option<&[String]>) -> Result<(String, S
     }
     let mut random = [0u8; 32];
     getrandom::fill(&mut random).map_err(|e| format!("no randomness from the system: {e}"))?;
-    let key: String = std::iter::once("oik_".to_owned())
-        .chain(random.iter().map(|b| format!("{b:02x}")))
-        .collect();
+    let key = format!("oik_{}", hex(&random));
     let client = yaml_serde::to_string(client_id).map_err(|e| e.to_string())?;
     let mut entry = format!(
         "- client_id: {}\n  key_sha256: {}\n",

@@ -18,7 +18,9 @@ use std::time::Instant;
 use bytes::Bytes;
 
 use self::memory::Found;
-use crate::auth::keys::sha256_hex;
+use sha2::{Digest, Sha256};
+
+use crate::auth::keys::hex;
 
 /// The longest accepted key.
 pub const MAX_KEY_LEN: usize = 255;
@@ -60,6 +62,7 @@ pub enum Claim<'a> {
 pub struct Pending<'a> {
     store: &'a Store,
     key: Option<String>,
+    /// With Redis: the body's SHA-256 in hexadecimal, and the claim's token.
     digest: String,
     token: String,
 }
@@ -74,15 +77,21 @@ impl Store {
     /// Looks up `scoped_key` (from [`scoped`]) for a request with `body`. An error means
     /// the shared store could not be asked.
     pub async fn claim(&self, scoped_key: &str, body: &[u8]) -> Result<Claim<'_>, String> {
-        let digest = sha256_hex(body);
-        let (found, token) = match self {
-            Store::Memory(store) => {
-                let hash = digest_bytes(&digest);
-                (store.claim(scoped_key, hash, Instant::now()), String::new())
-            }
+        let hash: [u8; 32] = Sha256::digest(body).into();
+        let (found, digest, token) = match self {
+            Store::Memory(store) => (
+                store.claim(scoped_key, hash, Instant::now()),
+                String::new(),
+                String::new(),
+            ),
             Store::Redis(store) => {
+                let digest = hex(&hash);
                 let token = uuid::Uuid::new_v4().simple().to_string();
-                (store.claim(scoped_key, &digest, &token).await?, token)
+                (
+                    store.claim(scoped_key, &digest, &token).await?,
+                    digest,
+                    token,
+                )
             }
         };
         Ok(match found {
@@ -141,14 +150,6 @@ impl Drop for Pending<'_> {
             }
         }
     }
-}
-
-fn digest_bytes(hex: &str) -> [u8; 32] {
-    let mut bytes = [0; 32];
-    for (i, byte) in bytes.iter_mut().enumerate() {
-        *byte = u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).unwrap_or(0);
-    }
-    bytes
 }
 
 #[cfg(test)]

@@ -84,7 +84,21 @@ impl Store {
 
     async fn run<T: redis::FromRedisValue>(&self, command: redis::Cmd) -> Result<T, String> {
         let mut connection = self.connection.clone();
-        match tokio::time::timeout(self.timeout, command.query_async(&mut connection)).await {
+        self.within(command.query_async(&mut connection)).await
+    }
+
+    /// Runs a script with its keys and arguments.
+    async fn invoke(&self, invocation: redis::ScriptInvocation<'_>) -> Result<i64, String> {
+        let mut connection = self.connection.clone();
+        self.within(invocation.invoke_async(&mut connection)).await
+    }
+
+    /// The answer of `call` within IDEMPOTENCY_REDIS_TIMEOUT.
+    async fn within<T>(
+        &self,
+        call: impl Future<Output = redis::RedisResult<T>>,
+    ) -> Result<T, String> {
+        match tokio::time::timeout(self.timeout, call).await {
             Ok(result) => result.map_err(|e| e.to_string()),
             Err(_) => Err(format!("no answer within {:?}", self.timeout)),
         }
@@ -135,24 +149,14 @@ impl Store {
             .arg(format!("P{digest}{token}"))
             .arg(done)
             .arg(millis(self.ttl));
-        let mut connection = self.connection.clone();
-        let call = invocation.invoke_async::<i64>(&mut connection);
-        match tokio::time::timeout(self.timeout, call).await {
-            Ok(result) => result.map(|n| n == 1).map_err(|e| e.to_string()),
-            Err(_) => Err(format!("no answer within {:?}", self.timeout)),
-        }
+        Ok(self.invoke(invocation).await? == 1)
     }
 
     /// Gives up a key this `token` holds, so the batch can be sent again at once.
     pub async fn release(&self, key: &str, digest: &str, token: &str) -> Result<(), String> {
         let mut invocation = self.release.key(format!("{KEY_PREFIX}{key}"));
         invocation.arg(format!("P{digest}{token}"));
-        let mut connection = self.connection.clone();
-        let call = invocation.invoke_async::<i64>(&mut connection);
-        match tokio::time::timeout(self.timeout, call).await {
-            Ok(result) => result.map(drop).map_err(|e| e.to_string()),
-            Err(_) => Err(format!("no answer within {:?}", self.timeout)),
-        }
+        self.invoke(invocation).await.map(drop)
     }
 }
 

@@ -17,6 +17,7 @@ use arc_swap::ArcSwap;
 use rustls::crypto::CryptoProvider;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use rustls::server::danger::ClientCertVerifier;
 use rustls::server::{ClientHello, ResolvesServerCert, WebPkiClientVerifier};
 use rustls::sign::CertifiedKey;
 use rustls::{RootCertStore, ServerConfig};
@@ -42,37 +43,29 @@ impl ServerTls {
         if !settings.grpc_server_use_tls {
             return Ok(None);
         }
-        let provider = Arc::new(rustls::crypto::ring::default_provider());
-        let files = KeyFiles {
-            cert: PathBuf::from(&settings.grpc_server_tls_cert),
-            key: PathBuf::from(&settings.grpc_server_tls_key),
-            settings: ("GRPC_SERVER_TLS_CERT", "GRPC_SERVER_TLS_KEY"),
-            provider: Arc::clone(&provider),
+        let files = CertificateFiles {
+            cert: (
+                Path::new(&settings.grpc_server_tls_cert),
+                "GRPC_SERVER_TLS_CERT",
+            ),
+            key: (
+                Path::new(&settings.grpc_server_tls_key),
+                "GRPC_SERVER_TLS_KEY",
+            ),
+            client_ca: (!settings.grpc_client_tls_cacert.is_empty()).then(|| {
+                (
+                    Path::new(&settings.grpc_client_tls_cacert),
+                    "GRPC_CLIENT_TLS_CACERT",
+                )
+            }),
         };
-        let current = Arc::new(Current(ArcSwap::new(files.read()?)));
-        let clients = match settings.grpc_client_tls_cacert.as_str() {
-            "" => WebPkiClientVerifier::no_client_auth(),
-            ca => client_auth::verifier(
-                (ca, "GRPC_CLIENT_TLS_CACERT"),
-                &settings.grpc_client_tls_san,
-                &provider,
-            )?,
-        };
-        let config = |alpn: &[u8]| -> Result<Arc<ServerConfig>, String> {
-            let mut config = ServerConfig::builder_with_provider(Arc::clone(&provider))
-                .with_safe_default_protocol_versions()
-                .map_err(|e| format!("TLS: {e}"))?
-                .with_client_cert_verifier(Arc::clone(&clients))
-                .with_cert_resolver(Arc::clone(&current) as Arc<dyn ResolvesServerCert>);
-            config.alpn_protocols = vec![alpn.to_vec()];
-            Ok(Arc::new(config))
-        };
-        let grpc = config(b"h2")?;
+        let parts = Parts::new(files, &settings.grpc_client_tls_san)?;
+        let grpc = parts.config(b"h2")?;
         let http = settings
             .http_server_use_tls
-            .then(|| config(b"http/1.1"))
+            .then(|| parts.config(b"http/1.1"))
             .transpose()?;
-        let watcher = files.watch(current);
+        let watcher = parts.watch();
         tracing::warn!(
             cert = %settings.grpc_server_tls_cert,
             mutual = !settings.grpc_client_tls_cacert.is_empty(),
@@ -104,33 +97,66 @@ pub struct CertificateFiles<'a> {
 /// [`HttpTls`] lives; with a client CA, every client must present a certificate chaining to
 /// it. A bad file is an error naming its setting.
 pub fn http_server(files: CertificateFiles<'_>) -> Result<HttpTls, String> {
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let key_files = KeyFiles {
-        cert: files.cert.0.to_path_buf(),
-        key: files.key.0.to_path_buf(),
-        settings: (files.cert.1, files.key.1),
-        provider: Arc::clone(&provider),
-    };
-    let current = Arc::new(Current(ArcSwap::new(key_files.read()?)));
-    let clients = match files.client_ca {
-        None => WebPkiClientVerifier::no_client_auth(),
-        Some((ca, setting)) => {
-            let ca = ca
-                .to_str()
-                .ok_or_else(|| format!("{setting}: not a UTF-8 path"))?;
-            client_auth::verifier((ca, setting), "", &provider)?
-        }
-    };
-    let mut config = ServerConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-        .map_err(|e| format!("TLS: {e}"))?
-        .with_client_cert_verifier(clients)
-        .with_cert_resolver(Arc::clone(&current) as Arc<dyn ResolvesServerCert>);
-    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    let parts = Parts::new(files, "")?;
     Ok(HttpTls {
-        config: Arc::new(config),
-        _watch: key_files.watch(current),
+        config: parts.config(b"http/1.1")?,
+        _watch: parts.watch(),
     })
+}
+
+/// What every server configuration is made of: the reloaded certificate and the check
+/// of client certificates.
+struct Parts {
+    provider: Arc<CryptoProvider>,
+    files: KeyFiles,
+    current: Arc<Current>,
+    clients: Arc<dyn ClientCertVerifier>,
+}
+
+impl Parts {
+    /// Reads the certificate and the client CA (whose certificates must carry `san`
+    /// when it is not empty).
+    fn new(files: CertificateFiles<'_>, san: &str) -> Result<Parts, String> {
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let key_files = KeyFiles {
+            cert: files.cert.0.to_path_buf(),
+            key: files.key.0.to_path_buf(),
+            settings: (files.cert.1, files.key.1),
+            provider: Arc::clone(&provider),
+        };
+        let current = Arc::new(Current(ArcSwap::new(key_files.read()?)));
+        let clients = match files.client_ca {
+            None => WebPkiClientVerifier::no_client_auth(),
+            Some((ca, setting)) => {
+                let ca = ca
+                    .to_str()
+                    .ok_or_else(|| format!("{setting}: not a UTF-8 path"))?;
+                client_auth::verifier((ca, setting), san, &provider)?
+            }
+        };
+        Ok(Parts {
+            provider,
+            files: key_files,
+            current,
+            clients,
+        })
+    }
+
+    /// A configuration offering the ALPN protocol `alpn`.
+    fn config(&self, alpn: &[u8]) -> Result<Arc<ServerConfig>, String> {
+        let mut config = ServerConfig::builder_with_provider(Arc::clone(&self.provider))
+            .with_safe_default_protocol_versions()
+            .map_err(|e| format!("TLS: {e}"))?
+            .with_client_cert_verifier(Arc::clone(&self.clients))
+            .with_cert_resolver(Arc::clone(&self.current) as Arc<dyn ResolvesServerCert>);
+        config.alpn_protocols = vec![alpn.to_vec()];
+        Ok(Arc::new(config))
+    }
+
+    /// Follows the certificate's files while the returned watch lives.
+    fn watch(self) -> Option<Watch> {
+        self.files.watch(self.current)
+    }
 }
 
 /// The TLS of [`http_server`]: the certificate is followed while this lives.
