@@ -142,6 +142,16 @@ async fn a_reload_that_lowers_the_limit_takes_effect_within_a_reporting_interval
     for _ in 0..3 {
         assert_eq!(status(a.port, "dave").await, 200);
     }
+    // The shrunk bucket is the new limit less the usage Envoy reported: let a report
+    // (every 5 s) carry the three requests first, or the reload cannot count them.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let reports = || sidecar.stat("ratelimit.rlqs.usage_reports");
+    let reported = reports().await.unwrap_or(0);
+    let deadline = Instant::now() + Duration::from_secs(8);
+    while reports().await.unwrap_or(0) <= reported {
+        assert!(Instant::now() < deadline, "Envoy did not report");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     sidecar.swap_root("v2", &[("rules.yaml", &rules(5))]);
     // Once the new rules are in, the next assignment (at Envoy's next report, within 5 s)
     // carries the lowered limit: wait for it rather than for a guessed time, since a
