@@ -95,6 +95,14 @@ impl Counting {
         }
     }
 
+    /// How many counters [`Counting::counters`] lists.
+    pub fn counter_count(self) -> usize {
+        match self {
+            Counting::SlidingWindow(_) => 2,
+            Counting::FixedWindow(_) | Counting::TokenBucket(..) => 1,
+        }
+    }
+
     /// The largest number of hits admitted: `requests_per_unit`, or a bucket's burst.
     pub fn bound(self, requests_per_unit: u32) -> u64 {
         match self {
@@ -187,7 +195,7 @@ mod tests {
     fn a_fixed_window_needs_the_counter_of_the_current_window() {
         let counting = Counting::FixedWindow(Window::of(Unit::Minute));
         let spans = counting.counters(1_000_030_000);
-        assert_eq!(spans.len(), 1);
+        assert_eq!(spans.len(), counting.counter_count());
         assert_eq!((spans[0].start, spans[0].expires), (1_000_020, 1_000_080));
         let assessed = counting.assess(&[7], 1, 10, 1_000_030_000);
         assert_eq!((assessed.after, assessed.reset), (7, 50));
@@ -199,6 +207,7 @@ mod tests {
         // 15 s into the window: 45 of 60 s of the previous window still count.
         let now_ms = 1_000_035_000;
         let spans = counting.counters(now_ms);
+        assert_eq!(spans.len(), counting.counter_count());
         assert_eq!(spans[0].start, 1_000_020);
         assert_eq!((spans[1].start, spans[1].op), (999_960, CounterOp::Read));
         let assessed = counting.assess(&[2, 8], 1, 10, now_ms);
@@ -220,6 +229,7 @@ mod tests {
         let bucket = Bucket::new(Window::of(Unit::Second), 2, 2);
         let counting = Counting::TokenBucket(bucket, Window::of(Unit::Second));
         assert_eq!(counting.bound(2), 2);
+        assert_eq!(counting.counters(5_000).len(), counting.counter_count());
         let now_ms = 5_000;
         let assessed = counting.assess(&[now_ms + 1_000], 1, 2, now_ms);
         assert_eq!((assessed.after, assessed.reset), (2, 1));

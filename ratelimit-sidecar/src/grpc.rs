@@ -64,9 +64,15 @@ impl UnaryService<RateLimitRequest> for ShouldRateLimit {
     type Future = BoxFuture<Response<RateLimitResponse>, Status>;
 
     fn call(&mut self, request: Request<RateLimitRequest>) -> Self::Future {
+        let (metadata, _, request) = request.into_parts();
+        if self.0.decides_now() {
+            let answer = self.0.should_rate_limit_grpc_now(request);
+            return Box::pin(std::future::ready(
+                answer.map(Response::new).map_err(|error| status(&error)),
+            ));
+        }
         let service = Arc::clone(&self.0);
         Box::pin(async move {
-            let (metadata, _, request) = request.into_parts();
             service
                 .should_rate_limit_grpc(request, &metadata.into_headers())
                 .await

@@ -6,7 +6,9 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use http::HeaderMap;
 use ratelimit_core::stats::{Counter, Timer, names};
-use ratelimit_core::{CounterStore, Explanation, HeaderFormat, Limiter, RequestError, Response};
+use ratelimit_core::{
+    CounterStore, Explanation, HeaderFormat, Limiter, MemoryStore, Request, RequestError, Response,
+};
 use ratelimit_proto::envoy::{InvalidRequest, request_from_pb, response_to_pb};
 
 use crate::backend::{Backend, BackendError};
@@ -114,6 +116,30 @@ impl Service {
         result
     }
 
+    /// Whether a decision waits for nothing: the memory store, without tracing. Then
+    /// [`Service::should_rate_limit_grpc_now`] answers without a future.
+    pub fn decides_now(&self) -> bool {
+        matches!(self.backend, Backend::Memory(_)) && self.traces.is_none()
+    }
+
+    /// [`Service::should_rate_limit_grpc`] without a future, counted the same way, when
+    /// [`Service::decides_now`]. It never waits, so it takes no place among the requests
+    /// in flight (MAX_INFLIGHT_REQUESTS bounds the ones that wait).
+    pub fn should_rate_limit_grpc_now(
+        &self,
+        request: RateLimitRequest,
+    ) -> Result<RateLimitResponse, ServiceError> {
+        let started = std::time::Instant::now();
+        self.total_requests.add(1);
+        let result = match &self.backend {
+            Backend::Memory(store) => self.decide_in_process(store, request),
+            Backend::Remote(_) => unreachable!("only the memory store decides now"),
+        };
+        self.count_error(&result);
+        self.response_time.record(started.elapsed());
+        result
+    }
+
     /// Decides one request from `/json`, not counted as a gRPC call (as upstream's
     /// handler does).
     pub async fn should_rate_limit_json(
@@ -140,12 +166,7 @@ impl Service {
         let result = self
             .decide(request, span.as_ref(), grpc_timeout(headers))
             .await;
-        if matches!(
-            result,
-            Err(ServiceError::Invalid(_) | ServiceError::Request(_))
-        ) {
-            self.service_errors.add(1);
-        }
+        self.count_error(&result);
         if let Some(span) = span {
             span.finish(&result);
         }
@@ -158,17 +179,15 @@ impl Service {
         span: Option<&RequestSpan>,
         caller_deadline: Option<Duration>,
     ) -> Result<RateLimitResponse, ServiceError> {
+        let backend = self.backend.name();
+        if let Backend::Memory(store) = &self.backend {
+            let decide = async { self.decide_in_process(store, request) };
+            return traces::backend(span, backend, None, decide).await;
+        }
         let request = request_from_pb(request)?;
         let now_ms = unix_now_ms();
-        let backend = self.backend.name();
         let response = match &self.backend {
-            Backend::Memory(store) => {
-                let decide = async {
-                    self.limiter
-                        .should_rate_limit_millis(&request, &**store, now_ms)
-                };
-                traces::backend(span, backend, None, decide).await?
-            }
+            Backend::Memory(_) => unreachable!("decided above"),
             Backend::Remote(remote) => {
                 let mut plan = self.limiter.plan_millis(&request, now_ms)?;
                 let counters = Some(plan.increments().len());
@@ -183,11 +202,39 @@ impl Service {
                 }
             }
         };
-        let mut answer = response_to_pb(&response, self.headers.as_ref());
+        Ok(self.answer(&request, &response))
+    }
+
+    /// The decision against the memory store, which waits for nothing.
+    fn decide_in_process(
+        &self,
+        store: &MemoryStore,
+        request: RateLimitRequest,
+    ) -> Result<RateLimitResponse, ServiceError> {
+        let request = request_from_pb(request)?;
+        let response = self
+            .limiter
+            .should_rate_limit_millis(&request, store, unix_now_ms())?;
+        Ok(self.answer(&request, &response))
+    }
+
+    /// The Envoy response to `request` for `response`.
+    fn answer(&self, request: &Request, response: &Response) -> RateLimitResponse {
+        let mut answer = response_to_pb(response, self.headers.as_ref());
         if self.dynamic_metadata {
-            answer.dynamic_metadata = Some(dynamic_metadata(&request, &response));
+            answer.dynamic_metadata = Some(dynamic_metadata(request, response));
         }
-        Ok(answer)
+        answer
+    }
+
+    /// Counts a request the caller got wrong, as upstream's `service_error` counts.
+    fn count_error<T>(&self, result: &Result<T, ServiceError>) {
+        if matches!(
+            result,
+            Err(ServiceError::Invalid(_) | ServiceError::Request(_))
+        ) {
+            self.service_errors.add(1);
+        }
     }
 }
 

@@ -95,7 +95,7 @@ impl Engine {
         for item in items.iter_mut() {
             if let Item::Limited(limited) = item {
                 limited.increment = counters;
-                limited.counters = self.applied(limited).counting.counters(now_ms).len();
+                limited.counters = self.applied(limited).counting.counter_count();
                 counters += limited.counters;
             }
         }
