@@ -18,7 +18,6 @@ impl Engine {
         buffer: &mut String,
         mut f: impl FnMut(&mut String, u64, Span, u64),
     ) {
-        let root = self.rules.domain(&request.domain);
         for item in &body.items {
             if let Item::Limited(limited) = item {
                 let descriptor = &request.descriptors[limited.descriptor];
@@ -31,7 +30,7 @@ impl Engine {
                 };
                 for span in applied.counting.counters(body.now_ms) {
                     buffer.clear();
-                    self.cache_key(buffer, &request.domain, root, descriptor, limited.source);
+                    self.cache_key(buffer, &request.domain, descriptor, limited.source);
                     // A bucket has no window: its key ends with the entries' `_`.
                     if !matches!(span.op, CounterOp::Gcra(_)) {
                         buffer.push_str(itoa::Buffer::new().format(span.start));
@@ -50,21 +49,18 @@ impl Engine {
         &self,
         key: &mut String,
         domain: &str,
-        root: Option<&Level>,
         descriptor: &Descriptor,
         source: Source,
     ) {
         key.push_str(&self.settings.cache_key_prefix);
         key.push_str(domain);
         key.push('_');
+        // Only a rule whose key depends on the levels it matched needs the domain's rules.
         let per_level = match source {
-            Source::Node(id, _) => self
-                .rules
-                .node(id)
-                .per_level_cache_key
-                .then_some(root)
-                .flatten(),
-            Source::Override(_) => None,
+            Source::Node(id, _) if self.rules.node(id).per_level_cache_key => {
+                self.rules.domain(domain)
+            }
+            _ => None,
         };
         match per_level {
             Some(root) => {

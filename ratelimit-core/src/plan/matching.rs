@@ -193,6 +193,8 @@ impl Engine {
         }
     }
 
+    // Inlined so that each caller computes only the fields it reads.
+    #[inline(always)]
     pub(super) fn applied<'a>(&'a self, limited: &'a Limited) -> Applied<'a> {
         let applied = self.applied_whole(limited);
         match limited.divisor {
@@ -201,6 +203,7 @@ impl Engine {
         }
     }
 
+    #[inline(always)]
     fn applied_whole<'a>(&'a self, limited: &'a Limited) -> Applied<'a> {
         let global_quota = self.settings.quota_mode;
         match limited.source {

@@ -95,13 +95,7 @@ impl Engine {
         // a counter of its own.
         let start = window.start(now_ms / 1_000);
         let mut key = String::new();
-        self.cache_key(
-            &mut key,
-            domain,
-            Some(root),
-            &request.descriptors[0],
-            limited.source,
-        );
+        self.cache_key(&mut key, domain, &request.descriptors[0], limited.source);
         key.push_str(itoa::Buffer::new().format(start));
         match applied.counting {
             Counting::FixedWindow(_) if !limit.key_suffix.is_empty() => {
