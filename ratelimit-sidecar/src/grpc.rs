@@ -65,8 +65,8 @@ impl UnaryService<RateLimitRequest> for ShouldRateLimit {
 
     fn call(&mut self, request: Request<RateLimitRequest>) -> Self::Future {
         let (metadata, _, request) = request.into_parts();
-        if self.0.decides_now() {
-            let answer = self.0.should_rate_limit_grpc_now(request);
+        if let Some(store) = self.0.decides_now() {
+            let answer = self.0.should_rate_limit_grpc_now(store, request);
             return Box::pin(std::future::ready(
                 answer.map(Response::new).map_err(|error| status(&error)),
             ));

@@ -116,25 +116,26 @@ impl Service {
         result
     }
 
-    /// Whether a decision waits for nothing: the memory store, without tracing. Then
-    /// [`Service::should_rate_limit_grpc_now`] answers without a future.
-    pub fn decides_now(&self) -> bool {
-        matches!(self.backend, Backend::Memory(_)) && self.traces.is_none()
+    /// The memory store, when a decision waits for nothing (the memory store, without
+    /// tracing): then [`Service::should_rate_limit_grpc_now`] answers without a future.
+    pub fn decides_now(&self) -> Option<&MemoryStore> {
+        match &self.backend {
+            Backend::Memory(store) if self.traces.is_none() => Some(store),
+            _ => None,
+        }
     }
 
-    /// [`Service::should_rate_limit_grpc`] without a future, counted the same way, when
-    /// [`Service::decides_now`]. It never waits, so it takes no place among the requests
-    /// in flight (MAX_INFLIGHT_REQUESTS bounds the ones that wait).
+    /// [`Service::should_rate_limit_grpc`] without a future, counted the same way, on
+    /// the store [`Service::decides_now`] gave. It never waits, so it takes no place among
+    /// the requests in flight (MAX_INFLIGHT_REQUESTS bounds the ones that wait).
     pub fn should_rate_limit_grpc_now(
         &self,
+        store: &MemoryStore,
         request: RateLimitRequest,
     ) -> Result<RateLimitResponse, ServiceError> {
         let started = std::time::Instant::now();
         self.total_requests.add(1);
-        let result = match &self.backend {
-            Backend::Memory(store) => self.decide_in_process(store, request),
-            Backend::Remote(_) => unreachable!("only the memory store decides now"),
-        };
+        let result = self.decide_in_process(store, request);
         self.count_error(&result);
         self.response_time.record(started.elapsed());
         result
@@ -180,27 +181,25 @@ impl Service {
         caller_deadline: Option<Duration>,
     ) -> Result<RateLimitResponse, ServiceError> {
         let backend = self.backend.name();
-        if let Backend::Memory(store) = &self.backend {
-            let decide = async { self.decide_in_process(store, request) };
-            return traces::backend(span, backend, None, decide).await;
-        }
+        let remote = match &self.backend {
+            Backend::Memory(store) => {
+                let decide = async { self.decide_in_process(store, request) };
+                return traces::backend(span, backend, None, decide).await;
+            }
+            Backend::Remote(remote) => remote,
+        };
         let request = request_from_pb(request)?;
         let now_ms = unix_now_ms();
-        let response = match &self.backend {
-            Backend::Memory(_) => unreachable!("decided above"),
-            Backend::Remote(remote) => {
-                let mut plan = self.limiter.plan_millis(&request, now_ms)?;
-                let counters = Some(plan.increments().len());
-                let run = remote.run(&mut plan, caller_deadline);
-                match traces::backend(span, backend, counters, run).await {
-                    Ok(counts) => {
-                        self.outage.recovered();
-                        plan.decide(&counts)
-                    }
-                    Err(error @ BackendError::Key(_)) => return Err(error.into()),
-                    Err(error) => self.outage.answer(&self.limiter, &request, now_ms, error)?,
-                }
+        let mut plan = self.limiter.plan_millis(&request, now_ms)?;
+        let counters = Some(plan.increments().len());
+        let run = remote.run(&mut plan, caller_deadline);
+        let response = match traces::backend(span, backend, counters, run).await {
+            Ok(counts) => {
+                self.outage.recovered();
+                plan.decide(&counts)
             }
+            Err(error @ BackendError::Key(_)) => return Err(error.into()),
+            Err(error) => self.outage.answer(&self.limiter, &request, now_ms, error)?,
         };
         Ok(self.answer(&request, &response))
     }
