@@ -35,9 +35,30 @@ impl<V> KeyMap<V> {
     #[inline]
     pub fn get(&self, key: &str) -> Option<&V> {
         match self {
-            KeyMap::Few(pairs) => pairs.iter().find(|(k, _)| **k == *key).map(|(_, v)| v),
+            KeyMap::Few(pairs) => pairs
+                .iter()
+                .find(|(k, _)| same(k.as_bytes(), key.as_bytes()))
+                .map(|(_, v)| v),
             KeyMap::Many(map) => map.get(key),
         }
+    }
+}
+
+/// Whether `a` and `b` are equal: the short strings of rules and descriptors are
+/// compared in a few word loads, without calling `memcmp`.
+#[inline(always)]
+pub(crate) fn same(a: &[u8], b: &[u8]) -> bool {
+    let n = a.len();
+    if n != b.len() {
+        return false;
+    }
+    let word = |s: &[u8], at: usize| u64::from_ne_bytes(s[at..at + 8].try_into().unwrap_or([0; 8]));
+    let half = |s: &[u8], at: usize| u32::from_ne_bytes(s[at..at + 4].try_into().unwrap_or([0; 4]));
+    match n {
+        8..=16 => word(a, 0) == word(b, 0) && word(a, n - 8) == word(b, n - 8),
+        4..8 => half(a, 0) == half(b, 0) && half(a, n - 4) == half(b, n - 4),
+        0..4 => a.iter().zip(b).all(|(x, y)| x == y),
+        _ => a == b,
     }
 }
 
@@ -66,5 +87,20 @@ mod tests {
         }
         let replaced = KeyMap::from_pairs(vec![("a".into(), 1), ("a".into(), 2)]);
         assert_eq!(replaced.get("a"), Some(&2));
+    }
+
+    #[test]
+    fn short_strings_compare_like_slices() {
+        let text = "abcdefghijklmnopqrstuvwxyz0123456789";
+        for n in 0..text.len() {
+            let a = &text.as_bytes()[..n];
+            assert!(same(a, a));
+            for at in 0..n {
+                let mut b = a.to_vec();
+                b[at] ^= 1;
+                assert!(!same(a, &b), "{n} {at}");
+            }
+            assert!(!same(a, &text.as_bytes()[..n + 1]));
+        }
     }
 }

@@ -34,6 +34,7 @@
 #![warn(missing_docs)]
 
 pub mod config;
+mod counter_key;
 mod counting;
 mod engine;
 mod gcra;
@@ -54,6 +55,7 @@ mod unit;
 mod wildcard;
 
 pub use config::{Algorithm, Config, ConfigError, ConfigErrorKind};
+pub use counter_key::CounterKey;
 pub use counting::CounterOp;
 pub use gcra::Bucket;
 pub use headers::{HeaderFormat, Policy};

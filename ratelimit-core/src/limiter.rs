@@ -16,12 +16,10 @@ use crate::request::{Entry, Request, RequestBounds, RequestError};
 use crate::response::Response;
 use crate::rules::{RuleSet, RuleView};
 use crate::settings::Settings;
-use crate::stats::{Counter, StatsRegistry, names};
+use crate::stats::{Counter, Nearest, StatsRegistry, names};
 use crate::store::CounterStore;
 
 thread_local! {
-    /// Cache keys of the in-process path are built here, not allocated per request.
-    static KEY_BUFFER: RefCell<String> = const { RefCell::new(String::new()) };
     /// The configuration this thread last decided with: a limiter's id, its generation
     /// then, and the engine. A decision reads one atomic instead of taking (and giving
     /// back) a reference from the `ArcSwap`, which costs two atomic read-modify-writes.
@@ -79,7 +77,7 @@ impl Limiter {
     /// Replaces the configuration atomically.
     pub fn set_config(&self, config: &Config) {
         let engine = Engine {
-            rules: RuleSet::compile(config, &self.stats),
+            rules: RuleSet::compile(config, &self.stats, &self.settings.cache_key_prefix),
             settings: self.settings.clone(),
             stats: Arc::clone(&self.stats),
             global_shadow: Arc::clone(&self.global_shadow),
@@ -262,39 +260,39 @@ where
         body.share_among(deciders);
     }
     let now = now_ms / 1_000;
-    let counts = KEY_BUFFER.with_borrow_mut(|buffer| {
-        let increment = if engine.settings.stop_cache_key_increment_when_overlimit {
-            let mut current: SmallVec<[u64; 8]> = SmallVec::new();
-            engine.for_each_counter(&body, request, buffer, |key, _, _, _| {
-                current.push(store.get(key, now))
-            });
-            body.counters_to_increment(engine, &current)
-        } else {
-            None
-        };
-        let mut counts: SmallVec<[u64; 8]> = SmallVec::new();
-        engine.for_each_counter(&body, request, buffer, |key, hits, span, bound| {
-            let included = increment.as_ref().is_none_or(|inc| inc[counts.len()]);
-            let hits = if included { hits } else { 0 };
-            let (count, used) = match span.op {
-                CounterOp::Add => {
-                    let count = store.increment(key, hits, span.expires, now);
-                    (count, Some(count))
-                }
-                CounterOp::Read => (store.get(key, now), None),
-                CounterOp::Gcra(bucket) => {
-                    let next = store.gcra(key, bucket, hits, now_ms);
-                    (next, Some(bucket.used(next, now_ms)))
-                }
-            };
-            if let Some(used) = used {
-                let bound = u32::try_from(bound).unwrap_or(u32::MAX);
-                let end = span.start + span.window.seconds();
-                engine.stats.nearest().observe(key, used, bound, end);
-            }
-            counts.push(count);
+    let increment = if engine.settings.stop_cache_key_increment_when_overlimit {
+        let mut current: SmallVec<[u64; 8]> = SmallVec::new();
+        engine.for_each_counter(&body, request, |key, _, _, _| {
+            current.push(store.get(key, now))
         });
-        counts
+        body.counters_to_increment(engine, &current)
+    } else {
+        None
+    };
+    let mut counts: SmallVec<[u64; 8]> = SmallVec::new();
+    engine.for_each_counter(&body, request, |key, hits, span, bound| {
+        let included = increment.as_ref().is_none_or(|inc| inc[counts.len()]);
+        let hits = if included { hits } else { 0 };
+        let (count, used) = match span.op {
+            CounterOp::Add => {
+                let count = store.increment(key, hits, span.expires, now);
+                (count, Some(count))
+            }
+            CounterOp::Read => (store.get(key, now), None),
+            CounterOp::Gcra(bucket) => {
+                let next = store.gcra(key, bucket, hits, now_ms);
+                (next, Some(bucket.used(next, now_ms)))
+            }
+        };
+        if let Some(used) = used {
+            let bound = u32::try_from(bound).unwrap_or(u32::MAX);
+            let nearest = engine.stats.nearest();
+            if Nearest::is_near(used, bound) {
+                let end = span.start + span.window.seconds();
+                key.with_text(|text| nearest.observe(text, used, bound, end));
+            }
+        }
+        counts.push(count);
     });
     body.decide(engine, &counts)
 }

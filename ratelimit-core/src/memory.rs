@@ -1,25 +1,29 @@
 //! The embedded counter store.
 
-use std::hash::BuildHasher;
+use std::hash::{BuildHasher, Hasher};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use foldhash::fast::RandomState;
 use hashbrown::HashTable;
 
+use crate::counter_key::CounterKey;
+use crate::counting::CounterOp;
 use crate::gcra::Bucket;
+use crate::plan::Increment;
 use crate::store::CounterStore;
 
 const SHARDS: usize = 64;
-/// Bytes a counter costs beyond its key: the slot, the boxed key's pointer and length, and
-/// the hash table's control byte, rounded up.
-const COUNTER_OVERHEAD: usize = 48;
+/// Bytes a counter costs beyond its values: the slot (hash, limit, window start, count,
+/// expiry, the values' pointer and length) and the hash table's control byte, rounded up.
+const COUNTER_OVERHEAD: usize = 64;
 /// How many counters an eviction looks at to pick the one whose window ends first.
 const EVICTION_SAMPLE: usize = 8;
 /// The byte cap of [`MemoryStore::new`]: 256 MiB.
 pub const DEFAULT_MAX_BYTES: usize = 256 << 20;
 
-/// Sharded counters and token buckets in this process's memory.
+/// Sharded counters and token buckets in this process's memory, keyed by limit, window
+/// and values ([`CounterKey`]): no key is ever written out as text.
 ///
 /// Lookups of existing counters take a shard's read lock and an atomic add, so two cores
 /// rarely wait on each other. Counters whose window has ended are removed as new ones are
@@ -62,7 +66,10 @@ struct ShardMap {
 
 #[derive(Debug)]
 struct Slot {
-    key: Box<str>,
+    hash: u64,
+    identity: u64,
+    start: u64,
+    values: Box<[u8]>,
     /// A window's count, or a bucket's TAT (unix milliseconds).
     count: AtomicU64,
     /// Unix second after which the slot is not needed; a bucket's moves forward.
@@ -121,12 +128,12 @@ impl MemoryStore {
     /// the unix second it is needed until) and returns `created` of that value.
     fn with_slot(
         &self,
-        key: &str,
+        key: &CounterKey<'_>,
         now: u64,
         existing: impl Fn(&Slot) -> u64,
         create: impl FnOnce() -> (u64, u64, u64),
     ) -> u64 {
-        let hash = self.hasher.hash_one(key);
+        let hash = self.hash(key);
         let shard = self.shard(hash);
         if let Some(slot) = shard.read().find(hash, key) {
             return existing(slot);
@@ -138,12 +145,13 @@ impl MemoryStore {
         if now >= map.next_expiry {
             map.remove_expired(now);
         }
-        let size = key.len() + COUNTER_OVERHEAD;
+        let values = key.values.join();
+        let size = values.len() + COUNTER_OVERHEAD;
         while !map.counters.is_empty()
             && (map.counters.len() >= self.max_per_shard
                 || map.bytes + size > self.max_bytes_per_shard)
         {
-            map.evict_one(&self.hasher);
+            map.evict_one();
             self.evictions.fetch_add(1, Ordering::Relaxed);
         }
         let (value, expires, reported) = create();
@@ -152,23 +160,54 @@ impl MemoryStore {
         }
         map.bytes += size;
         let slot = Slot {
-            key: key.into(),
+            hash,
+            identity: key.identity,
+            start: key.start,
+            values,
             count: AtomicU64::new(value),
             expires: AtomicU64::new(expires),
         };
-        map.counters
-            .insert_unique(hash, slot, |s| self.hasher.hash_one(&*s.key));
+        map.counters.insert_unique(hash, slot, |s| s.hash);
         reported
+    }
+
+    fn hash(&self, key: &CounterKey<'_>) -> u64 {
+        let mut hasher = self.hasher.build_hasher();
+        hasher.write_u64(key.identity);
+        hasher.write_u64(key.start);
+        key.values.hash_into(&mut hasher);
+        hasher.finish()
+    }
+
+    /// Runs `increment` (a remote store's counter, from a [`crate::Plan`], an
+    /// explanation or a quota rule) on the counter the in-process decision uses.
+    pub fn apply(&self, increment: &Increment) -> u64 {
+        let key = increment.id.key(&increment.key);
+        match increment.op {
+            CounterOp::Add => self.increment(
+                &key,
+                increment.hits,
+                increment.expires,
+                increment.now_ms / 1_000,
+            ),
+            CounterOp::Read => self.get(&key, increment.now_ms / 1_000),
+            CounterOp::Gcra(bucket) => self.gcra(&key, bucket, increment.hits, increment.now_ms),
+        }
+    }
+
+    /// The current value of the counter of `increment`, without changing it.
+    pub fn current(&self, increment: &Increment) -> u64 {
+        self.get(&increment.id.key(&increment.key), increment.now_ms / 1_000)
     }
 }
 
 impl CounterStore for MemoryStore {
-    fn increment(&self, key: &str, hits: u64, expires: u64, now: u64) -> u64 {
+    fn increment(&self, key: &CounterKey<'_>, hits: u64, expires: u64, now: u64) -> u64 {
         self.with_slot(key, now, |slot| slot.add(hits), || (hits, expires, hits))
     }
 
-    fn get(&self, key: &str, now: u64) -> u64 {
-        let hash = self.hasher.hash_one(key);
+    fn get(&self, key: &CounterKey<'_>, now: u64) -> u64 {
+        let hash = self.hash(key);
         self.shard(hash)
             .read()
             .find(hash, key)
@@ -176,7 +215,7 @@ impl CounterStore for MemoryStore {
             .map_or(0, |slot| slot.count.load(Ordering::Relaxed))
     }
 
-    fn gcra(&self, key: &str, bucket: Bucket, cost: u64, now_ms: u64) -> u64 {
+    fn gcra(&self, key: &CounterKey<'_>, bucket: Bucket, cost: u64, now_ms: u64) -> u64 {
         self.with_slot(
             key,
             now_ms / 1_000,
@@ -243,8 +282,12 @@ impl Shard {
 }
 
 impl ShardMap {
-    fn find(&self, hash: u64, key: &str) -> Option<&Slot> {
-        self.counters.find(hash, |slot| *slot.key == *key)
+    fn find(&self, hash: u64, key: &CounterKey<'_>) -> Option<&Slot> {
+        self.counters.find(hash, |slot| {
+            slot.identity == key.identity
+                && slot.start == key.start
+                && key.values.matches(&slot.values)
+        })
     }
 
     fn remove_expired(&mut self, now: u64) {
@@ -255,7 +298,7 @@ impl ShardMap {
             if live {
                 next = next.min(slot.expires());
             } else {
-                freed += slot.key.len() + COUNTER_OVERHEAD;
+                freed += slot.values.len() + COUNTER_OVERHEAD;
             }
             live
         });
@@ -263,19 +306,20 @@ impl ShardMap {
         self.next_expiry = next;
     }
 
-    fn evict_one(&mut self, hasher: &RandomState) {
+    fn evict_one(&mut self) {
         let victim = self
             .counters
             .iter()
             .take(EVICTION_SAMPLE)
             .min_by_key(|slot| slot.expires())
-            .map(|slot| slot.key.clone());
-        if let Some(key) = victim {
-            let hash = hasher.hash_one(&*key);
-            if let Ok(entry) = self.counters.find_entry(hash, |slot| slot.key == key) {
-                entry.remove();
-                self.bytes -= key.len() + COUNTER_OVERHEAD;
-            }
+            .map(|slot| (slot.hash, slot as *const Slot));
+        if let Some((hash, victim)) = victim
+            && let Ok(entry) = self
+                .counters
+                .find_entry(hash, |slot| std::ptr::eq(slot, victim))
+        {
+            let (slot, _) = entry.remove();
+            self.bytes -= slot.values.len() + COUNTER_OVERHEAD;
         }
     }
 }
@@ -284,29 +328,37 @@ impl ShardMap {
 mod tests {
     use super::*;
 
+    fn increment(store: &MemoryStore, key: &str, hits: u64, expires: u64, now: u64) -> u64 {
+        store.increment(&CounterKey::of_text(key), hits, expires, now)
+    }
+
+    fn get(store: &MemoryStore, key: &str, now: u64) -> u64 {
+        store.get(&CounterKey::of_text(key), now)
+    }
+
     #[test]
     fn counts_per_key_and_reads_back() {
         let store = MemoryStore::new(100);
-        assert_eq!(store.increment("a_60", 1, 120, 61), 1);
-        assert_eq!(store.increment("a_60", 2, 120, 62), 3);
-        assert_eq!(store.increment("b_60", 5, 120, 62), 5);
-        assert_eq!(store.get("a_60", 63), 3);
-        assert_eq!(store.get("missing", 63), 0);
-        assert_eq!(store.get("a_60", 120), 0, "an ended window reads as zero");
+        assert_eq!(increment(&store, "a_60", 1, 120, 61), 1);
+        assert_eq!(increment(&store, "a_60", 2, 120, 62), 3);
+        assert_eq!(increment(&store, "b_60", 5, 120, 62), 5);
+        assert_eq!(get(&store, "a_60", 63), 3);
+        assert_eq!(get(&store, "missing", 63), 0);
+        assert_eq!(get(&store, "a_60", 120), 0, "an ended window reads as zero");
     }
 
     #[test]
     fn ended_windows_are_reclaimed_when_new_counters_arrive() {
         let store = MemoryStore::new(10_000);
         for i in 0..1_000 {
-            store.increment(&format!("k{i}_0"), 1, 60, 10);
+            increment(&store, &format!("k{i}_0"), 1, 60, 10);
         }
         assert_eq!(store.usage().counters, 1_000);
         let full = store.usage().bytes;
         assert!(full >= 1_000 * COUNTER_OVERHEAD);
         // A later window: each shard sweeps on its first insert after the old windows end.
         for i in 0..1_000 {
-            store.increment(&format!("k{i}_60"), 1, 120, 70);
+            increment(&store, &format!("k{i}_60"), 1, 120, 70);
         }
         let usage = store.usage();
         assert_eq!(usage.counters, 1_000, "old windows were dropped");
@@ -317,7 +369,7 @@ mod tests {
     fn memory_is_capped_by_evicting() {
         let store = MemoryStore::new(SHARDS * 4);
         for i in 0..10_000 {
-            store.increment(&format!("key-{i}"), 1, 1_000 + i, 0);
+            increment(&store, &format!("key-{i}"), 1, 1_000 + i, 0);
         }
         let usage = store.usage();
         assert!(usage.counters <= SHARDS * 4, "{usage:?}");
@@ -327,10 +379,10 @@ mod tests {
     #[test]
     fn counts_saturate_instead_of_wrapping() {
         let store = MemoryStore::new(10);
-        assert_eq!(store.increment("k_0", 151, 60, 1), 151);
-        assert_eq!(store.increment("k_0", u64::MAX - 150, 60, 1), u64::MAX);
-        assert_eq!(store.increment("k_0", 1 << 63, 60, 1), u64::MAX);
-        assert_eq!(store.get("k_0", 1), u64::MAX);
+        assert_eq!(increment(&store, "k_0", 151, 60, 1), 151);
+        assert_eq!(increment(&store, "k_0", u64::MAX - 150, 60, 1), u64::MAX);
+        assert_eq!(increment(&store, "k_0", 1 << 63, 60, 1), u64::MAX);
+        assert_eq!(get(&store, "k_0", 1), u64::MAX);
     }
 
     #[test]
@@ -338,7 +390,7 @@ mod tests {
         let store = MemoryStore::new(1 << 20).with_max_bytes(SHARDS * 10_000);
         let value = "v".repeat(4_000);
         for i in 0..2_000 {
-            store.increment(&format!("{value}{i}"), 1, 1_000 + i, 0);
+            increment(&store, &format!("{value}{i}"), 1, 1_000 + i, 0);
         }
         let usage = store.usage();
         assert!(usage.bytes <= SHARDS * 10_000, "{usage:?}");
@@ -353,11 +405,11 @@ mod tests {
             for _ in 0..4 {
                 s.spawn(|| {
                     for _ in 0..10_000 {
-                        store.increment("hot_0", 1, 60, 1);
+                        increment(&store, "hot_0", 1, 60, 1);
                     }
                 });
             }
         });
-        assert_eq!(store.get("hot_0", 1), 40_000);
+        assert_eq!(get(&store, "hot_0", 1), 40_000);
     }
 }

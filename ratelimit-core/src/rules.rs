@@ -9,6 +9,7 @@ use std::fmt::Write as _;
 use std::sync::Arc;
 
 use crate::config::{Algorithm, Config, DescriptorRule, Limit, Metadata, RateLimitRule};
+use crate::counter_key::limit_identity;
 use crate::counting::Counting;
 use crate::gcra::Bucket;
 use crate::keymap::KeyMap;
@@ -127,15 +128,19 @@ pub(crate) struct NodeLimit {
     /// Appended to statistics keys: empty for a `rate_limit`, `.<name or index>` for an
     /// entry of `rate_limits`.
     pub stats_suffix: Box<str>,
+    /// What its counters are keyed by besides their window and values
+    /// ([`limit_identity`]): the same after a reload.
+    pub identity: u64,
 }
 
 impl NodeLimit {
     fn compile(
         rule: &RateLimitRule,
         listed: Option<usize>,
-        full_key: &str,
+        path: &Path,
         stats: &StatsRegistry,
     ) -> NodeLimit {
+        let full_key = &path.full_key;
         let (counting, key_suffix) = match rule.limit {
             Limit::Unlimited => (
                 Counting::FixedWindow(Window::of(Unit::Second)),
@@ -188,6 +193,12 @@ impl NodeLimit {
             replaces: rule.replaces.iter().map(|n| n.as_str().into()).collect(),
             stats: matches!(rule.limit, Limit::Counted { .. })
                 .then(|| stats.rule(&format!("{full_key}{stats_suffix}"))),
+            identity: limit_identity(
+                &path.prefix,
+                &path.domain,
+                path.keys.iter().map(String::as_str),
+                &key_suffix,
+            ),
             key_suffix: key_suffix.into(),
             stats_suffix: stats_suffix.into(),
         }
@@ -221,12 +232,16 @@ impl NodeLimit {
 }
 
 impl RuleSet {
-    /// Compiles `config`, taking statistics counters from `stats`.
-    pub fn compile(config: &Config, stats: &StatsRegistry) -> RuleSet {
+    /// Compiles `config`, taking statistics counters from `stats`; counter keys start
+    /// with `prefix` (`CACHE_KEY_PREFIX`).
+    pub fn compile(config: &Config, stats: &StatsRegistry, prefix: &str) -> RuleSet {
         let mut set = RuleSet::default();
         let mut domains = Vec::with_capacity(config.domains().len());
         for domain in config.domains() {
             let mut path = Path {
+                prefix: prefix.to_owned(),
+                domain: domain.domain.clone(),
+                keys: Vec::new(),
                 full_key: domain.domain.clone(),
                 yaml: String::new(),
                 share_threshold: false,
@@ -296,13 +311,14 @@ impl RuleSet {
         path.yaml.push_str(&format!("descriptors[{position}]"));
         path.share_threshold |= rule.share_threshold;
         path.value_to_metric |= rule.value_to_metric;
+        path.keys.push(rule.key.clone());
         let limits: Box<[NodeLimit]> = match &rule.rate_limit {
-            Some(one) => Box::new([NodeLimit::compile(one, None, &path.full_key, stats)]),
+            Some(one) => Box::new([NodeLimit::compile(one, None, path, stats)]),
             None => rule
                 .rate_limits
                 .iter()
                 .enumerate()
-                .map(|(i, r)| NodeLimit::compile(r, Some(i), &path.full_key, stats))
+                .map(|(i, r)| NodeLimit::compile(r, Some(i), path, stats))
                 .collect(),
         };
         let node = Node {
@@ -345,11 +361,11 @@ impl RuleSet {
     /// returns the node matched at exactly the depth of the descriptor. There is no
     /// backtracking: once an entry matched a rule, deeper entries are looked up only under
     /// that rule.
-    pub fn find(
-        &self,
-        level: &Level,
-        entries: &[Entry],
-        mut visit: impl FnMut(&Entry, &Node, MatchKind),
+    pub fn find<'s, 'e>(
+        &'s self,
+        level: &'s Level,
+        entries: &'e [Entry],
+        mut visit: impl FnMut(&'e Entry, &'s Node, MatchKind),
     ) -> Option<NodeId> {
         let mut level = level;
         let mut found = None;
@@ -472,6 +488,11 @@ impl Level {
 
 #[derive(Clone)]
 struct Path {
+    /// `CACHE_KEY_PREFIX`.
+    prefix: String,
+    domain: String,
+    /// The keys of the rules from the domain down to this one.
+    keys: Vec<String>,
     full_key: String,
     /// Where the rule is in its domain's YAML: `descriptors[0].descriptors[2]`.
     yaml: String,

@@ -1,21 +1,23 @@
 //! The counter store interface used by the in-process path.
 
+use crate::counter_key::CounterKey;
 use crate::gcra::Bucket;
 
 /// Counters that can be changed synchronously.
 ///
-/// [`crate::MemoryStore`] implements it for one process; the proxy-wasm filter implements
-/// it over Envoy's shared data. Remote stores (Redis, memcached) use [`crate::Plan`]
-/// instead, so that a request costs one round trip.
+/// [`crate::MemoryStore`] implements it for one process, keyed by each [`CounterKey`]'s
+/// parts; the proxy-wasm filter implements it over Envoy's shared data, keyed by its text.
+/// Remote stores (Redis, memcached) use [`crate::Plan`] instead, so that a request costs
+/// one round trip.
 pub trait CounterStore {
     /// Adds `hits` to the counter `key`, which is needed until `expires` (unix seconds),
     /// and returns its value after the addition.
-    fn increment(&self, key: &str, hits: u64, expires: u64, now: u64) -> u64;
+    fn increment(&self, key: &CounterKey<'_>, hits: u64, expires: u64, now: u64) -> u64;
 
     /// The value of counter `key`, 0 when it does not exist or is no longer needed.
-    fn get(&self, key: &str, now: u64) -> u64;
+    fn get(&self, key: &CounterKey<'_>, now: u64) -> u64;
 
     /// Runs one [`Bucket::step`] of `cost` tokens at `now_ms` on the bucket `key`,
     /// atomically, and returns the TAT the request asked for (the step's second value).
-    fn gcra(&self, key: &str, bucket: Bucket, cost: u64, now_ms: u64) -> u64;
+    fn gcra(&self, key: &CounterKey<'_>, bucket: Bucket, cost: u64, now_ms: u64) -> u64;
 }

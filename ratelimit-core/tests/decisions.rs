@@ -1,8 +1,8 @@
 //! Matching and decisions, end to end through the public API.
 
 use ratelimit_core::{
-    Code, Config, CounterStore, Descriptor, Limiter, MemoryStore, RateLimitHeaders, Request,
-    RequestError, Response, Settings, Unit,
+    Code, Config, Descriptor, Limiter, MemoryStore, RateLimitHeaders, Request, RequestError,
+    Response, Settings, Unit,
 };
 
 const NOW: u64 = 1_700_000_000; // 20 seconds into a minute: 1_699_999_980 starts it.
@@ -534,7 +534,7 @@ descriptors:
     let key2 = l
         .plan(&Request::new("stop", vec![d(&[("key2", "a")])]), NOW)
         .unwrap();
-    assert_eq!(s.get(&key2.increments()[0].key, NOW), 10);
+    assert_eq!(s.current(&key2.increments()[0]), 10);
 }
 
 #[test]

@@ -3,9 +3,7 @@
 use std::collections::HashMap;
 
 use proptest::prelude::*;
-use ratelimit_core::{
-    Code, Config, CounterStore, Descriptor, Limiter, MemoryStore, Request, Response, Settings,
-};
+use ratelimit_core::{Code, Config, Descriptor, Limiter, MemoryStore, Request, Response, Settings};
 
 const RULES: &str = "
 domain: p
@@ -104,18 +102,10 @@ fn concurrent_clients_never_exceed_the_limit() {
 fn through_a_plan(limiter: &Limiter, store: &MemoryStore, request: &Request, now: u64) -> Response {
     let mut plan = limiter.plan(request, now).unwrap();
     if plan.needs_current_counts() {
-        let current: Vec<u64> = plan
-            .increments()
-            .iter()
-            .map(|i| store.get(&i.key, now))
-            .collect();
+        let current: Vec<u64> = plan.increments().iter().map(|i| store.current(i)).collect();
         plan.apply_current(&current);
     }
-    let counts: Vec<u64> = plan
-        .increments()
-        .iter()
-        .map(|i| store.increment(&i.key, i.hits, i.window_end, now))
-        .collect();
+    let counts: Vec<u64> = plan.increments().iter().map(|i| store.apply(i)).collect();
     plan.decide(&counts)
 }
 
@@ -146,6 +136,56 @@ proptest! {
             let request = Request::new("p", descriptors);
             let expected = direct.should_rate_limit(&request, &a, now).unwrap();
             let got = through_a_plan(&planned, &b, &request, now);
+            prop_assert_eq!(&got, &expected, "{:?} at {}", request, now);
+        }
+    }
+}
+
+const EVERY_KIND: &str = "
+domain: m
+descriptors:
+  - key: user
+    rate_limit: {unit: minute, requests_per_unit: 5}
+  - key: path
+    value: /a/*
+    share_threshold: true
+    rate_limit: {unit: minute, requests_per_unit: 4}
+  - key: slide
+    rate_limit: {unit: second, requests_per_unit: 3, algorithm: sliding_window}
+  - key: bucket
+    rate_limit: {unit: second, requests_per_unit: 2, algorithm: token_bucket, burst: 3}
+";
+
+proptest! {
+    /// A plan's counters are the ones the in-process decision counts in, for every kind
+    /// of limit (fixed, shared across a wildcard, overridden, sliding, bucket): decisions
+    /// made either way on one store answer as if all were made in process.
+    #[test]
+    fn planned_and_in_process_decisions_count_in_the_same_counters(
+        calls in proptest::collection::vec((0usize..5, 0u8..3, 0u64..200, any::<bool>()), 1..150),
+    ) {
+        let config = Config::from_yaml("m.yaml", EVERY_KIND).unwrap();
+        let limiter = Limiter::new(&config, Settings::default());
+        let (mixed, reference) = (MemoryStore::default(), MemoryStore::default());
+        let mut calls = calls;
+        calls.sort_by_key(|c| c.2);
+        for (kind, value, t, planned) in calls {
+            let now = 1_000_000 + t;
+            let descriptor = match kind {
+                0 => Descriptor::new([("user", format!("u{value}"))]),
+                1 => Descriptor::new([("path", format!("/a/{value}"))]),
+                2 => Descriptor::new([("slide", format!("s{value}"))]),
+                3 => Descriptor::new([("bucket", format!("b{value}"))]),
+                _ => Descriptor::new([("user", format!("u{value}"))])
+                    .with_limit(6, ratelimit_core::Unit::Minute),
+            };
+            let request = Request::new("m", vec![descriptor]);
+            let expected = limiter.should_rate_limit(&request, &reference, now).unwrap();
+            let got = if planned {
+                through_a_plan(&limiter, &mixed, &request, now)
+            } else {
+                limiter.should_rate_limit(&request, &mixed, now).unwrap()
+            };
             prop_assert_eq!(&got, &expected, "{:?} at {}", request, now);
         }
     }

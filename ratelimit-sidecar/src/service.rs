@@ -7,7 +7,7 @@ use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimit
 use http::HeaderMap;
 use ratelimit_core::stats::{Counter, Timer, names};
 use ratelimit_core::{
-    CounterStore, Explanation, HeaderFormat, Limiter, MemoryStore, Request, RequestError, Response,
+    Explanation, HeaderFormat, Limiter, MemoryStore, Request, RequestError, Response,
 };
 use ratelimit_proto::envoy::{InvalidRequest, request_from_pb, response_to_pb};
 
@@ -245,14 +245,12 @@ impl Service {
         request: RateLimitRequest,
     ) -> Result<(Explanation, Vec<u64>, Response), ServiceError> {
         let request = request_from_pb(request)?;
-        let now_ms = unix_now_ms();
-        let now = now_ms / 1_000;
-        let explanation = self.limiter.explain_millis(&request, now_ms)?;
+        let explanation = self.limiter.explain_millis(&request, unix_now_ms())?;
         let current = match &self.backend {
             Backend::Memory(store) => explanation
                 .increments()
                 .iter()
-                .map(|increment| store.get(&increment.key, now))
+                .map(|increment| store.current(increment))
                 .collect(),
             Backend::Remote(remote) => remote.current(explanation.increments()).await?,
         };

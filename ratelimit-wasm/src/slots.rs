@@ -9,7 +9,7 @@
 use std::cell::RefCell;
 use std::collections::HashMap;
 
-use ratelimit_core::{Bucket, CounterStore};
+use ratelimit_core::{Bucket, CounterKey, CounterStore};
 
 /// The shared-data operations the counters need (Envoy's, or a test's).
 pub trait SharedData {
@@ -93,22 +93,35 @@ impl<S: SharedData> SlotCounters<S> {
 }
 
 impl<S: SharedData> CounterStore for SlotCounters<S> {
-    fn increment(&self, key: &str, hits: u64, expires: u64, now: u64) -> u64 {
+    fn increment(&self, key: &CounterKey<'_>, hits: u64, expires: u64, now: u64) -> u64 {
+        key.with_text(|key| self.increment_text(key, hits, expires, now))
+    }
+
+    fn gcra(&self, key: &CounterKey<'_>, bucket: Bucket, cost: u64, now_ms: u64) -> u64 {
+        key.with_text(|key| {
+            self.update(key, now_ms / 1_000, |tat| {
+                let (keep, next) = bucket.step(tat.unwrap_or(0), now_ms, cost);
+                // Once its TAT has passed, a bucket is full: the slot is free again.
+                (keep, keep.max(now_ms).div_ceil(1_000) + 1, next)
+            })
+        })
+    }
+
+    fn get(&self, key: &CounterKey<'_>, now: u64) -> u64 {
+        key.with_text(|key| self.get_text(key, now))
+    }
+}
+
+/// The counters by their text: shared data is keyed by upstream's cache keys.
+impl<S: SharedData> SlotCounters<S> {
+    fn increment_text(&self, key: &str, hits: u64, expires: u64, now: u64) -> u64 {
         self.update(key, now, |count| {
             let total = count.unwrap_or(0).saturating_add(hits);
             (total, expires, total)
         })
     }
 
-    fn gcra(&self, key: &str, bucket: Bucket, cost: u64, now_ms: u64) -> u64 {
-        self.update(key, now_ms / 1_000, |tat| {
-            let (keep, next) = bucket.step(tat.unwrap_or(0), now_ms, cost);
-            // Once its TAT has passed, a bucket is full: the slot is free again.
-            (keep, keep.max(now_ms).div_ceil(1_000) + 1, next)
-        })
-    }
-
-    fn get(&self, key: &str, now: u64) -> u64 {
+    fn get_text(&self, key: &str, now: u64) -> u64 {
         (0..PROBES)
             .find_map(|probe| {
                 let (value, _) = self.shared.get(&self.slot_name(key, probe));
@@ -182,12 +195,12 @@ mod tests {
     fn counts_per_key_and_window() {
         let fake = Fake::default();
         let counters = SlotCounters::new(&fake, 64);
-        assert_eq!(counters.increment("a_60", 1, 120, 61), 1);
-        assert_eq!(counters.increment("a_60", 2, 120, 62), 3);
-        assert_eq!(counters.increment("b_60", 1, 120, 62), 1);
-        assert_eq!(counters.get("a_60", 63), 3);
-        assert_eq!(counters.get("a_60", 120), 0, "the window ended");
-        assert_eq!(counters.get("c_60", 63), 0);
+        assert_eq!(counters.increment_text("a_60", 1, 120, 61), 1);
+        assert_eq!(counters.increment_text("a_60", 2, 120, 62), 3);
+        assert_eq!(counters.increment_text("b_60", 1, 120, 62), 1);
+        assert_eq!(counters.get_text("a_60", 63), 3);
+        assert_eq!(counters.get_text("a_60", 120), 0, "the window ended");
+        assert_eq!(counters.get_text("c_60", 63), 0);
     }
 
     #[test]
@@ -198,8 +211,8 @@ mod tests {
             let (start, end) = (window * 60, window * 60 + 60);
             for client in 0..20 {
                 let key = format!("d_client_{client}_{start}");
-                assert_eq!(counters.increment(&key, 1, end, start + 1), 1, "{key}");
-                assert_eq!(counters.increment(&key, 1, end, start + 2), 2, "{key}");
+                assert_eq!(counters.increment_text(&key, 1, end, start + 1), 1, "{key}");
+                assert_eq!(counters.increment_text(&key, 1, end, start + 2), 2, "{key}");
             }
         }
         assert!(
@@ -238,14 +251,14 @@ mod tests {
             }
         }
         let fake = Fake::default();
-        SlotCounters::new(&fake, 16).increment("k_0", 1, 60, 1);
+        SlotCounters::new(&fake, 16).increment_text("k_0", 1, 60, 1);
         let racing = Racing {
             inner: &fake,
             raced: RefCell::new(false),
         };
         let counters = SlotCounters::new(racing, 16);
         assert_eq!(
-            counters.increment("k_0", 1, 60, 2),
+            counters.increment_text("k_0", 1, 60, 2),
             7,
             "1 + the other worker's 5 + 1"
         );

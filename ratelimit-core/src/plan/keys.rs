@@ -1,81 +1,136 @@
 //! Counter keys (byte for byte envoyproxy/ratelimit's) and per-request statistic keys.
 
 use super::{Item, PlanBody, Source};
+use crate::counter_key::{CounterKey, Values, limit_identity};
 use crate::counting::{CounterOp, Span};
 use crate::engine::Engine;
-use crate::request::{Descriptor, Request};
+use crate::request::{Descriptor, Entry, Request};
 use crate::rules::{Level, MatchKind, Node};
 use crate::stats::names::push_key_part;
 
 impl Engine {
-    /// Calls `f(cache key, hits, span, bound)` for each counter of `body`, in counter order,
-    /// building each key in `buffer`: the in-process path reuses one buffer and allocates
-    /// no key, a plan takes each key out of it.
+    /// Calls `f(counter, hits, span, bound)` for each counter of `body`, in counter order.
+    /// A counter's text is written only when a store asks for it.
     pub(crate) fn for_each_counter(
         &self,
         body: &PlanBody,
         request: &Request,
-        buffer: &mut String,
-        mut f: impl FnMut(&mut String, u64, Span, u64),
+        mut f: impl FnMut(&CounterKey<'_>, u64, Span, u64),
     ) {
         for item in &body.items {
             if let Item::Limited(limited) = item {
                 let descriptor = &request.descriptors[limited.descriptor];
                 let applied = self.applied(limited);
-                let suffix = match limited.source {
-                    Source::Node(id, which) => {
-                        &*self.rules.node(id).limits[usize::from(which)].key_suffix
-                    }
-                    Source::Override(_) => "",
-                };
+                let (identity, values) =
+                    self.counter_parts(&request.domain, descriptor, limited.source);
                 for span in applied.counting.counters(body.now_ms) {
-                    buffer.clear();
-                    self.cache_key(buffer, &request.domain, descriptor, limited.source);
                     // A bucket has no window: its key ends with the entries' `_`.
-                    if !matches!(span.op, CounterOp::Gcra(_)) {
-                        buffer.push_str(itoa::Buffer::new().format(span.start));
-                        if !suffix.is_empty() {
-                            buffer.push('_');
-                        }
-                    }
-                    buffer.push_str(suffix);
-                    f(buffer, limited.addend, span, applied.bound);
+                    let start = match span.op {
+                        CounterOp::Gcra(_) => None,
+                        _ => Some(span.start),
+                    };
+                    let write = |out: &mut String| {
+                        let (domain, source) = (&request.domain, limited.source);
+                        self.write_key(out, domain, descriptor, &values, source, start);
+                    };
+                    let key = CounterKey::new(identity, start.unwrap_or(0), values.clone(), &write);
+                    f(&key, limited.addend, span, applied.bound);
                 }
             }
         }
     }
 
-    pub(super) fn cache_key(
+    /// What identifies the counters of `source` for `descriptor`, besides their window:
+    /// the limit's identity and the values it counts under.
+    pub(super) fn counter_parts<'a>(
+        &'a self,
+        domain: &str,
+        descriptor: &'a Descriptor,
+        source: Source,
+    ) -> (u64, Values<'a>) {
+        match source {
+            Source::Override(_) => {
+                let keys = descriptor.entries.iter().map(|e| e.key.as_str());
+                let identity = limit_identity(&self.settings.cache_key_prefix, domain, keys, "");
+                (identity, Values::Of(&descriptor.entries))
+            }
+            Source::Node(id, which) => {
+                let node = self.rules.node(id);
+                let identity = node.limits[usize::from(which)].identity;
+                // A rule that shares a counter across a wildcard counts under its
+                // pattern at that level.
+                let root = match node.per_level_cache_key {
+                    true => self.rules.domain(domain),
+                    false => None,
+                };
+                match root {
+                    Some(root) => {
+                        let mut values = Vec::with_capacity(descriptor.entries.len());
+                        self.rules
+                            .find(root, &descriptor.entries, |entry, node, kind| {
+                                values.push(shared_value(entry, node, kind));
+                            });
+                        (identity, Values::Listed(values))
+                    }
+                    None => (identity, Values::Of(&descriptor.entries)),
+                }
+            }
+        }
+    }
+
+    /// The text of a counter's key, byte for byte envoyproxy/ratelimit's:
+    /// `CACHE_KEY_PREFIX` + domain + `_` + (`key_value_` per entry) + window start, then
+    /// `_` and the limit's suffix when it has one; a bucket's has no window start.
+    pub(super) fn write_key(
         &self,
         key: &mut String,
         domain: &str,
         descriptor: &Descriptor,
+        values: &Values<'_>,
         source: Source,
+        start: Option<u64>,
+    ) {
+        self.write_entries(key, domain, descriptor, values);
+        let suffix = match source {
+            Source::Node(id, which) => &*self.rules.node(id).limits[usize::from(which)].key_suffix,
+            Source::Override(_) => "",
+        };
+        if let Some(start) = start {
+            key.push_str(itoa::Buffer::new().format(start));
+            if !suffix.is_empty() {
+                key.push('_');
+            }
+        }
+        key.push_str(suffix);
+    }
+
+    /// The start of a counter's key: `CACHE_KEY_PREFIX` + domain + `_` + (`key_value_`
+    /// per entry, with the values of [`Engine::counter_parts`]).
+    pub(super) fn write_entries(
+        &self,
+        key: &mut String,
+        domain: &str,
+        descriptor: &Descriptor,
+        values: &Values<'_>,
     ) {
         key.push_str(&self.settings.cache_key_prefix);
         key.push_str(domain);
         key.push('_');
-        // Only a rule whose key depends on the levels it matched needs the domain's rules.
-        let per_level = match source {
-            Source::Node(id, _) if self.rules.node(id).per_level_cache_key => {
-                self.rules.domain(domain)
-            }
-            _ => None,
+        let mut push = |entry_key: &str, value: &str| {
+            key.push_str(entry_key);
+            key.push('_');
+            key.push_str(value);
+            key.push('_');
         };
-        match per_level {
-            Some(root) => {
-                self.rules
-                    .find(root, &descriptor.entries, |entry, node, kind| {
-                        let value = match (&node.value, kind) {
-                            (Some(pattern), MatchKind::Wildcard) if node.share_threshold => pattern,
-                            _ => entry.value.as_str(),
-                        };
-                        push_entry(key, &entry.key, value);
-                    });
+        match values {
+            Values::Listed(values) => {
+                for (entry, value) in descriptor.entries.iter().zip(values) {
+                    push(&entry.key, value);
+                }
             }
-            None => {
+            _ => {
                 for entry in &descriptor.entries {
-                    push_entry(key, &entry.key, &entry.value);
+                    push(&entry.key, &entry.value);
                 }
             }
         }
@@ -114,11 +169,13 @@ impl Engine {
     }
 }
 
-pub(super) fn push_entry(key: &mut String, entry_key: &str, value: &str) {
-    key.push_str(entry_key);
-    key.push('_');
-    key.push_str(value);
-    key.push('_');
+/// The value a counter's key holds for `entry`: a rule that shares its counter across a
+/// wildcard holds its pattern.
+fn shared_value<'a>(entry: &'a Entry, node: &'a Node, kind: MatchKind) -> &'a str {
+    match (&node.value, kind) {
+        (Some(pattern), MatchKind::Wildcard) if node.share_threshold => pattern,
+        _ => entry.value.as_str(),
+    }
 }
 
 pub(super) fn override_stats_key(domain: &str, descriptor: &Descriptor) -> String {

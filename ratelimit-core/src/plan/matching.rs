@@ -17,6 +17,8 @@ use crate::unit::Window;
 impl Engine {
     /// Matches `request`: what applies to each descriptor, and which counters it needs.
     /// A `dry` match (an explanation) counts no statistic and creates no statistic name.
+    /// Inlined, so that its plan is built where the caller keeps it, not copied there.
+    #[inline]
     pub(crate) fn match_request(&self, request: &Request, now_ms: u64, dry: bool) -> PlanBody {
         let root = self.rules.domain(&request.domain);
         if root.is_none() && !dry {
@@ -112,10 +114,12 @@ impl Engine {
     pub(crate) fn plan_body(&self, request: &Request, now_ms: u64, dry: bool) -> PlanBody {
         let mut body = self.match_request(request, now_ms, dry);
         let mut increments = Vec::with_capacity(body.items.len());
-        let mut key = String::new();
-        self.for_each_counter(&body, request, &mut key, |key, hits, span, _| {
+        self.for_each_counter(&body, request, |key, hits, span, _| {
+            let mut text = String::new();
+            key.write_text(&mut text);
             increments.push(Increment {
-                key: std::mem::take(key),
+                key: text,
+                id: key.to_id(),
                 hits,
                 op: span.op,
                 window: span.window,

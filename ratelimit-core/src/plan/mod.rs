@@ -22,6 +22,7 @@ use std::sync::Arc;
 
 use smallvec::SmallVec;
 
+use crate::counter_key::CounterId;
 use crate::counting::{CounterOp, Counting};
 use crate::engine::Engine;
 use crate::gcra::Bucket;
@@ -37,6 +38,8 @@ pub struct Increment {
     /// The cache key, byte for byte envoyproxy/ratelimit's:
     /// `CACHE_KEY_PREFIX` + domain + `_` + (`key_value_` per entry) + window start.
     pub key: String,
+    /// The same counter as the in-process stores key it.
+    pub(crate) id: CounterId,
     /// How much to add (0 only checks); a bucket's cost.
     pub hits: u64,
     /// What the store does with the counter.

@@ -5,6 +5,7 @@
 use std::sync::Arc;
 
 use super::{Increment, Item, Source};
+use crate::counter_key::{CounterId, limit_identity};
 use crate::counting::{CounterOp, Counting};
 use crate::engine::Engine;
 use crate::request::{Descriptor, Entry, Request};
@@ -94,20 +95,34 @@ impl Engine {
         // fixed window shares ShouldRateLimit's counter; another algorithm's window gets
         // a counter of its own.
         let start = window.start(now_ms / 1_000);
+        let descriptor = &request.descriptors[0];
+        let (identity, values) = self.counter_parts(domain, descriptor, limited.source);
         let mut key = String::new();
-        self.cache_key(&mut key, domain, &request.descriptors[0], limited.source);
-        key.push_str(itoa::Buffer::new().format(start));
-        match applied.counting {
-            Counting::FixedWindow(_) if !limit.key_suffix.is_empty() => {
-                key.push('_');
-                key.push_str(&limit.key_suffix);
+        let identity = match applied.counting {
+            Counting::FixedWindow(_) => {
+                self.write_key(
+                    &mut key,
+                    domain,
+                    descriptor,
+                    &values,
+                    limited.source,
+                    Some(start),
+                );
+                identity
             }
-            Counting::FixedWindow(_) => {}
-            _ => key.push_str("_rlqs"),
-        }
+            _ => {
+                self.write_entries(&mut key, domain, descriptor, &values);
+                key.push_str(itoa::Buffer::new().format(start));
+                key.push_str("_rlqs");
+                let keys = descriptor.entries.iter().map(|e| e.key.as_str());
+                limit_identity(&self.settings.cache_key_prefix, domain, keys, "rlqs")
+            }
+        };
+        let id = CounterId::new(identity, start, &values);
         let window_end = start + window.seconds();
         let counter = Increment {
             key,
+            id,
             hits: 0,
             op: CounterOp::Add,
             window,

@@ -32,9 +32,15 @@ pub struct Nearest {
 }
 
 impl Nearest {
+    /// Whether [`Nearest::observe`] would consider a counter at `count` of `limit`: at
+    /// least three quarters of it.
+    pub fn is_near(count: u64, limit: u32) -> bool {
+        count.saturating_mul(4) >= u64::from(limit).saturating_mul(3)
+    }
+
     /// Records a counter after a decision, if it is at least three quarters of `limit`.
     pub fn observe(&self, key: &str, count: u64, limit: u32, window_end: u64) {
-        if count.saturating_mul(4) < u64::from(limit).saturating_mul(3) {
+        if !Nearest::is_near(count, limit) {
             return;
         }
         let Ok(mut entries) = self.entries.try_lock() else {

@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use futures_util::future::BoxFuture;
 use ratelimit_core::stats::{Counter, StatsRegistry, names};
-use ratelimit_core::{CounterStore, Increment, MemoryStore, MemoryUsage, Plan};
+use ratelimit_core::{Increment, MemoryStore, MemoryUsage, Plan};
 
 use self::breaker::Breakers;
 use crate::settings::{BackendType, Settings};
@@ -142,12 +142,7 @@ impl Backend {
     /// returns the total.
     pub async fn add(&self, increment: &Increment) -> Result<u64, BackendError> {
         match self {
-            Backend::Memory(store) => Ok(store.increment(
-                &increment.key,
-                increment.hits,
-                increment.expires,
-                increment.now_ms / 1_000,
-            )),
+            Backend::Memory(store) => Ok(store.apply(increment)),
             Backend::Remote(remote) => {
                 let one = std::slice::from_ref(increment);
                 let totals = remote
