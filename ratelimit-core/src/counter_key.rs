@@ -9,12 +9,13 @@
 use std::cell::RefCell;
 use std::hash::{BuildHasher, Hasher};
 
-use crate::keymap::same;
-use crate::request::Entry;
 use foldhash::fast::FixedState;
 
-/// Ends each value in a hash and in a joined list: no UTF-8 string holds this byte, so no
-/// two lists of values join alike.
+use crate::keymap::same;
+use crate::request::Entry;
+
+/// Ends each value of a joined list, and each part of a limit's identity: no UTF-8 string
+/// holds this byte, so no two lists join alike.
 const SEPARATOR: u8 = 0xff;
 
 /// The fixed seed of limit identities: one limit keeps its identity across reloads.

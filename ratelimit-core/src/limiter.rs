@@ -286,9 +286,8 @@ where
         };
         if let Some(used) = used {
             let bound = u32::try_from(bound).unwrap_or(u32::MAX);
-            let nearest = engine.stats.nearest();
             if Nearest::is_near(used, bound) {
-                let end = span.start + span.window.seconds();
+                let (nearest, end) = (engine.stats.nearest(), span.start + span.window.seconds());
                 key.with_text(|text| nearest.observe(text, used, bound, end));
             }
         }
