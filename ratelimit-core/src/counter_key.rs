@@ -89,18 +89,23 @@ impl Values<'_> {
     }
 
     /// Whether `joined` holds the same values.
+    #[inline]
     pub fn matches(&self, joined: &[u8]) -> bool {
-        if let Values::Joined(own) = self {
-            return *own == joined;
-        }
         let mut rest = joined;
-        self.for_each(|value| match rest.get(value.len()) {
+        let mut next = |value: &[u8]| match rest.get(value.len()) {
             Some(&SEPARATOR) if same(&rest[..value.len()], value) => {
                 rest = &rest[value.len() + 1..];
                 true
             }
             _ => false,
-        }) && rest.is_empty()
+        };
+        let all = match self {
+            Values::Joined(own) => return *own == joined,
+            // The common form, without the closure of `for_each`.
+            Values::Of(entries) => entries.iter().all(|e| next(e.value.as_bytes())),
+            Values::Listed(values) => values.iter().all(|v| next(v.as_bytes())),
+        };
+        all && rest.is_empty()
     }
 }
 

@@ -2,8 +2,6 @@
 //! and how their totals become the hits that count against it. Matching, keys, plans,
 //! stores and the decision take a limit's [`Counting`] as it is.
 
-use smallvec::SmallVec;
-
 use crate::gcra::Bucket;
 use crate::unit::Window;
 
@@ -55,43 +53,49 @@ pub(crate) struct Assessed {
 impl Counting {
     /// The counters needed at `now_ms` (unix milliseconds), in the order their totals are
     /// passed to [`Counting::assess`].
-    pub fn counters(self, now_ms: u64) -> SmallVec<[Span; 2]> {
+    pub fn counters(self, now_ms: u64) -> impl Iterator<Item = Span> {
+        (0..self.counter_count()).map(move |at| self.span(at, now_ms))
+    }
+
+    /// Counter `at` of [`Counting::counters`].
+    #[inline]
+    fn span(self, at: usize, now_ms: u64) -> Span {
         let now = now_ms / 1_000;
         match self {
             Counting::FixedWindow(window) => {
                 let start = window.start(now);
-                smallvec::smallvec![Span {
+                Span {
                     window,
                     start,
                     op: CounterOp::Add,
                     expires: start + window.seconds(),
-                }]
+                }
             }
             Counting::SlidingWindow(window) => {
                 let start = window.start(now);
                 let length = window.seconds();
-                smallvec::smallvec![
-                    Span {
+                match at {
+                    0 => Span {
                         window,
                         start,
                         op: CounterOp::Add,
                         // Read again as the previous window during the next one.
                         expires: start + 2 * length,
                     },
-                    Span {
+                    _ => Span {
                         window,
                         start: start.saturating_sub(length),
                         op: CounterOp::Read,
                         expires: start + length,
                     },
-                ]
+                }
             }
-            Counting::TokenBucket(bucket, window) => smallvec::smallvec![Span {
+            Counting::TokenBucket(bucket, window) => Span {
                 window,
                 start: now,
                 op: CounterOp::Gcra(bucket),
                 expires: now + bucket.capacity_ms().div_ceil(1_000) + 1,
-            }],
+            },
         }
     }
 
@@ -194,7 +198,7 @@ mod tests {
     #[test]
     fn a_fixed_window_needs_the_counter_of_the_current_window() {
         let counting = Counting::FixedWindow(Window::of(Unit::Minute));
-        let spans = counting.counters(1_000_030_000);
+        let spans: Vec<Span> = counting.counters(1_000_030_000).collect();
         assert_eq!(spans.len(), counting.counter_count());
         assert_eq!((spans[0].start, spans[0].expires), (1_000_020, 1_000_080));
         let assessed = counting.assess(&[7], 1, 10, 1_000_030_000);
@@ -206,7 +210,7 @@ mod tests {
         let counting = Counting::SlidingWindow(Window::of(Unit::Minute));
         // 15 s into the window: 45 of 60 s of the previous window still count.
         let now_ms = 1_000_035_000;
-        let spans = counting.counters(now_ms);
+        let spans: Vec<Span> = counting.counters(now_ms).collect();
         assert_eq!(spans.len(), counting.counter_count());
         assert_eq!(spans[0].start, 1_000_020);
         assert_eq!((spans[1].start, spans[1].op), (999_960, CounterOp::Read));
@@ -229,7 +233,7 @@ mod tests {
         let bucket = Bucket::new(Window::of(Unit::Second), 2, 2);
         let counting = Counting::TokenBucket(bucket, Window::of(Unit::Second));
         assert_eq!(counting.bound(2), 2);
-        assert_eq!(counting.counters(5_000).len(), counting.counter_count());
+        assert_eq!(counting.counters(5_000).count(), counting.counter_count());
         let now_ms = 5_000;
         let assessed = counting.assess(&[now_ms + 1_000], 1, 2, now_ms);
         assert_eq!((assessed.after, assessed.reset), (2, 1));

@@ -8,7 +8,6 @@ use arc_swap::ArcSwapOption;
 use smallvec::SmallVec;
 
 use crate::config::Config;
-use crate::counting::CounterOp;
 use crate::engine::Engine;
 use crate::local_cache::OverLimitCache;
 use crate::plan::{Explanation, Plan, QuotaRule};
@@ -16,7 +15,7 @@ use crate::request::{Entry, Request, RequestBounds, RequestError};
 use crate::response::Response;
 use crate::rules::{RuleSet, RuleView};
 use crate::settings::Settings;
-use crate::stats::{Counter, Nearest, StatsRegistry, names};
+use crate::stats::{Counter, StatsRegistry, names};
 use crate::store::CounterStore;
 
 thread_local! {
@@ -255,6 +254,11 @@ fn decide<S>(engine: &Engine, request: &Request, store: &S, now_ms: u64, decider
 where
     S: CounterStore + ?Sized,
 {
+    if deciders == 1
+        && let Some(response) = engine.decide_direct(request, store, now_ms)
+    {
+        return response;
+    }
     let mut body = engine.match_request(request, now_ms, false);
     if deciders > 1 {
         body.share_among(deciders);
@@ -273,25 +277,7 @@ where
     engine.for_each_counter(&body, request, |key, hits, span, bound| {
         let included = increment.as_ref().is_none_or(|inc| inc[counts.len()]);
         let hits = if included { hits } else { 0 };
-        let (count, used) = match span.op {
-            CounterOp::Add => {
-                let count = store.increment(key, hits, span.expires, now);
-                (count, Some(count))
-            }
-            CounterOp::Read => (store.get(key, now), None),
-            CounterOp::Gcra(bucket) => {
-                let next = store.gcra(key, bucket, hits, now_ms);
-                (next, Some(bucket.used(next, now_ms)))
-            }
-        };
-        if let Some(used) = used {
-            let bound = u32::try_from(bound).unwrap_or(u32::MAX);
-            if Nearest::is_near(used, bound) {
-                let (nearest, end) = (engine.stats.nearest(), span.start + span.window.seconds());
-                key.with_text(|text| nearest.observe(text, used, bound, end));
-            }
-        }
-        counts.push(count);
+        counts.push(engine.count(store, key, hits, span, bound, now_ms));
     });
     body.decide(engine, &counts)
 }

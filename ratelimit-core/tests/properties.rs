@@ -190,3 +190,110 @@ proptest! {
         }
     }
 }
+
+/// Rules that a request is decided in one pass on (one plain limit per matched rule, of
+/// every algorithm, with shadow and quota modes, metadata and a whitelist), next to rules
+/// that send it through the plan (several `rate_limits`, `replaces`, a shared wildcard,
+/// `detailed_metric`).
+const ONE_PASS_AND_PLANNED: &str = "
+domain: o
+descriptors:
+  - key: user
+    metadata: {team: core}
+    rate_limit: {unit: minute, requests_per_unit: 5}
+  - key: route
+    value: /api
+    descriptors:
+      - key: user
+        quota_mode: true
+        rate_limit: {unit: second, requests_per_unit: 2}
+  - key: shadow
+    shadow_mode: true
+    rate_limit: {unit: minute, requests_per_unit: 1}
+  - key: slide
+    rate_limit: {unit: second, requests_per_unit: 3, algorithm: sliding_window}
+  - key: bucket
+    rate_limit: {unit: second, requests_per_unit: 2, algorithm: token_bucket, burst: 3}
+  - key: ten
+    rate_limit: {unit: second, unit_multiplier: 10, requests_per_unit: 4}
+  - key: free
+  - key: both
+    rate_limits:
+      - {name: burst, unit: second, requests_per_unit: 2}
+      - {name: daily, unit: day, requests_per_unit: 6}
+  - key: vip
+    rate_limit: {name: vip, unit: minute, requests_per_unit: 9, replaces: [{name: burst}]}
+  - key: path
+    value: /a/*
+    share_threshold: true
+    rate_limit: {unit: minute, requests_per_unit: 4}
+  - key: detail
+    detailed_metric: true
+    rate_limit: {unit: minute, requests_per_unit: 3}
+";
+
+/// One descriptor of [`ONE_PASS_AND_PLANNED`]'s domain, by `kind`, with a value from `value`.
+fn any_rule(kind: usize, value: u8) -> Descriptor {
+    let v = format!("v{value}");
+    let single = |key: &str| Descriptor::new([(key.to_owned(), v.clone())]);
+    match kind {
+        0 => single("user"),
+        1 => Descriptor::new([("route", "/api".to_owned()), ("user", v)]),
+        2 => single("shadow"),
+        3 => single("slide"),
+        4 => single("bucket"),
+        5 => single("ten"),
+        6 => single("free"),
+        7 => single("unmatched"),
+        8 => single("both"),
+        9 => single("vip"),
+        10 => Descriptor::new([("path", format!("/a/{v}"))]),
+        11 => single("detail"),
+        _ => single("user").with_limit(3, ratelimit_core::Unit::Minute),
+    }
+}
+
+proptest! {
+    /// Whatever the rules a request's descriptors match, with global shadow or quota mode
+    /// on or off: deciding in process (in one pass where the rules allow it) and through a
+    /// plan give the same answers, leave the same counters and count the same statistics.
+    #[test]
+    fn one_pass_and_planned_decisions_agree_with_their_statistics(
+        shadow in any::<bool>(),
+        quota in any::<bool>(),
+        calls in proptest::collection::vec(
+            (proptest::collection::vec((0usize..13, 0u8..3, proptest::option::of(0u64..4)), 1..4), 0u64..40_000),
+            1..80,
+        ),
+    ) {
+        let settings = Settings { shadow_mode: shadow, quota_mode: quota, ..Settings::default() };
+        let config = Config::from_yaml("o.yaml", ONE_PASS_AND_PLANNED).unwrap();
+        let (in_process, planned) = (Limiter::new(&config, settings.clone()), Limiter::new(&config, settings));
+        let (a, b) = (MemoryStore::default(), MemoryStore::default());
+        let mut calls = calls;
+        calls.sort_by_key(|c| c.1);
+        for (descriptors, t) in calls {
+            let now_ms = 1_000_000_000 + t;
+            let descriptors = descriptors
+                .into_iter()
+                .map(|(kind, value, hits)| {
+                    let descriptor = any_rule(kind, value);
+                    match hits {
+                        Some(hits) => descriptor.with_hits(hits),
+                        None => descriptor,
+                    }
+                })
+                .collect();
+            let request = Request::new("o", descriptors);
+            let expected = in_process.should_rate_limit_millis(&request, &a, now_ms).unwrap();
+            let plan = planned.plan_millis(&request, now_ms).unwrap();
+            let counts: Vec<u64> = plan.increments().iter().map(|i| b.apply(i)).collect();
+            let got = plan.decide(&counts);
+            prop_assert_eq!(&got, &expected, "{:?} at {}", request, now_ms);
+        }
+        prop_assert_eq!(
+            planned.stats().snapshot().counters(),
+            in_process.stats().snapshot().counters()
+        );
+    }
+}

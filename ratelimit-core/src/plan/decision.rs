@@ -155,28 +155,8 @@ impl PlanBody {
             statuses.push(status);
             quotas.push(is_quota);
         }
-        let (mut over_non_quota, mut quota, mut quota_over) = (false, 0usize, 0usize);
-        for (status, &is_quota) in statuses.iter().zip(&quotas) {
-            if is_quota {
-                quota += 1;
-                quota_over += usize::from(status.code == Code::OverLimit);
-            } else {
-                over_non_quota |= status.code == Code::OverLimit;
-            }
-        }
-        let mut overall = if over_non_quota || (quota > 0 && quota_over == quota) {
-            Code::OverLimit
-        } else {
-            Code::Ok
-        };
-        if overall == Code::OverLimit && engine.settings.shadow_mode {
-            if !self.dry {
-                engine.global_shadow.add(1);
-            }
-            overall = Code::Ok;
-        }
         Response {
-            overall_code: overall,
+            overall_code: overall_code(engine, &statuses, &quotas, self.dry),
             headers: RateLimitHeaders::for_statuses(&statuses),
             statuses,
             policies,
@@ -213,6 +193,34 @@ impl Engine {
             over: status.code == Code::OverLimit,
         }
     }
+}
+
+/// The request's code from its descriptors' statuses and whether each is in quota mode:
+/// over the limit when a descriptor not in quota mode is, or when every one in quota mode
+/// is; `Ok` in global shadow mode, which counts it unless `dry`.
+pub(super) fn overall_code(
+    engine: &Engine,
+    statuses: &[DescriptorStatus],
+    quotas: &[bool],
+    dry: bool,
+) -> Code {
+    let (mut over_non_quota, mut quota, mut quota_over) = (false, 0usize, 0usize);
+    for (status, &is_quota) in statuses.iter().zip(quotas) {
+        if is_quota {
+            quota += 1;
+            quota_over += usize::from(status.code == Code::OverLimit);
+        } else {
+            over_non_quota |= status.code == Code::OverLimit;
+        }
+    }
+    let over = over_non_quota || (quota > 0 && quota_over == quota);
+    if over && engine.settings.shadow_mode {
+        if !dry {
+            engine.global_shadow.add(1);
+        }
+        return Code::Ok;
+    }
+    if over { Code::OverLimit } else { Code::Ok }
 }
 
 /// Whether `candidate` rather than `current` reports a descriptor with several limits: an

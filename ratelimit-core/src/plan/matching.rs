@@ -7,6 +7,7 @@ use super::{Applied, Increment, Item, Limited, PlanBody, Source};
 use crate::config::Limit;
 use crate::engine::Engine;
 use crate::request::Request;
+use crate::rules::Node;
 use crate::stats::{RuleStats, names};
 
 /// Where an explanation's decision counts: nobody reads it.
@@ -230,32 +231,45 @@ impl Engine {
             Source::Node(id, which) => {
                 let node = self.rules.node(id);
                 let limit = &node.limits[usize::from(which)];
-                let Limit::Counted {
-                    window,
-                    requests_per_unit,
-                    ..
-                } = limit.limit
-                else {
-                    unreachable!("unlimited rules are never planned as limited")
+                let stats = match limited.dry {
+                    true => &DISCARDED,
+                    false => limited
+                        .stats
+                        .as_deref()
+                        .or(limit.stats.as_deref())
+                        .expect("counted limits have statistics"),
                 };
-                Applied {
-                    requests_per_unit,
-                    bound: limit.counting.bound(requests_per_unit),
-                    window,
-                    counting: limit.counting,
-                    name: limit.name.as_ref(),
-                    shadow: node.shadow_mode,
-                    quota: node.quota_mode || global_quota,
-                    stats: match limited.dry {
-                        true => &DISCARDED,
-                        false => limited
-                            .stats
-                            .as_deref()
-                            .or(limit.stats.as_deref())
-                            .expect("counted limits have statistics"),
-                    },
-                }
+                self.applied_node(node, which, stats)
             }
+        }
+    }
+
+    /// The limit `which` of `node`, counting in `stats`.
+    #[inline(always)]
+    pub(super) fn applied_node<'a>(
+        &'a self,
+        node: &'a Node,
+        which: u16,
+        stats: &'a RuleStats,
+    ) -> Applied<'a> {
+        let limit = &node.limits[usize::from(which)];
+        let Limit::Counted {
+            window,
+            requests_per_unit,
+            ..
+        } = limit.limit
+        else {
+            unreachable!("unlimited rules are never planned as limited")
+        };
+        Applied {
+            requests_per_unit,
+            bound: limit.counting.bound(requests_per_unit),
+            window,
+            counting: limit.counting,
+            name: limit.name.as_ref(),
+            shadow: node.shadow_mode,
+            quota: node.quota_mode || self.settings.quota_mode,
+            stats,
         }
     }
 }

@@ -10,6 +10,7 @@
 //! on are [`Engine`].
 
 mod decision;
+mod direct;
 mod explain;
 mod keys;
 mod matching;

@@ -1,0 +1,155 @@
+//! The in-process decision in one pass, for the requests most rules produce: each
+//! descriptor is matched by at most one plain limit, so each can be counted and answered
+//! as soon as it is matched, with no plan in between.
+//!
+//! Anything that needs the whole request before counting (a limit override, `replaces`,
+//! a descriptor with several `rate_limits`, an unlimited rule, a statistics or counter
+//! key that depends on the levels matched, STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT,
+//! reported policies, an unknown domain) goes through the plan instead, which decides it
+//! alike: the statuses, the statistics and the counters come from the same functions.
+
+use smallvec::SmallVec;
+
+use super::decision::{count_hits, overall_code};
+use crate::config::Limit;
+use crate::counter_key::{CounterKey, Values};
+use crate::counting::{CounterOp, Span};
+use crate::engine::Engine;
+use crate::request::Request;
+use crate::response::{DescriptorStatus, RateLimitHeaders, Response};
+use crate::rules::{Node, NodeId};
+use crate::stats::Nearest;
+use crate::store::CounterStore;
+
+impl Engine {
+    /// Decides `request` against `store` at `now_ms` in one pass, or `None`, having
+    /// counted nothing, when it needs the plan (see the module's documentation).
+    pub(crate) fn decide_direct<S>(
+        &self,
+        request: &Request,
+        store: &S,
+        now_ms: u64,
+    ) -> Option<Response>
+    where
+        S: CounterStore + ?Sized,
+    {
+        if self.settings.stop_cache_key_increment_when_overlimit || self.settings.report_policies {
+            return None;
+        }
+        let root = self.rules.domain(&request.domain)?;
+        let mut matched: SmallVec<[Option<NodeId>; 8]> = SmallVec::new();
+        for descriptor in &request.descriptors {
+            if descriptor.limit.is_some() {
+                return None;
+            }
+            let node = self.rules.find(root, &descriptor.entries, |_, _, _| {});
+            match node {
+                Some(id) if !self.rules.node(id).limits.is_empty() => {
+                    if !direct(self.rules.node(id)) {
+                        return None;
+                    }
+                    matched.push(Some(id));
+                }
+                _ => matched.push(None),
+            }
+        }
+
+        let default_addend = u64::from(request.hits_addend.max(1));
+        let ratio = self.settings.near_limit_ratio;
+        let mut statuses = Vec::with_capacity(matched.len());
+        let mut quotas: SmallVec<[bool; 8]> = SmallVec::new();
+        for (descriptor, id) in request.descriptors.iter().zip(matched) {
+            let Some(id) = id else {
+                statuses.push(DescriptorStatus::NO_LIMIT);
+                quotas.push(self.settings.quota_mode);
+                continue;
+            };
+            let node = self.rules.node(id);
+            let limit = &node.limits[0];
+            let stats = limit
+                .stats
+                .as_deref()
+                .expect("counted limits have statistics");
+            let applied = self.applied_node(node, 0, stats);
+            let addend = descriptor.hits_addend.unwrap_or(default_addend);
+            let mut totals = [0u64; 2];
+            for (at, span) in applied.counting.counters(now_ms).enumerate() {
+                let start = match span.op {
+                    CounterOp::Gcra(_) => None,
+                    _ => Some(span.start),
+                };
+                let values = Values::Of(&descriptor.entries);
+                let write = |out: &mut String| {
+                    let source = super::Source::Node(id, 0);
+                    self.write_key(out, &request.domain, descriptor, &values, source, start);
+                };
+                let key =
+                    CounterKey::new(limit.identity, start.unwrap_or(0), values.clone(), &write);
+                totals[at] = self.count(store, &key, addend, span, applied.bound, now_ms);
+            }
+            let totals = &totals[..applied.counting.counter_count()];
+            let assessed = applied
+                .counting
+                .assess(totals, addend, applied.bound, now_ms);
+            let mut status = count_hits(&applied, addend, assessed, ratio);
+            status.metadata.clone_from(&node.metadata);
+            statuses.push(status);
+            quotas.push(applied.quota);
+        }
+        Some(Response {
+            overall_code: overall_code(self, &statuses, &quotas, false),
+            headers: RateLimitHeaders::for_statuses(&statuses),
+            statuses,
+            policies: Vec::new(),
+        })
+    }
+
+    /// Runs the op of `span` with `hits` on the counter `key` in `store` and returns what
+    /// the store reports; a counter at three quarters of `bound` or more is offered to the
+    /// nearest-counters list.
+    pub(crate) fn count<S>(
+        &self,
+        store: &S,
+        key: &CounterKey<'_>,
+        hits: u64,
+        span: Span,
+        bound: u64,
+        now_ms: u64,
+    ) -> u64
+    where
+        S: CounterStore + ?Sized,
+    {
+        let now = now_ms / 1_000;
+        let (count, used) = match span.op {
+            CounterOp::Add => {
+                let count = store.increment(key, hits, span.expires, now);
+                (count, Some(count))
+            }
+            CounterOp::Read => (store.get(key, now), None),
+            CounterOp::Gcra(bucket) => {
+                let next = store.gcra(key, bucket, hits, now_ms);
+                (next, Some(bucket.used(next, now_ms)))
+            }
+        };
+        if let Some(used) = used {
+            let bound = u32::try_from(bound).unwrap_or(u32::MAX);
+            if Nearest::is_near(used, bound) {
+                let (nearest, end) = (self.stats.nearest(), span.start + span.window.seconds());
+                key.with_text(|text| nearest.observe(text, used, bound, end));
+            }
+        }
+        count
+    }
+}
+
+/// Whether a request matching `node` can be decided in one pass: one counted limit, which
+/// replaces nothing, with keys that do not depend on the levels matched.
+fn direct(node: &Node) -> bool {
+    let [limit] = &*node.limits else {
+        return false;
+    };
+    matches!(limit.limit, Limit::Counted { .. })
+        && limit.replaces.is_empty()
+        && !node.per_level_stats_key
+        && !node.per_level_cache_key
+}
