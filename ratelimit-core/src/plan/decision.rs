@@ -156,7 +156,7 @@ impl PlanBody {
             quotas.push(is_quota);
         }
         Response {
-            overall_code: overall_code(engine, &statuses, &quotas, self.dry),
+            overall_code: overall_code(engine, &statuses, quotas, self.dry),
             headers: RateLimitHeaders::for_statuses(&statuses),
             statuses,
             policies,
@@ -201,11 +201,11 @@ impl Engine {
 pub(super) fn overall_code(
     engine: &Engine,
     statuses: &[DescriptorStatus],
-    quotas: &[bool],
+    quotas: impl IntoIterator<Item = bool>,
     dry: bool,
 ) -> Code {
     let (mut over_non_quota, mut quota, mut quota_over) = (false, 0usize, 0usize);
-    for (status, &is_quota) in statuses.iter().zip(quotas) {
+    for (status, is_quota) in statuses.iter().zip(quotas) {
         if is_quota {
             quota += 1;
             quota_over += usize::from(status.code == Code::OverLimit);

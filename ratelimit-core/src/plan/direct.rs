@@ -8,8 +8,6 @@
 //! reported policies, an unknown domain) goes through the plan instead, which decides it
 //! alike: the statuses, the statistics and the counters come from the same functions.
 
-use smallvec::SmallVec;
-
 use super::decision::{count_hits, overall_code};
 use crate::config::Limit;
 use crate::counter_key::{CounterKey, Values};
@@ -20,6 +18,12 @@ use crate::response::{DescriptorStatus, RateLimitHeaders, Response};
 use crate::rules::{Node, NodeId};
 use crate::stats::Nearest;
 use crate::store::CounterStore;
+
+/// Requests with more descriptors than this go through the plan.
+const MAX_DESCRIPTORS: usize = 8;
+
+/// A descriptor that no limit applies to.
+const NO_LIMIT: NodeId = NodeId::MAX;
 
 impl Engine {
     /// Decides `request` against `store` at `now_ms` in one pass, or `None`, having
@@ -37,33 +41,36 @@ impl Engine {
             return None;
         }
         let root = self.rules.domain(&request.domain)?;
-        let mut matched: SmallVec<[Option<NodeId>; 8]> = SmallVec::new();
-        for descriptor in &request.descriptors {
+        let descriptors = request.descriptors.len();
+        if descriptors > MAX_DESCRIPTORS {
+            return None;
+        }
+        let mut matched = [NO_LIMIT; MAX_DESCRIPTORS];
+        for (node, descriptor) in matched.iter_mut().zip(&request.descriptors) {
             if descriptor.limit.is_some() {
                 return None;
             }
-            let node = self.rules.find(root, &descriptor.entries, |_, _, _| {});
-            match node {
-                Some(id) if !self.rules.node(id).limits.is_empty() => {
-                    if !direct(self.rules.node(id)) {
-                        return None;
-                    }
-                    matched.push(Some(id));
+            if let Some(id) = self.rules.find(root, &descriptor.entries, |_, _, _| {})
+                && !self.rules.node(id).limits.is_empty()
+            {
+                if !direct(self.rules.node(id)) {
+                    return None;
                 }
-                _ => matched.push(None),
+                *node = id;
             }
         }
 
         let default_addend = u64::from(request.hits_addend.max(1));
         let ratio = self.settings.near_limit_ratio;
-        let mut statuses = Vec::with_capacity(matched.len());
-        let mut quotas: SmallVec<[bool; 8]> = SmallVec::new();
-        for (descriptor, id) in request.descriptors.iter().zip(matched) {
-            let Some(id) = id else {
+        let mut statuses = Vec::with_capacity(descriptors);
+        let mut quotas = [false; MAX_DESCRIPTORS];
+        for ((descriptor, &id), quota) in request.descriptors.iter().zip(&matched).zip(&mut quotas)
+        {
+            if id == NO_LIMIT {
                 statuses.push(DescriptorStatus::NO_LIMIT);
-                quotas.push(self.settings.quota_mode);
+                *quota = self.settings.quota_mode;
                 continue;
-            };
+            }
             let node = self.rules.node(id);
             let limit = &node.limits[0];
             let stats = limit
@@ -94,10 +101,10 @@ impl Engine {
             let mut status = count_hits(&applied, addend, assessed, ratio);
             status.metadata.clone_from(&node.metadata);
             statuses.push(status);
-            quotas.push(applied.quota);
+            *quota = applied.quota;
         }
         Some(Response {
-            overall_code: overall_code(self, &statuses, &quotas, false),
+            overall_code: overall_code(self, &statuses, quotas, false),
             headers: RateLimitHeaders::for_statuses(&statuses),
             statuses,
             policies: Vec::new(),
