@@ -207,16 +207,16 @@ descriptors:
       - key: user
         quota_mode: true
         rate_limit: {unit: second, requests_per_unit: 2}
+  - key: slide
+    rate_limit: {unit: second, requests_per_unit: 3, algorithm: sliding_window}
+  - key: free
+  - key: bucket
+    rate_limit: {unit: second, requests_per_unit: 2, algorithm: token_bucket, burst: 3}
   - key: shadow
     shadow_mode: true
     rate_limit: {unit: minute, requests_per_unit: 1}
-  - key: slide
-    rate_limit: {unit: second, requests_per_unit: 3, algorithm: sliding_window}
-  - key: bucket
-    rate_limit: {unit: second, requests_per_unit: 2, algorithm: token_bucket, burst: 3}
   - key: ten
     rate_limit: {unit: second, unit_multiplier: 10, requests_per_unit: 4}
-  - key: free
   - key: both
     rate_limits:
       - {name: burst, unit: second, requests_per_unit: 2}

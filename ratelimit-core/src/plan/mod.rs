@@ -2,10 +2,12 @@
 //!
 //! Remote stores run a [`Plan`]'s increments in one round trip and hand the totals back
 //! to [`Plan::decide`]; the in-process [`crate::Limiter::should_rate_limit`] does the same
-//! against a [`crate::CounterStore`]. Matching, windows, replaces, shadow and quota modes
-//! and statistics all happen here, once, by concern: `matching` (which rule applies to
-//! each descriptor), `keys` (counter and statistic keys), `decision` (codes, counts and
-//! statistics from the totals) and `explain` (the same, dry). Which counters a limit
+//! against a [`crate::CounterStore`], in one pass (`direct`) when each descriptor matches
+//! at most one plain limit. Matching, windows, replaces, shadow and quota modes and
+//! statistics all happen here, once, by concern: `matching` (which rule applies to each
+//! descriptor), `keys` (counter and statistic keys), `decision` (codes, counts and
+//! statistics from the totals), `direct` (the one-pass order of the same steps) and
+//! `explain` (the same, dry). Which counters a limit
 //! needs, and what their totals mean, is its [`Counting`]. The compiled rules they work
 //! on are [`Engine`].
 
