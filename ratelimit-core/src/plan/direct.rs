@@ -10,12 +10,12 @@
 
 use super::decision::{count_hits, overall_code};
 use crate::config::Limit;
-use crate::counter_key::{CounterKey, Values};
+use crate::counter_key::CounterKey;
 use crate::counting::{CounterOp, Span};
 use crate::engine::Engine;
 use crate::request::Request;
 use crate::response::{DescriptorStatus, RateLimitHeaders, Response};
-use crate::rules::{Node, NodeId};
+use crate::rules::{Node, NodeId, NodeLimit};
 use crate::stats::Nearest;
 use crate::store::CounterStore;
 
@@ -50,13 +50,13 @@ impl Engine {
             if descriptor.limit.is_some() {
                 return None;
             }
-            if let Some(id) = self.rules.find(root, &descriptor.entries, |_, _, _| {})
-                && !self.rules.node(id).limits.is_empty()
-            {
-                if !direct(self.rules.node(id)) {
-                    return None;
-                }
-                *node = id;
+            let Some(id) = self.rules.find(root, &descriptor.entries, |_, _, _| {}) else {
+                continue;
+            };
+            match &*self.rules.node(id).limits {
+                [] => {}
+                [limit] if direct(self.rules.node(id), limit) => *node = id,
+                _ => return None,
             }
         }
 
@@ -79,22 +79,14 @@ impl Engine {
                 .expect("counted limits have statistics");
             let applied = self.applied_node(node, 0, stats);
             let addend = descriptor.hits_addend.unwrap_or(default_addend);
-            let mut totals = [0u64; 2];
-            for (at, span) in applied.counting.counters(now_ms).enumerate() {
-                let start = match span.op {
-                    CounterOp::Gcra(_) => None,
-                    _ => Some(span.start),
-                };
-                let values = Values::Of(&descriptor.entries);
-                let write = |out: &mut String| {
-                    let source = super::Source::Node(id, 0);
-                    self.write_key(out, &request.domain, descriptor, &values, source, start);
-                };
-                let key =
-                    CounterKey::new(limit.identity, start.unwrap_or(0), values.clone(), &write);
-                totals[at] = self.count(store, &key, addend, span, applied.bound, now_ms);
-            }
-            let totals = &totals[..applied.counting.counter_count()];
+            let (mut totals, mut counted) = ([0u64; 2], 0);
+            let source = super::Source::Node(id, 0);
+            let (domain, counting) = (&request.domain, applied.counting);
+            self.for_each_counter_of(domain, descriptor, source, counting, now_ms, |key, span| {
+                totals[counted] = self.count(store, key, addend, span, applied.bound, now_ms);
+                counted += 1;
+            });
+            let totals = &totals[..counted];
             let assessed = applied
                 .counting
                 .assess(totals, addend, applied.bound, now_ms);
@@ -149,12 +141,10 @@ impl Engine {
     }
 }
 
-/// Whether a request matching `node` can be decided in one pass: one counted limit, which
-/// replaces nothing, with keys that do not depend on the levels matched.
-fn direct(node: &Node) -> bool {
-    let [limit] = &*node.limits else {
-        return false;
-    };
+/// Whether a request matching `node`, whose one limit is `limit`, can be decided in one
+/// pass: the limit is counted, replaces nothing, and its keys do not depend on the levels
+/// matched.
+fn direct(node: &Node, limit: &NodeLimit) -> bool {
     matches!(limit.limit, Limit::Counted { .. })
         && limit.replaces.is_empty()
         && !node.per_level_stats_key

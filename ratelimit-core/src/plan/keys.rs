@@ -2,7 +2,7 @@
 
 use super::{Item, PlanBody, Source};
 use crate::counter_key::{CounterKey, Values, limit_identity};
-use crate::counting::{CounterOp, Span};
+use crate::counting::{CounterOp, Counting, Span};
 use crate::engine::Engine;
 use crate::request::{Descriptor, Entry, Request};
 use crate::rules::{Level, MatchKind, Node};
@@ -21,27 +21,44 @@ impl Engine {
             if let Item::Limited(limited) = item {
                 let descriptor = &request.descriptors[limited.descriptor];
                 let applied = self.applied(limited);
-                let (identity, values) =
-                    self.counter_parts(&request.domain, descriptor, limited.source);
-                for span in applied.counting.counters(body.now_ms) {
-                    // A bucket has no window: its key ends with the entries' `_`.
-                    let start = match span.op {
-                        CounterOp::Gcra(_) => None,
-                        _ => Some(span.start),
-                    };
-                    let write = |out: &mut String| {
-                        let (domain, source) = (&request.domain, limited.source);
-                        self.write_key(out, domain, descriptor, &values, source, start);
-                    };
-                    let key = CounterKey::new(identity, start.unwrap_or(0), values.clone(), &write);
-                    f(&key, limited.addend, span, applied.bound);
-                }
+                let (domain, source, now_ms) = (&request.domain, limited.source, body.now_ms);
+                self.for_each_counter_of(domain, descriptor, source, applied.counting, now_ms, {
+                    |key, span| f(key, limited.addend, span, applied.bound)
+                });
             }
+        }
+    }
+
+    /// Calls `f(counter, span)` for each counter that the limit of `source`, counting as
+    /// `counting`, needs for `descriptor` at `now_ms`, in counter order.
+    #[inline]
+    pub(super) fn for_each_counter_of(
+        &self,
+        domain: &str,
+        descriptor: &Descriptor,
+        source: Source,
+        counting: Counting,
+        now_ms: u64,
+        mut f: impl FnMut(&CounterKey<'_>, Span),
+    ) {
+        let (identity, values) = self.counter_parts(domain, descriptor, source);
+        for span in counting.counters(now_ms) {
+            // A bucket has no window: its key ends with the entries' `_`.
+            let start = match span.op {
+                CounterOp::Gcra(_) => None,
+                _ => Some(span.start),
+            };
+            let write = |out: &mut String| {
+                self.write_key(out, domain, descriptor, &values, source, start);
+            };
+            let key = CounterKey::new(identity, start.unwrap_or(0), values.clone(), &write);
+            f(&key, span);
         }
     }
 
     /// What identifies the counters of `source` for `descriptor`, besides their window:
     /// the limit's identity and the values it counts under.
+    #[inline]
     pub(super) fn counter_parts<'a>(
         &'a self,
         domain: &str,
