@@ -6,9 +6,10 @@ use std::sync::LazyLock;
 
 use futures_util::future::BoxFuture;
 use ratelimit_core::{CounterOp, Increment};
-use redis::{Pipeline, Script};
+use redis::Script;
 
 use super::nodes::Nodes;
+use super::resp::{Arg, Reply};
 use super::{Store, query, redis_error};
 use crate::backend::{BackendError, RemoteCounters};
 
@@ -29,7 +30,8 @@ end
 return next
 ";
 
-static GCRA: LazyLock<Script> = LazyLock::new(|| Script::new(GCRA_LUA));
+/// The script's SHA1, which `EVALSHA` names it by.
+static GCRA_SHA1: LazyLock<String> = LazyLock::new(|| Script::new(GCRA_LUA).get_hash().to_owned());
 
 /// One Redis deployment's counters.
 #[derive(Clone)]
@@ -45,45 +47,44 @@ impl std::fmt::Debug for RedisCounters {
     }
 }
 
+/// Writes one command.
+type Command<'c> = &'c mut dyn FnMut(&[Arg<'_>]);
+
 impl RedisCounters {
     async fn run(&self, items: &[&Increment]) -> Result<Vec<u64>, BackendError> {
-        let totals: Vec<redis::RedisResult<Option<i64>>> =
-            run_batched(self, items, |pipe, increment| {
-                self.add(pipe, increment, false)
-            })
-            .await?;
+        let totals = run_batched(self, items, |command, increment| {
+            self.add(command, increment, false);
+        })
+        .await?;
         let mut out = Vec::with_capacity(totals.len());
         let mut unloaded = Vec::new();
-        for (i, total) in totals.into_iter().enumerate() {
-            match total {
-                Err(error)
-                    if error.kind()
-                        == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) =>
-                {
-                    // The script did not run: it runs again below with its source.
-                    unloaded.push(i);
-                    out.push(0);
-                }
-                total => out.push(saturated_total(total)?),
+        for (i, total) in totals.iter().enumerate() {
+            if total.is_noscript() {
+                // The script did not run: it runs again below with its source.
+                unloaded.push(i);
+                out.push(0);
+            } else {
+                out.push(saturated_total(total)?);
             }
         }
         if !unloaded.is_empty() {
             let again: Vec<&Increment> = unloaded.iter().map(|&i| items[i]).collect();
-            let totals: Vec<redis::RedisResult<Option<i64>>> =
-                run_batched(self, &again, |pipe, increment| {
-                    self.add(pipe, increment, true)
-                })
-                .await?;
-            for (i, total) in unloaded.into_iter().zip(totals) {
+            let totals = run_batched(self, &again, |command, increment| {
+                self.add(command, increment, true);
+            })
+            .await?;
+            for (i, total) in unloaded.into_iter().zip(&totals) {
                 out[i] = saturated_total(total)?;
             }
         }
         Ok(out)
     }
 
-    /// The commands of one counter; `with_source` sends a bucket's script as `EVAL`
-    /// (after a `NOSCRIPT`, which also loads it for the next calls).
-    fn add(&self, pipe: &mut Pipeline, increment: &Increment, with_source: bool) {
+    /// The commands of one counter, the one whose reply is its total first; `with_source`
+    /// sends a bucket's script as `EVAL` (after a `NOSCRIPT`, which also loads it for the
+    /// next calls).
+    fn add(&self, command: Command<'_>, increment: &Increment, with_source: bool) {
+        let key = Arg::Text(&increment.key);
         match increment.op {
             CounterOp::Add => {
                 let jitter = if self.jitter_max > 0 {
@@ -91,40 +92,46 @@ impl RedisCounters {
                 } else {
                     0
                 };
-                pipe.cmd("INCRBY").arg(&increment.key).arg(increment.hits);
-                pipe.cmd("EXPIRE")
-                    .arg(&increment.key)
-                    .arg(increment.expiry_seconds(jitter))
-                    .ignore();
+                command(&[Arg::Text("INCRBY"), key, Arg::Int(increment.hits)]);
+                command(&[
+                    Arg::Text("EXPIRE"),
+                    key,
+                    Arg::Int(increment.expiry_seconds(jitter)),
+                ]);
             }
-            CounterOp::Read => {
-                pipe.cmd("GET").arg(&increment.key);
-            }
+            CounterOp::Read => command(&[Arg::Text("GET"), key]),
             CounterOp::Gcra(bucket) => {
-                if with_source {
-                    pipe.cmd("EVAL").arg(GCRA_LUA);
+                let script = if with_source {
+                    [Arg::Text("EVAL"), Arg::Text(GCRA_LUA)]
                 } else {
-                    pipe.cmd("EVALSHA").arg(GCRA.get_hash());
-                }
-                pipe.arg(1)
-                    .arg(&increment.key)
-                    .arg(increment.now_ms)
-                    .arg(bucket.interval_ms)
-                    .arg(bucket.capacity_ms())
-                    .arg(increment.hits);
+                    [Arg::Text("EVALSHA"), Arg::Text(&GCRA_SHA1)]
+                };
+                command(&[
+                    script[0],
+                    script[1],
+                    Arg::Int(1),
+                    key,
+                    Arg::Int(increment.now_ms),
+                    Arg::Int(bucket.interval_ms),
+                    Arg::Int(bucket.capacity_ms()),
+                    Arg::Int(increment.hits),
+                ]);
             }
         }
     }
 
     async fn get(&self, items: &[&Increment]) -> Result<Vec<u64>, BackendError> {
-        let values: Vec<redis::RedisResult<Option<u64>>> =
-            run_batched(self, items, |pipe, increment| {
-                pipe.cmd("GET").arg(&increment.key);
-            })
-            .await?;
+        let values = run_batched(self, items, |command, increment| {
+            command(&[Arg::Text("GET"), Arg::Text(&increment.key)]);
+        })
+        .await?;
         values
-            .into_iter()
-            .map(|value| value.map(Option::unwrap_or_default).map_err(redis_error))
+            .iter()
+            .map(|value| match value.number() {
+                Ok(number) => u64::try_from(number.unwrap_or(0))
+                    .map_err(|_| redis_error(format!("a negative counter: {number:?}"))),
+                Err(error) => Err(redis_error(error)),
+            })
             .collect()
     }
 }
@@ -146,9 +153,8 @@ impl RemoteCounters for RedisCounters {
 
     fn ping(&self) -> BoxFuture<'_, bool> {
         Box::pin(async move {
-            let mut pipe = redis::pipe();
-            pipe.cmd("PING");
-            query::<Vec<String>>(&self.store, &pipe).await.is_ok()
+            let replies = query(&self.store, |command| command(&[Arg::Text("PING")])).await;
+            matches!(replies.as_deref(), Ok([reply]) if !matches!(reply, Reply::Error(_)))
         })
     }
 }
@@ -157,10 +163,10 @@ impl RemoteCounters for RedisCounters {
 /// that far over any limit is decided as saturated, never as a backend failure (which
 /// Envoy's default `failure_mode_deny: false` would let through). A missing counter (a
 /// `GET` of a previous window nobody counted in) is 0.
-fn saturated_total(total: redis::RedisResult<Option<i64>>) -> Result<u64, BackendError> {
-    match total {
+fn saturated_total(total: &Reply) -> Result<u64, BackendError> {
+    match total.number() {
         Ok(total) => Ok(u64::try_from(total.unwrap_or(0)).unwrap_or(0)),
-        Err(error) if error.to_string().contains("would overflow") => Ok(u64::MAX),
+        Err(error) if error.contains("would overflow") => Ok(u64::MAX),
         Err(error) => Err(redis_error(error)),
     }
 }
@@ -169,52 +175,59 @@ fn saturated_total(total: redis::RedisResult<Option<i64>>) -> Result<u64, Backen
 /// one pipeline per counter, all at once, on a cluster, where a pipeline must stay within
 /// one hash slot. Each pipeline goes through the breaker of the node it is for, and runs
 /// to its end even when another fails, so that one node's failure does not count
-/// against the others. Results come back in `items` order.
-async fn run_batched<T: redis::FromRedisValue>(
+/// against the others. Each counter's first reply comes back, in `items` order.
+async fn run_batched(
     counters: &RedisCounters,
     items: &[&Increment],
-    mut add: impl FnMut(&mut Pipeline, &Increment),
-) -> Result<Vec<T>, BackendError> {
-    if items.is_empty() {
+    add: impl Fn(Command<'_>, &Increment),
+) -> Result<Vec<Reply>, BackendError> {
+    let Some(first) = items.first() else {
         return Ok(Vec::new());
-    }
+    };
     let store = &counters.store;
-    let mut pipes: Vec<Pipeline> = match store {
-        Store::Single(..) | Store::Sentinel(_) => {
-            let mut pipe = redis::pipe();
-            items.iter().for_each(|increment| add(&mut pipe, increment));
-            vec![pipe]
-        }
-        Store::Cluster(_) => items
-            .iter()
-            .map(|increment| {
-                let mut pipe = redis::pipe();
-                add(&mut pipe, increment);
-                pipe
+    if !matches!(store, Store::Cluster(_)) {
+        // A single node: its one breaker, one round trip.
+        let mut starts = Vec::with_capacity(items.len());
+        let write = |command: Command<'_>| {
+            let mut written = 0;
+            for item in items {
+                starts.push(written);
+                add(
+                    &mut |args: &[Arg<'_>]| {
+                        written += 1;
+                        command(args);
+                    },
+                    item,
+                );
+            }
+        };
+        let breaker = counters.nodes.breaker(&first.key);
+        let mut replies = breaker.call(query(store, write)).await?;
+        return starts
+            .into_iter()
+            .map(|at| {
+                replies
+                    .get_mut(at)
+                    .map(|reply| std::mem::replace(reply, Reply::Nil))
+                    .ok_or_else(|| redis_error("fewer replies than commands"))
             })
-            .collect(),
-    };
-    // Each command's error comes back in its place, so that one counter's error is told
-    // apart from a failed round trip.
-    pipes.iter_mut().for_each(|pipe| {
-        pipe.ignore_errors();
+            .collect();
+    }
+    let calls = items.iter().map(|item| {
+        let breaker = counters.nodes.breaker(&item.key);
+        let add = &add;
+        async move {
+            let replies = breaker
+                .call(query(store, |command| add(command, item)))
+                .await?;
+            replies
+                .into_iter()
+                .next()
+                .ok_or_else(|| redis_error("no reply"))
+        }
     });
-    // A pipeline's node is its first key's (every key of a cluster's pipeline is in one
-    // slot; a single Redis is one node).
-    let through_breaker = |pipe, key: &str| {
-        let breaker = counters.nodes.breaker(key);
-        async move { breaker.call(query::<Vec<T>>(store, pipe)).await }
-    };
-    if let [pipe] = pipes.as_slice() {
-        return through_breaker(pipe, &items[0].key).await;
-    }
-    let calls = pipes.iter().zip(items);
-    let results =
-        futures_util::future::join_all(calls.map(|(pipe, item)| through_breaker(pipe, &item.key)))
-            .await;
-    let mut out = Vec::with_capacity(items.len());
-    for result in results {
-        out.extend(result?);
-    }
-    Ok(out)
+    futures_util::future::join_all(calls)
+        .await
+        .into_iter()
+        .collect()
 }

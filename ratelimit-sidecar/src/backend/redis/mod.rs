@@ -1,6 +1,8 @@
 //! The Redis backend: a request's counters as one pipeline (`INCRBY` and `EXPIRE` for
 //! every counter, or `GET` for their current totals). Connections are multiplexed:
-//! concurrent requests share them and their commands are pipelined together.
+//! concurrent requests share them and their commands are pipelined together. A single
+//! Redis over TCP or a unix socket is spoken to by this module's own connection
+//! ([`pipelined`]); TLS, clusters and sentinels through the `redis` crate.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -12,25 +14,35 @@ use redis::cluster_async::ClusterConnection;
 use redis::sentinel::{SentinelClient, SentinelNodeConnectionInfo, SentinelServerType};
 use redis::{
     AsyncConnectionConfig, Client, ClientTlsConfig, ConnectionAddr, ConnectionInfo,
-    IntoConnectionInfo, Pipeline, RedisConnectionInfo, TlsCertificates,
+    IntoConnectionInfo, RedisConnectionInfo, TlsCertificates, Value,
 };
 
 mod counters;
 mod nodes;
+mod pipelined;
+mod resp;
 
 use counters::RedisCounters;
 use nodes::{Nodes, SlotOwners};
+use pipelined::Pipelined;
+use resp::{Arg, Reply};
 
 use super::breaker::Breakers;
 use super::{BackendError, PerWorkerStore, RemoteCounters};
 use crate::settings::{RedisSettings, RedisType, Settings};
 use crate::workers::{PerWorker, Pool};
 
+/// How many requests may wait on one of a single Redis's connections before the next
+/// connection of the pool takes new ones.
+const SPILL_AT: usize = 256;
+
 /// One Redis deployment.
 #[derive(Clone)]
 enum Store {
-    /// One server, through a few multiplexed connections used in turn.
-    Single(Arc<Vec<ConnectionManager>>, Arc<AtomicUsize>),
+    /// One server, through a few pipelined connections used in turn.
+    Single(Arc<Vec<Pipelined>>, Arc<AtomicUsize>),
+    /// One server over TLS, through a few multiplexed connections used in turn.
+    SingleTls(Arc<Vec<ConnectionManager>>, Arc<AtomicUsize>),
     /// A cluster; the client routes each key to its slot's node.
     Cluster(ClusterConnection),
     /// The master a set of sentinels names, found again after a failure.
@@ -200,7 +212,9 @@ async fn counters(
         Store::Cluster(connection) => Nodes::Cluster(
             SlotOwners::watch(connection.clone(), target.url, Arc::clone(breakers)).await,
         ),
-        Store::Single(..) | Store::Sentinel(_) => Nodes::One(breakers.node(target.url)),
+        Store::Single(..) | Store::SingleTls(..) | Store::Sentinel(_) => {
+            Nodes::One(breakers.node(target.url))
+        }
     };
     Ok(RedisCounters {
         store,
@@ -209,14 +223,41 @@ async fn counters(
     })
 }
 
-async fn query<T: redis::FromRedisValue>(
+/// Runs the commands `write` produces (each through the function it is given) as one
+/// pipeline; one reply per command, in order, errors in their place.
+async fn query(
     store: &Store,
-    pipe: &Pipeline,
-) -> Result<T, BackendError> {
-    let result = match store {
-        Store::Single(connections, next) => {
-            let i = next.fetch_add(1, Ordering::Relaxed) % connections.len();
-            let mut connection = connections[i].clone();
+    write: impl FnOnce(&mut dyn FnMut(&[Arg<'_>])),
+) -> Result<Vec<Reply>, BackendError> {
+    let in_turn = |next: &AtomicUsize, count: usize| next.fetch_add(1, Ordering::Relaxed) % count;
+    if let Store::Single(connections, next) = store {
+        // The first connection with room: concurrent requests share its writes, and the
+        // others take the overflow.
+        let connection = connections
+            .iter()
+            .find(|connection| connection.waiting() < SPILL_AT)
+            .unwrap_or_else(|| &connections[in_turn(next, connections.len())]);
+        return connection
+            .query(write)
+            .await
+            .map_err(BackendError::Unavailable);
+    }
+    let mut pipe = redis::pipe();
+    pipe.ignore_errors();
+    write(&mut |args| {
+        let mut command = redis::Cmd::new();
+        for arg in args {
+            match arg {
+                Arg::Text(text) => command.arg(*text),
+                Arg::Int(number) => command.arg(*number),
+            };
+        }
+        pipe.add_command(command);
+    });
+    let result: redis::RedisResult<Vec<Value>> = match store {
+        Store::Single(..) => unreachable!("answered above"),
+        Store::SingleTls(connections, next) => {
+            let mut connection = connections[in_turn(next, connections.len())].clone();
             pipe.query_async(&mut connection).await
         }
         Store::Cluster(connection) => pipe.query_async(&mut connection.clone()).await,
@@ -231,10 +272,12 @@ async fn query<T: redis::FromRedisValue>(
             result
         }
     };
-    result.map_err(redis_error)
+    result
+        .map(|values| values.into_iter().map(Reply::from_value).collect())
+        .map_err(redis_error)
 }
 
-fn redis_error(error: redis::RedisError) -> BackendError {
+fn redis_error(error: impl std::fmt::Display) -> BackendError {
     BackendError::Unavailable(format!("redis error: {error}"))
 }
 
@@ -285,6 +328,7 @@ async fn open(target: &Target<'_>) -> Result<Store, BackendError> {
             target.kind
         )));
     }
+    let pool_size = target.pool_size.max(1);
     match target.kind {
         RedisType::Cluster => {
             let nodes = target
@@ -304,6 +348,30 @@ async fn open(target: &Target<'_>) -> Result<Store, BackendError> {
             let client = builder.build().map_err(redis_error)?;
             Ok(Store::Cluster(
                 client.get_async_connection().await.map_err(redis_error)?,
+            ))
+        }
+        RedisType::Single if target.tls.is_none() => {
+            let address = match address(target.socket_type, target.url)?.addr() {
+                ConnectionAddr::Unix(path) => pipelined::Address::Unix(path.clone()),
+                ConnectionAddr::Tcp(host, port) => pipelined::Address::Tcp(host.clone(), *port),
+                other => unreachable!("address() gives tcp or unix, not {other:?}"),
+            };
+            let target = pipelined::Target {
+                address,
+                user: credentials.0,
+                password: credentials.1,
+                connect_timeout: target.timeout,
+            };
+            let mut connections = Vec::with_capacity(pool_size);
+            for _ in 0..pool_size {
+                let connection = Pipelined::connect(target.clone())
+                    .await
+                    .map_err(BackendError::Unavailable)?;
+                connections.push(connection);
+            }
+            Ok(Store::Single(
+                Arc::new(connections),
+                Arc::new(AtomicUsize::new(0)),
             ))
         }
         RedisType::Single => {
@@ -327,7 +395,7 @@ async fn open(target: &Target<'_>) -> Result<Store, BackendError> {
                     .map_err(redis_error)?;
                 connections.push(connection);
             }
-            Ok(Store::Single(
+            Ok(Store::SingleTls(
                 Arc::new(connections),
                 Arc::new(AtomicUsize::new(0)),
             ))

@@ -1,0 +1,389 @@
+//! One connection to a single Redis (TCP or unix socket), shared by a worker's requests.
+//!
+//! A request appends its commands to the connection's one write buffer and waits for its
+//! replies, which come back in the order the commands went out. The connection's task
+//! writes whatever has gathered in one `write` and reads every reply that has arrived in
+//! one `read`, so requests decided in the same turn of the worker's runtime share a round
+//! trip. Commands are encoded straight into that buffer: no per-command objects.
+//!
+//! When the connection breaks, every request waiting on it fails at once, requests fail
+//! fast until the next attempt to connect (at most one every [`RECONNECT_EVERY`]), and
+//! the first request after that waits for the attempt. Waiting requests are bounded by
+//! [`MAX_WAITING`]; the callers' own deadline (`REDIS_TIMEOUT`) bounds the wait.
+
+use std::collections::VecDeque;
+use std::io;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use bytes::{Buf, BytesMut};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::net::{TcpStream, UnixStream};
+use tokio::sync::{Notify, oneshot};
+
+use super::resp::{self, Arg, Reply};
+
+/// The most requests that may wait on one connection.
+pub const MAX_WAITING: usize = 65_536;
+/// How soon a broken connection is tried again.
+pub const RECONNECT_EVERY: Duration = Duration::from_millis(100);
+
+/// Where the server is, and how to log in.
+#[derive(Debug, Clone)]
+pub struct Target {
+    pub address: Address,
+    pub user: Option<String>,
+    pub password: Option<String>,
+    pub connect_timeout: Duration,
+}
+
+#[derive(Debug, Clone)]
+pub enum Address {
+    Tcp(String, u16),
+    Unix(std::path::PathBuf),
+}
+
+/// A shared, pipelined connection. Its task ends when the last clone is dropped.
+#[derive(Clone)]
+pub struct Pipelined {
+    handle: Arc<Handle>,
+}
+
+/// Tells the connection's task that nobody holds the connection any more.
+struct Handle(Arc<Shared>);
+
+impl Drop for Handle {
+    fn drop(&mut self) {
+        self.0.lock().closed = true;
+        self.0.work.notify_one();
+    }
+}
+
+impl std::fmt::Debug for Pipelined {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Pipelined")
+            .field("target", &self.handle.0.target)
+            .finish_non_exhaustive()
+    }
+}
+
+struct Shared {
+    target: Target,
+    state: Mutex<State>,
+    /// Wakes the connection's task: commands to write, an attempt to connect is due, or
+    /// the connection is no longer held.
+    work: Notify,
+}
+
+struct State {
+    out: Vec<u8>,
+    waiting: VecDeque<Waiter>,
+    link: Link,
+    closed: bool,
+}
+
+enum Link {
+    Up,
+    /// Connecting; requests queue for the attempt.
+    Connecting,
+    /// Broken since `at`, with the error; requests fail until the next attempt.
+    Down {
+        at: Instant,
+        error: String,
+    },
+}
+
+struct Waiter {
+    replies: usize,
+    got: Vec<Reply>,
+    answer: oneshot::Sender<Result<Vec<Reply>, String>>,
+}
+
+type Answer = Result<Vec<Reply>, String>;
+
+impl Pipelined {
+    /// Connects (an error if the server cannot be reached or refuses the login) and
+    /// starts the connection's task on the current runtime.
+    pub async fn connect(target: Target) -> Result<Pipelined, String> {
+        let connection = open(&target).await?;
+        let shared = Arc::new(Shared {
+            target,
+            state: Mutex::new(State {
+                out: Vec::with_capacity(16 * 1024),
+                waiting: VecDeque::new(),
+                link: Link::Up,
+                closed: false,
+            }),
+            work: Notify::new(),
+        });
+        tokio::spawn(supervise(Arc::clone(&shared), connection));
+        Ok(Pipelined {
+            handle: Arc::new(Handle(shared)),
+        })
+    }
+
+    /// How many requests wait for replies on this connection.
+    pub fn waiting(&self) -> usize {
+        self.handle.0.lock().waiting.len()
+    }
+
+    /// Sends the commands `write` encodes (each through the function it is given) and
+    /// returns their replies, in order.
+    pub async fn query(&self, write: impl FnOnce(&mut dyn FnMut(&[Arg<'_>]))) -> Answer {
+        let shared = &self.handle.0;
+        let (answer, replies) = oneshot::channel();
+        {
+            let mut state = shared.lock();
+            match &state.link {
+                Link::Up | Link::Connecting => {}
+                Link::Down { at, .. } if at.elapsed() >= RECONNECT_EVERY => {
+                    state.link = Link::Connecting;
+                }
+                Link::Down { error, .. } => return Err(error.clone()),
+            }
+            if state.waiting.len() >= MAX_WAITING {
+                return Err(format!(
+                    "redis connection: {MAX_WAITING} requests are already waiting on it"
+                ));
+            }
+            let mut count = 0;
+            let out = &mut state.out;
+            write(&mut |args| {
+                resp::encode(out, args);
+                count += 1;
+            });
+            if count == 0 {
+                return Ok(Vec::new());
+            }
+            state.waiting.push_back(Waiter {
+                replies: count,
+                got: Vec::with_capacity(count),
+                answer,
+            });
+        }
+        shared.work.notify_one();
+        replies
+            .await
+            .unwrap_or_else(|_| Err("redis connection: closed".into()))
+    }
+}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Fails every waiting request and marks the link down.
+    fn broken(&self, error: &str) {
+        let error = format!("redis connection: {error}");
+        let waiting = {
+            let mut state = self.lock();
+            state.out.clear();
+            state.link = Link::Down {
+                at: Instant::now(),
+                error: error.clone(),
+            };
+            std::mem::take(&mut state.waiting)
+        };
+        for waiter in waiting {
+            let _ = waiter.answer.send(Err(error.clone()));
+        }
+    }
+
+    /// Hands complete replies to their requests, in order.
+    fn deliver(&self, replies: Vec<Reply>) -> Result<(), String> {
+        let mut done = Vec::new();
+        {
+            let mut state = self.lock();
+            for reply in replies {
+                let waiter = state.waiting.front_mut().ok_or("a reply to no command")?;
+                waiter.got.push(reply);
+                if waiter.got.len() == waiter.replies {
+                    done.extend(state.waiting.pop_front());
+                }
+            }
+        }
+        for waiter in done {
+            let _ = waiter.answer.send(Ok(waiter.got));
+        }
+        Ok(())
+    }
+}
+
+/// Runs the connection; after a break, connects again when a request asks; ends when
+/// nobody holds the connection.
+async fn supervise(shared: Arc<Shared>, first: Connection) {
+    let mut connection = first;
+    loop {
+        let Some(error) = drive(&shared, connection).await else {
+            return;
+        };
+        tracing::warn!(%error, address = ?shared.target.address, "redis connection broken");
+        shared.broken(&error);
+        connection = loop {
+            let notified = shared.work.notified();
+            let (closed, due) = {
+                let state = shared.lock();
+                (state.closed, matches!(state.link, Link::Connecting))
+            };
+            if closed {
+                return;
+            }
+            if !due {
+                notified.await;
+                continue;
+            }
+            match open(&shared.target).await {
+                Ok(connection) => {
+                    shared.lock().link = Link::Up;
+                    break connection;
+                }
+                Err(error) => shared.broken(&error),
+            }
+        };
+    }
+}
+
+/// Writes what requests add and reads their replies until the connection breaks (the
+/// error) or is no longer held (`None`).
+async fn drive(shared: &Shared, connection: Connection) -> Option<String> {
+    let (mut reader, mut writer) = connection.split();
+    let write = async {
+        let mut buffer = Vec::with_capacity(16 * 1024);
+        loop {
+            let notified = shared.work.notified();
+            {
+                let mut state = shared.lock();
+                if state.closed {
+                    return None;
+                }
+                std::mem::swap(&mut state.out, &mut buffer);
+            }
+            if buffer.is_empty() {
+                notified.await;
+                continue;
+            }
+            if let Err(error) = writer.write_all(&buffer).await {
+                return Some(error.to_string());
+            }
+            buffer.clear();
+        }
+    };
+    let read = async {
+        let mut input = BytesMut::with_capacity(16 * 1024);
+        loop {
+            match reader.read_buf(&mut input).await {
+                Ok(0) => return Some("the server closed the connection".to_owned()),
+                Ok(_) => {}
+                Err(error) => return Some(error.to_string()),
+            }
+            let mut replies = Vec::new();
+            let mut at = 0;
+            loop {
+                match resp::parse(&input[at..]) {
+                    Ok(Some((reply, used))) => {
+                        replies.push(reply);
+                        at += used;
+                    }
+                    Ok(None) => break,
+                    Err(error) => return Some(format!("not a Redis reply: {error}")),
+                }
+            }
+            input.advance(at);
+            if let Err(error) = shared.deliver(replies) {
+                return Some(error.to_owned());
+            }
+        }
+    };
+    tokio::select! {
+        ended = write => ended,
+        ended = read => ended,
+    }
+}
+
+/// A connected socket.
+enum Connection {
+    Tcp(TcpStream),
+    Unix(UnixStream),
+}
+
+type Halves = (
+    Box<dyn AsyncRead + Send + Unpin>,
+    Box<dyn AsyncWrite + Send + Unpin>,
+);
+
+impl Connection {
+    fn split(self) -> Halves {
+        match self {
+            Connection::Tcp(stream) => {
+                let (read, write) = stream.into_split();
+                (Box::new(read), Box::new(write))
+            }
+            Connection::Unix(stream) => {
+                let (read, write) = stream.into_split();
+                (Box::new(read), Box::new(write))
+            }
+        }
+    }
+}
+
+/// Connects and logs in (`AUTH`), within the target's connect timeout.
+async fn open(target: &Target) -> Result<Connection, String> {
+    let attempt = async {
+        let mut connection = match &target.address {
+            Address::Tcp(host, port) => {
+                let stream = TcpStream::connect((host.as_str(), *port)).await?;
+                stream.set_nodelay(true)?;
+                Connection::Tcp(stream)
+            }
+            Address::Unix(path) => Connection::Unix(UnixStream::connect(path).await?),
+        };
+        if let Some(password) = &target.password {
+            let user = target.user.as_deref();
+            match &mut connection {
+                Connection::Tcp(stream) => login(stream, user, password).await?,
+                Connection::Unix(stream) => login(stream, user, password).await?,
+            }
+        }
+        Ok::<_, io::Error>(connection)
+    };
+    match tokio::time::timeout(target.connect_timeout, attempt).await {
+        Ok(connected) => connected.map_err(|error| format!("{:?}: {error}", target.address)),
+        Err(_) => Err(format!(
+            "{:?}: no connection within {:?}",
+            target.address, target.connect_timeout
+        )),
+    }
+}
+
+/// `AUTH [user] password`, and its answer.
+async fn login<S: AsyncRead + AsyncWrite + Unpin>(
+    stream: &mut S,
+    user: Option<&str>,
+    password: &str,
+) -> io::Result<()> {
+    let mut command = Vec::new();
+    match user {
+        Some(user) => resp::encode(
+            &mut command,
+            &[Arg::Text("AUTH"), Arg::Text(user), Arg::Text(password)],
+        ),
+        None => resp::encode(&mut command, &[Arg::Text("AUTH"), Arg::Text(password)]),
+    }
+    stream.write_all(&command).await?;
+    let mut input = BytesMut::with_capacity(512);
+    let reply = loop {
+        if stream.read_buf(&mut input).await? == 0 {
+            return Err(io::Error::other("the server closed the connection"));
+        }
+        if let Some((reply, _)) = resp::parse(&input).map_err(io::Error::other)? {
+            break reply;
+        }
+    };
+    match reply {
+        Reply::Error(error) => Err(io::Error::other(format!("AUTH refused: {error}"))),
+        _ => Ok(()),
+    }
+}

@@ -1,0 +1,249 @@
+//! The part of RESP, the Redis protocol, that the counters speak: commands as arrays of
+//! bulk strings, and the replies they get (integers, strings, nil, errors, arrays).
+//! Replies are bounded: a server that sends more than [`MAX_BULK`] bytes in one string,
+//! more than [`MAX_ARRAY`] elements or nesting deeper than [`MAX_DEPTH`] is not one the
+//! counters talk to, and the connection is dropped.
+
+use redis::Value;
+
+/// The longest string a reply may carry (counters are numbers; scripts return numbers).
+pub const MAX_BULK: usize = 1 << 20;
+/// The most elements an array reply may have.
+pub const MAX_ARRAY: usize = 4096;
+/// The deepest an array reply may nest.
+pub const MAX_DEPTH: usize = 4;
+/// The longest header line (type byte, length or integer or simple string).
+const MAX_LINE: usize = 64 * 1024;
+
+/// One argument of a command.
+#[derive(Debug, Clone, Copy)]
+pub enum Arg<'a> {
+    Text(&'a str),
+    Int(u64),
+}
+
+/// One reply.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Reply {
+    Int(i64),
+    /// A bulk or simple string.
+    Text(Vec<u8>),
+    Nil,
+    /// An error reply (`-ERR ...`), message without the dash.
+    Error(String),
+    Array(Vec<Reply>),
+}
+
+impl Reply {
+    /// The reply as a number: an integer, a string of digits (`GET`) or nil (a counter
+    /// that does not exist). An error reply or anything else is the error's text.
+    pub fn number(&self) -> Result<Option<i64>, String> {
+        match self {
+            Reply::Int(n) => Ok(Some(*n)),
+            Reply::Nil => Ok(None),
+            Reply::Text(text) => std::str::from_utf8(text)
+                .ok()
+                .and_then(|text| text.parse().ok())
+                .map(Some)
+                .ok_or_else(|| format!("not a number: {:?}", String::from_utf8_lossy(text))),
+            Reply::Error(message) => Err(message.clone()),
+            Reply::Array(_) => Err("an array where a number was expected".into()),
+        }
+    }
+
+    /// Whether this is a `NOSCRIPT` error: the script is not loaded on that server.
+    pub fn is_noscript(&self) -> bool {
+        matches!(self, Reply::Error(message) if message.starts_with("NOSCRIPT"))
+    }
+
+    /// The reply the `redis` crate's connections (cluster, sentinel, TLS) gave.
+    pub fn from_value(value: Value) -> Reply {
+        match value {
+            Value::Int(n) => Reply::Int(n),
+            Value::BulkString(bytes) => Reply::Text(bytes),
+            Value::SimpleString(text) => Reply::Text(text.into_bytes()),
+            Value::Okay => Reply::Text(b"OK".to_vec()),
+            Value::Nil => Reply::Nil,
+            Value::ServerError(error) => Reply::Error(
+                [error.code(), error.details().unwrap_or_default()]
+                    .join(" ")
+                    .trim_end()
+                    .to_owned(),
+            ),
+            Value::Array(items) | Value::Set(items) => {
+                Reply::Array(items.into_iter().map(Reply::from_value).collect())
+            }
+            other => Reply::Error(format!("unexpected reply {other:?}")),
+        }
+    }
+}
+
+/// Appends one command to `out`.
+pub fn encode(out: &mut Vec<u8>, args: &[Arg<'_>]) {
+    let mut number = itoa::Buffer::new();
+    out.push(b'*');
+    out.extend_from_slice(number.format(args.len()).as_bytes());
+    out.extend_from_slice(b"\r\n");
+    for arg in args {
+        let bytes = match arg {
+            Arg::Text(text) => text.as_bytes(),
+            Arg::Int(n) => number.format(*n).as_bytes(),
+        };
+        let mut length = itoa::Buffer::new();
+        out.push(b'$');
+        out.extend_from_slice(length.format(bytes.len()).as_bytes());
+        out.extend_from_slice(b"\r\n");
+        out.extend_from_slice(bytes);
+        out.extend_from_slice(b"\r\n");
+    }
+}
+
+/// Parses one reply from the start of `input`: the reply and the bytes it took, `None`
+/// when `input` does not hold a whole reply yet, or an error for bytes that are not RESP
+/// (or exceed the bounds).
+pub fn parse(input: &[u8]) -> Result<Option<(Reply, usize)>, String> {
+    parse_at(input, 0)
+}
+
+fn parse_at(input: &[u8], depth: usize) -> Result<Option<(Reply, usize)>, String> {
+    let Some(end) = line_end(input)? else {
+        return Ok(None);
+    };
+    let line = &input[1..end];
+    let after = end + 2;
+    let reply = match input[0] {
+        b':' => Reply::Int(integer(line)?),
+        b'+' => Reply::Text(line.to_vec()),
+        b'-' => Reply::Error(String::from_utf8_lossy(line).into_owned()),
+        b'$' => match integer(line)? {
+            -1 => Reply::Nil,
+            length => {
+                let length = usize::try_from(length)
+                    .ok()
+                    .filter(|&l| l <= MAX_BULK)
+                    .ok_or_else(|| format!("a string of {length} bytes"))?;
+                let Some(body) = input.get(after..after + length + 2) else {
+                    return Ok(None);
+                };
+                if &body[length..] != b"\r\n" {
+                    return Err("a string not ended by CRLF".into());
+                }
+                return Ok(Some((
+                    Reply::Text(body[..length].to_vec()),
+                    after + length + 2,
+                )));
+            }
+        },
+        b'*' => match integer(line)? {
+            -1 => Reply::Nil,
+            count => {
+                let count = usize::try_from(count)
+                    .ok()
+                    .filter(|&c| c <= MAX_ARRAY)
+                    .ok_or_else(|| format!("an array of {count} elements"))?;
+                if depth >= MAX_DEPTH {
+                    return Err("arrays nested too deep".into());
+                }
+                let mut items = Vec::with_capacity(count);
+                let mut at = after;
+                for _ in 0..count {
+                    let Some((item, used)) = parse_at(&input[at..], depth + 1)? else {
+                        return Ok(None);
+                    };
+                    items.push(item);
+                    at += used;
+                }
+                return Ok(Some((Reply::Array(items), at)));
+            }
+        },
+        other => return Err(format!("a reply of unknown type {:?}", char::from(other))),
+    };
+    Ok(Some((reply, after)))
+}
+
+/// Where the first line's CR is, once its CRLF has arrived.
+fn line_end(input: &[u8]) -> Result<Option<usize>, String> {
+    let window = &input[..input.len().min(MAX_LINE)];
+    match window.windows(2).position(|pair| pair == b"\r\n") {
+        Some(0) => Err("an empty reply line".into()),
+        Some(end) => Ok(Some(end)),
+        None if input.len() >= MAX_LINE => Err("a reply line too long".into()),
+        None => Ok(None),
+    }
+}
+
+fn integer(line: &[u8]) -> Result<i64, String> {
+    std::str::from_utf8(line)
+        .ok()
+        .and_then(|text| text.parse().ok())
+        .ok_or_else(|| format!("not an integer: {:?}", String::from_utf8_lossy(line)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn commands_are_arrays_of_bulk_strings() {
+        let mut out = Vec::new();
+        encode(
+            &mut out,
+            &[Arg::Text("INCRBY"), Arg::Text("k_1"), Arg::Int(12)],
+        );
+        encode(&mut out, &[Arg::Text("GET"), Arg::Text("")]);
+        assert_eq!(
+            out,
+            b"*3\r\n$6\r\nINCRBY\r\n$3\r\nk_1\r\n$2\r\n12\r\n*2\r\n$3\r\nGET\r\n$0\r\n\r\n"
+        );
+    }
+
+    #[test]
+    fn replies_parse_whole_or_wait_for_more() {
+        let input =
+            b":42\r\n$2\r\n17\r\n$-1\r\n-NOSCRIPT No matching script\r\n*2\r\n+OK\r\n:-3\r\n";
+        let mut at = 0;
+        let mut replies = Vec::new();
+        while let Some((reply, used)) = parse(&input[at..]).unwrap() {
+            replies.push(reply);
+            at += used;
+        }
+        assert_eq!(at, input.len());
+        assert_eq!(
+            replies,
+            [
+                Reply::Int(42),
+                Reply::Text(b"17".to_vec()),
+                Reply::Nil,
+                Reply::Error("NOSCRIPT No matching script".into()),
+                Reply::Array(vec![Reply::Text(b"OK".to_vec()), Reply::Int(-3)]),
+            ]
+        );
+        assert!(replies[3].is_noscript());
+        assert_eq!(replies[1].number(), Ok(Some(17)));
+        assert_eq!(replies[2].number(), Ok(None));
+        // Every proper prefix is incomplete, never an error.
+        for cut in 0..input.len() {
+            let mut at = 0;
+            while let Some((_, used)) = parse(&input[at..cut]).unwrap() {
+                at += used;
+            }
+        }
+    }
+
+    #[test]
+    fn what_is_not_resp_or_too_big_is_an_error() {
+        for bad in [
+            &b"?1\r\n"[..],
+            b":x\r\n",
+            b"$3\r\nabcd\r\n",
+            b"$99999999999\r\n",
+            b"*99999999\r\n",
+            b"*1\r\n*1\r\n*1\r\n*1\r\n*1\r\n:1\r\n",
+            b"\r\n",
+        ] {
+            assert!(parse(bad).is_err(), "{:?}", String::from_utf8_lossy(bad));
+        }
+        assert!(parse(&vec![b'+'; MAX_LINE]).is_err());
+        assert_eq!(parse(&vec![b'+'; MAX_LINE - 1]), Ok(None));
+    }
+}
