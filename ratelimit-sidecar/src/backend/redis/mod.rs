@@ -229,14 +229,15 @@ async fn query(
     store: &Store,
     write: impl FnOnce(&mut dyn FnMut(&[Arg<'_>])),
 ) -> Result<Vec<Reply>, BackendError> {
-    let in_turn = |next: &AtomicUsize, count: usize| next.fetch_add(1, Ordering::Relaxed) % count;
     if let Store::Single(connections, next) = store {
         // The first connection with room: concurrent requests share its writes, and the
         // others take the overflow.
         let connection = connections
             .iter()
             .find(|connection| connection.waiting() < SPILL_AT)
-            .unwrap_or_else(|| &connections[in_turn(next, connections.len())]);
+            .unwrap_or_else(|| {
+                &connections[next.fetch_add(1, Ordering::Relaxed) % connections.len()]
+            });
         return connection
             .query(write)
             .await
@@ -254,8 +255,15 @@ async fn query(
         }
         pipe.add_command(command);
     });
+    // The redis crate's futures are large: boxed, they do not weigh on every request's.
+    Box::pin(query_crate(store, pipe)).await
+}
+
+/// Runs `pipe` on a store the `redis` crate connects to.
+async fn query_crate(store: &Store, pipe: redis::Pipeline) -> Result<Vec<Reply>, BackendError> {
+    let in_turn = |next: &AtomicUsize, count: usize| next.fetch_add(1, Ordering::Relaxed) % count;
     let result: redis::RedisResult<Vec<Value>> = match store {
-        Store::Single(..) => unreachable!("answered above"),
+        Store::Single(..) => unreachable!("the pipelined connection answers a single Redis"),
         Store::SingleTls(connections, next) => {
             let mut connection = connections[in_turn(next, connections.len())].clone();
             pipe.query_async(&mut connection).await
