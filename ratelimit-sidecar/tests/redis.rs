@@ -545,3 +545,44 @@ async fn sigterm_lets_a_request_in_flight_finish_before_exiting() {
         .expect("exits after draining");
     assert!(status.success(), "{status:?}");
 }
+
+/// Concurrent requests on one worker go out on the first connection of the pool, so that
+/// their commands share writes; the pool's other connections stay idle until that one has
+/// hundreds of requests waiting.
+#[tokio::test]
+async fn concurrent_requests_share_the_first_connection_of_the_pool() {
+    let redis = Redis::start(&[]);
+    let mut env = redis_env(redis.port);
+    env.push(("GRPC_WORKERS", "1".into()));
+    env.push(("REDIS_POOL_SIZE", "4".into()));
+    let server = sidecar(env);
+    let client = server.client().await;
+    let calls: Vec<_> = (0..64)
+        .map(|i| {
+            let mut client = client.clone();
+            tokio::spawn(async move {
+                let value = format!("b{i}");
+                let r = client
+                    .should_rate_limit(request("rd", &[&[("burst", &value)]]))
+                    .await
+                    .unwrap();
+                codes(r.get_ref())
+            })
+        })
+        .collect();
+    for call in calls {
+        assert_eq!(call.await.unwrap(), [(OK, 99)]);
+    }
+    assert_eq!(redis.keys().len(), 64);
+    let list = redis.cli(&["CLIENT", "LIST"]);
+    let pool: Vec<&str> = list
+        .lines()
+        .filter(|line| !line.contains("cmd=client|list"))
+        .collect();
+    assert_eq!(pool.len(), 4, "{list}");
+    let used = pool
+        .iter()
+        .filter(|line| !line.contains("cmd=NULL"))
+        .count();
+    assert_eq!(used, 1, "{list}");
+}

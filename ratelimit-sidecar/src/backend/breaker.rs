@@ -4,6 +4,10 @@
 //! node; then one call goes through as a probe (half-open), and its success closes the
 //! breaker, its failure opens it again. Every transition is logged once, naming the
 //! node, and counted in the store's statistics.
+//!
+//! A call dropped before it ends is a failure only once its deadline ([`DEADLINE`]) has
+//! passed: dropped earlier, its caller went away (a client that reset the stream, a
+//! load generator that stopped), which says nothing about the node.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -14,6 +18,13 @@ use std::time::{Duration, Instant};
 use ratelimit_core::stats::{Counter, StatsRegistry};
 
 use super::BackendError;
+
+tokio::task_local! {
+    /// When the backend calls of the request this task serves must have ended: set by
+    /// the caller that bounds them with a timeout (`Remote`). Calls made outside it count
+    /// every drop as a failure.
+    pub static DEADLINE: Instant;
+}
 
 /// Breakers kept at most: nodes come from the settings and the cluster's topology, never
 /// from requests, so this is only reached by a store whose nodes keep changing; then the
@@ -153,6 +164,7 @@ impl Breaker {
             breaker: self,
             pass,
             settled: false,
+            deadline: DEADLINE.try_with(|deadline| *deadline).ok(),
         };
         let result = call.await;
         // A key the store refuses is the request's fault, not the node's.
@@ -226,6 +238,19 @@ impl Breaker {
         }
     }
 
+    /// A call let through was dropped by its caller before its deadline: no outcome. An
+    /// abandoned probe lets the next call probe instead.
+    fn abandoned(&self, pass: Pass) {
+        if pass == Pass::Probe {
+            let mut state = self.lock();
+            if *state == State::HalfOpen {
+                *state = State::Open {
+                    until: Instant::now(),
+                };
+            }
+        }
+    }
+
     /// Whether calls are being kept from the node (open or half-open).
     pub fn is_open(&self) -> bool {
         !self.closed.load(Ordering::Acquire)
@@ -251,17 +276,27 @@ impl Breaker {
     }
 }
 
-/// A call let through and not yet ended: dropped unsettled, it is a failure.
+/// A call let through and not yet ended: dropped unsettled at or after its deadline (or
+/// without one), it is a failure; dropped before, it is abandoned.
 struct Outcome<'a> {
     breaker: &'a Breaker,
     pass: Pass,
     settled: bool,
+    deadline: Option<Instant>,
 }
 
 impl Drop for Outcome<'_> {
     fn drop(&mut self) {
-        if !self.settled {
+        if self.settled {
+            return;
+        }
+        if self
+            .deadline
+            .is_none_or(|deadline| Instant::now() >= deadline)
+        {
             self.breaker.record(self.pass, false);
+        } else {
+            self.breaker.abandoned(self.pass);
         }
     }
 }
@@ -272,6 +307,39 @@ mod tests {
 
     fn breakers(stats: &StatsRegistry) -> Breakers {
         Breakers::new("redis", 3, Duration::from_millis(50), stats)
+    }
+
+    /// A call whose caller went away is not the node's failure; one dropped at its
+    /// deadline is.
+    #[tokio::test]
+    async fn only_calls_dropped_at_their_deadline_are_failures() {
+        let stats = StatsRegistry::new(10);
+        let breaker = breakers(&stats).node("10.0.0.3:6379");
+        let stuck = std::future::pending::<Result<(), BackendError>>;
+        let dropped_after = |wait_ms, deadline_ms| {
+            let deadline = Instant::now() + Duration::from_millis(deadline_ms);
+            let call = DEADLINE.scope(deadline, breaker.call(stuck()));
+            tokio::time::timeout(Duration::from_millis(wait_ms), call)
+        };
+        for _ in 0..5 {
+            assert!(dropped_after(1, 60_000).await.is_err());
+        }
+        assert!(
+            !breaker.is_open(),
+            "callers that went away opened the breaker"
+        );
+        for _ in 0..3 {
+            assert!(dropped_after(5, 1).await.is_err());
+        }
+        assert!(breaker.is_open(), "calls past their deadline are failures");
+        // An abandoned probe leaves the next call to probe; its success closes the breaker.
+        tokio::time::sleep(Duration::from_millis(60)).await;
+        assert!(dropped_after(1, 60_000).await.is_err());
+        breaker
+            .call(async { Ok::<_, BackendError>(()) })
+            .await
+            .unwrap();
+        assert!(!breaker.is_open());
     }
 
     #[test]

@@ -244,7 +244,9 @@ impl Remote {
         deadline: Duration,
         call: impl Future<Output = Result<Vec<u64>, BackendError>>,
     ) -> Result<Vec<u64>, BackendError> {
-        tokio::time::timeout(deadline, call)
+        let until = std::time::Instant::now() + deadline;
+        breaker::DEADLINE
+            .scope(until, tokio::time::timeout(deadline, call))
             .await
             .unwrap_or_else(|_| {
                 let whose = if deadline < self.deadline {
