@@ -118,10 +118,7 @@ fn parse_at(input: &[u8], depth: usize) -> Result<Option<(Reply, usize)>, String
         b'$' => match integer(line)? {
             -1 => Reply::Nil,
             length => {
-                let length = usize::try_from(length)
-                    .ok()
-                    .filter(|&l| l <= MAX_BULK)
-                    .ok_or_else(|| format!("a string of {length} bytes"))?;
+                let length = at_most(length, MAX_BULK, "bytes in a string")?;
                 let Some(body) = input.get(after..after + length + 2) else {
                     return Ok(None);
                 };
@@ -137,10 +134,7 @@ fn parse_at(input: &[u8], depth: usize) -> Result<Option<(Reply, usize)>, String
         b'*' => match integer(line)? {
             -1 => Reply::Nil,
             count => {
-                let count = usize::try_from(count)
-                    .ok()
-                    .filter(|&c| c <= MAX_ARRAY)
-                    .ok_or_else(|| format!("an array of {count} elements"))?;
+                let count = at_most(count, MAX_ARRAY, "elements in an array")?;
                 if depth >= MAX_DEPTH {
                     return Err("arrays nested too deep".into());
                 }
@@ -170,6 +164,14 @@ fn line_end(input: &[u8]) -> Result<Option<usize>, String> {
         None if input.len() >= MAX_LINE => Err("a reply line too long".into()),
         None => Ok(None),
     }
+}
+
+/// A length from a reply's header, refused when negative or over `max`.
+fn at_most(length: i64, max: usize, what: &str) -> Result<usize, String> {
+    usize::try_from(length)
+        .ok()
+        .filter(|&length| length <= max)
+        .ok_or_else(|| format!("{length} {what} (at most {max})"))
 }
 
 fn integer(line: &[u8]) -> Result<i64, String> {
