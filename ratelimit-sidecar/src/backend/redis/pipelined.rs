@@ -28,6 +28,14 @@ pub const MAX_WAITING: usize = 65_536;
 /// How soon a broken connection is tried again.
 pub const RECONNECT_EVERY: Duration = Duration::from_millis(100);
 
+/// Keep-alive probes of an idle TCP connection: after 15 s of silence, every 5 s, three.
+const KEEPALIVE: socket2::TcpKeepalive = socket2::TcpKeepalive::new()
+    .with_time(Duration::from_secs(15))
+    .with_interval(Duration::from_secs(5))
+    .with_retries(3);
+/// The shortest time sent data may go unacknowledged before the connection is closed.
+const MIN_USER_TIMEOUT: Duration = Duration::from_secs(1);
+
 /// Where the server is, and how to log in.
 #[derive(Debug, Clone)]
 pub struct Target {
@@ -336,6 +344,12 @@ async fn open(target: &Target) -> Result<Connection, String> {
             Address::Tcp(host, port) => {
                 let stream = TcpStream::connect((host.as_str(), *port)).await?;
                 stream.set_nodelay(true)?;
+                // A server gone without a word (a host down, a dropped route) is noticed by
+                // the kernel: an idle connection is probed, and one whose data goes
+                // unacknowledged for REDIS_TIMEOUT is closed (then connected again).
+                let socket = socket2::SockRef::from(&stream);
+                socket.set_tcp_keepalive(&KEEPALIVE)?;
+                socket.set_tcp_user_timeout(Some(target.connect_timeout.max(MIN_USER_TIMEOUT)))?;
                 Connection::Tcp(stream)
             }
             Address::Unix(path) => Connection::Unix(UnixStream::connect(path).await?),
@@ -385,5 +399,37 @@ async fn login<S: AsyncRead + AsyncWrite + Unpin>(
     match reply {
         Reply::Error(error) => Err(io::Error::other(format!("AUTH refused: {error}"))),
         _ => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A TCP connection to Redis has keep-alive probes and a user timeout, so that a
+    /// server gone without a reset does not hold it for ever.
+    #[tokio::test]
+    async fn tcp_connections_notice_a_silent_server() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let target = Target {
+            address: Address::Tcp("127.0.0.1".into(), port),
+            user: None,
+            password: None,
+            connect_timeout: Duration::from_secs(7),
+        };
+        let Connection::Tcp(stream) = open(&target).await.unwrap() else {
+            panic!("a TCP address gives a TCP connection");
+        };
+        let socket = socket2::SockRef::from(&stream);
+        assert!(socket.keepalive().unwrap());
+        assert_eq!(
+            socket.tcp_keepalive_time().unwrap(),
+            Duration::from_secs(15)
+        );
+        assert_eq!(
+            socket.tcp_user_timeout().unwrap(),
+            Some(Duration::from_secs(7))
+        );
     }
 }
