@@ -39,7 +39,8 @@ const SPILL_AT: usize = 256;
 /// One Redis deployment.
 #[derive(Clone)]
 enum Store {
-    /// One server, through a few pipelined connections used in turn.
+    /// One server, through pipelined connections: the first with room takes each
+    /// request, the rest take turns with the overflow.
     Single(Arc<Vec<Pipelined>>, Arc<AtomicUsize>),
     /// One server over TLS, through a few multiplexed connections used in turn.
     SingleTls(Arc<Vec<ConnectionManager>>, Arc<AtomicUsize>),
@@ -337,8 +338,8 @@ async fn open(target: &Target<'_>) -> Result<Store, BackendError> {
         )));
     }
     let pool_size = target.pool_size.max(1);
-    match target.kind {
-        RedisType::Cluster => {
+    match (target.kind, target.tls) {
+        (RedisType::Cluster, _) => {
             let nodes = target
                 .url
                 .split(',')
@@ -358,7 +359,7 @@ async fn open(target: &Target<'_>) -> Result<Store, BackendError> {
                 client.get_async_connection().await.map_err(redis_error)?,
             ))
         }
-        RedisType::Single if target.tls.is_none() => {
+        (RedisType::Single, None) => {
             let address = match address(target.socket_type, target.url)?.addr() {
                 ConnectionAddr::Unix(path) => pipelined::Address::Unix(path.clone()),
                 ConnectionAddr::Tcp(host, port) => pipelined::Address::Tcp(host.clone(), *port),
@@ -382,22 +383,16 @@ async fn open(target: &Target<'_>) -> Result<Store, BackendError> {
                 Arc::new(AtomicUsize::new(0)),
             ))
         }
-        RedisType::Single => {
-            let client = match target.tls {
-                None => {
-                    Client::open(address(target.socket_type, target.url)?.set_redis_settings(info))
-                }
-                Some(files) => tls_client(target.url, info, files)?,
-            }
-            .map_err(redis_error)?;
+        (RedisType::Single, Some(files)) => {
+            let client = tls_client(target.url, info, files)?.map_err(redis_error)?;
             // Answers are awaited within REDIS_TIMEOUT by the caller: one timer per
             // request, not two.
             let config = ConnectionManagerConfig::new()
                 .set_connection_timeout(Some(target.timeout))
                 .set_response_timeout(None)
                 .set_number_of_retries(1);
-            let mut connections = Vec::with_capacity(target.pool_size.max(1));
-            for _ in 0..target.pool_size.max(1) {
+            let mut connections = Vec::with_capacity(pool_size);
+            for _ in 0..pool_size {
                 let connection = ConnectionManager::new_with_config(client.clone(), config.clone())
                     .await
                     .map_err(redis_error)?;
@@ -408,7 +403,7 @@ async fn open(target: &Target<'_>) -> Result<Store, BackendError> {
                 Arc::new(AtomicUsize::new(0)),
             ))
         }
-        RedisType::Sentinel => {
+        (RedisType::Sentinel, _) => {
             let mut items = target.url.split(',');
             let master = items.next().unwrap_or_default().to_owned();
             let sentinels = items

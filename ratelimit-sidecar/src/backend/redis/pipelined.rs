@@ -101,13 +101,14 @@ enum Link {
     },
 }
 
+/// A request's replies, or why there are none.
+type Answer = Result<Vec<Reply>, String>;
+
 struct Waiter {
     replies: usize,
     got: Vec<Reply>,
-    answer: oneshot::Sender<Result<Vec<Reply>, String>>,
+    answer: oneshot::Sender<Answer>,
 }
-
-type Answer = Result<Vec<Reply>, String>;
 
 impl Pipelined {
     /// Connects (an error if the server cannot be reached or refuses the login) and
