@@ -62,7 +62,9 @@ pub fn start_envoy_with(
     start_envoy_workers(file, 1, upstream, ratelimit, deny, more)
 }
 
-/// [`start_envoy_with`] with `workers` worker threads.
+/// [`start_envoy_with`] with `workers` worker threads. The ports are free when picked
+/// but may be taken by a parallel test before Envoy binds them: then Envoy starts again
+/// on others.
 pub fn start_envoy_workers(
     file: &str,
     workers: usize,
@@ -71,8 +73,6 @@ pub fn start_envoy_workers(
     deny: bool,
     more: &[(&str, String)],
 ) -> Envoy {
-    let dir = tempfile::tempdir().unwrap();
-    let (port, admin) = (free_port(), free_port());
     let mut template = std::fs::read_to_string(repo().join("envoy").join(file)).unwrap();
     if template.contains("${WASM_FILE}") {
         let wasm = std::env::var("WASM_FILTER")
@@ -82,12 +82,28 @@ pub fn start_envoy_workers(
     for (name, value) in more {
         template = template.replace(&format!("${{{name}}}"), value);
     }
-    let config = template
-        .replace("${LISTEN_PORT}", &port.to_string())
-        .replace("${ADMIN_PORT}", &admin.to_string())
+    let template = template
         .replace("${UPSTREAM_PORT}", &upstream.to_string())
         .replace("${RATELIMIT_PORT}", &ratelimit.to_string())
         .replace("${FAILURE_MODE_DENY}", &deny.to_string());
+    let mut log = String::new();
+    for _ in 0..5 {
+        match launch(&template, workers) {
+            Ok(envoy) => return envoy,
+            Err(failed) if failed.contains("Address already in use") => log = failed,
+            Err(failed) => panic!("envoy did not become ready:\n{failed}"),
+        }
+    }
+    panic!("envoy found no free ports in 5 tries:\n{log}");
+}
+
+/// Starts Envoy with `template` on two fresh ports; its log if it does not become ready.
+fn launch(template: &str, workers: usize) -> Result<Envoy, String> {
+    let dir = tempfile::tempdir().unwrap();
+    let (port, admin) = (free_port(), free_port());
+    let config = template
+        .replace("${LISTEN_PORT}", &port.to_string())
+        .replace("${ADMIN_PORT}", &admin.to_string());
     let path = dir.path().join("envoy.yaml");
     std::fs::write(&path, config).unwrap();
     let base_id =
@@ -107,7 +123,7 @@ pub fn start_envoy_workers(
         .stderr(std::fs::File::create(&log).unwrap())
         .spawn()
         .expect("envoy starts");
-    let envoy = Envoy {
+    let mut envoy = Envoy {
         child,
         port,
         admin,
@@ -116,14 +132,14 @@ pub fn start_envoy_workers(
     let deadline = Instant::now() + Duration::from_secs(30);
     while Instant::now() < deadline {
         if admin_ready(admin) {
-            return envoy;
+            return Ok(envoy);
+        }
+        if envoy.child.try_wait().ok().flatten().is_some() {
+            break;
         }
         std::thread::sleep(Duration::from_millis(50));
     }
-    panic!(
-        "envoy did not become ready:\n{}",
-        std::fs::read_to_string(&log).unwrap_or_default()
-    );
+    Err(std::fs::read_to_string(&log).unwrap_or_default())
 }
 
 /// Whether Envoy's admin `/ready` answers 200 (Envoy refuses HTTP/1.0 with 426).
