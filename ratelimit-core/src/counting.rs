@@ -58,7 +58,7 @@ impl Counting {
     }
 
     /// Counter `at` of [`Counting::counters`].
-    #[inline]
+    #[inline(always)]
     fn span(self, at: usize, now_ms: u64) -> Span {
         let now = now_ms / 1_000;
         match self {

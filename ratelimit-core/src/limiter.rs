@@ -88,14 +88,19 @@ impl Limiter {
 
     /// `f` on the current configuration, through this thread's cached engine when it is
     /// still current.
-    fn with_engine<R>(&self, f: impl FnOnce(&Engine) -> R) -> Result<R, RequestError> {
+    /// (`f` returns the result itself, so that the answer is written once, where the
+    /// caller reads it.)
+    fn with_engine<R>(
+        &self,
+        f: impl FnOnce(&Engine) -> Result<R, RequestError>,
+    ) -> Result<R, RequestError> {
         let generation = self.generation.load(Ordering::Acquire);
         ENGINE.with(|cache| {
             if let Ok(cached) = cache.try_borrow()
                 && let Some((id, at, engine)) = cached.as_ref()
                 && (*id, *at) == (self.id, generation)
             {
-                return Ok(f(engine));
+                return f(engine);
             }
             let engine = self
                 .engine
@@ -105,7 +110,7 @@ impl Limiter {
             if let Ok(mut cached) = cache.try_borrow_mut() {
                 *cached = Some((self.id, generation, Arc::clone(&engine)));
             }
-            Ok(f(&engine))
+            f(&engine)
         })
     }
 
@@ -161,7 +166,7 @@ impl Limiter {
         bucket: &[Entry],
         now_ms: u64,
     ) -> Result<QuotaRule, RequestError> {
-        self.with_engine(|engine| engine.quota_rule(domain, bucket, now_ms))
+        self.with_engine(|engine| Ok(engine.quota_rule(domain, bucket, now_ms)))
     }
 
     /// Plans `request` at `now` (unix seconds) for a remote counter store.
@@ -244,7 +249,7 @@ impl Limiter {
         self.with_engine(|engine| {
             check(request, &self.settings.bounds)?;
             Ok(decide(engine, request, store, now_ms, deciders))
-        })?
+        })
     }
 }
 

@@ -241,7 +241,7 @@ pub(super) fn cached_over_limit(
     reset: u64,
 ) -> DescriptorStatus {
     let stats = applied.stats;
-    stats.total_hits.add(addend);
+    stats.add_not_within(addend);
     stats.over_limit.add(addend);
     stats.over_limit_with_local_cache.add(addend);
     let code = if applied.shadow {
@@ -264,11 +264,12 @@ pub(super) fn count_hits(
 ) -> DescriptorStatus {
     let (after, reset) = (assessed.after, assessed.reset);
     let limit = applied.bound;
-    let near = (limit as f32 * ratio).floor() as u64;
+    // Truncation is the floor of a non-negative number (and a cast saturates).
+    let near = (limit as f32 * ratio) as u64;
     let before = after.saturating_sub(addend);
     let stats = applied.stats;
-    stats.total_hits.add(addend);
     let (code, remaining) = if after > limit {
+        stats.add_not_within(addend);
         let over = if before >= limit {
             addend
         } else {

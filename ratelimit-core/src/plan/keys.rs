@@ -58,7 +58,7 @@ impl Engine {
 
     /// What identifies the counters of `source` for `descriptor`, besides their window:
     /// the limit's identity and the values it counts under.
-    #[inline]
+    #[inline(always)]
     pub(super) fn counter_parts<'a>(
         &'a self,
         domain: &str,

@@ -52,8 +52,8 @@ impl QuotaLimit {
     pub fn count_usage(&self, allowed: u64, denied: u64, over: u64) {
         let Some(stats) = &self.stats else { return };
         let over = over.min(allowed);
-        stats.total_hits.add(allowed + denied);
         stats.within_limit.add(allowed - over);
+        stats.add_not_within(denied + over);
         stats.over_limit.add(denied + over);
         if self.shadow {
             stats.shadow_mode.add(over);

@@ -47,15 +47,19 @@ impl Counter {
 }
 
 /// The counters kept for one rule key (`<domain>.<key>_<value>...`).
+///
+/// `total_hits` is not a counter of its own: it is `within_limit` plus the hits added
+/// with [`RuleStats::add_not_within`], so that a decision within the limit, the common
+/// one, adds to one counter instead of two.
 #[derive(Debug, Default)]
 pub struct RuleStats {
-    /// Every hit evaluated against the rule.
-    pub total_hits: Counter,
+    /// Hits in `total_hits` that are not in `within_limit`.
+    not_within: Counter,
     /// Hits beyond the limit.
     pub over_limit: Counter,
     /// Hits above the near-limit ratio but within the limit.
     pub near_limit: Counter,
-    /// Hits answered within the limit.
+    /// Hits answered within the limit (each is in `total_hits` too).
     pub within_limit: Counter,
     /// Over-limit hits that shadow mode answered `OK`.
     pub shadow_mode: Counter,
@@ -67,7 +71,7 @@ impl RuleStats {
     /// Counters at zero.
     pub const fn new() -> RuleStats {
         RuleStats {
-            total_hits: Counter::new(),
+            not_within: Counter::new(),
             over_limit: Counter::new(),
             near_limit: Counter::new(),
             within_limit: Counter::new(),
@@ -76,15 +80,27 @@ impl RuleStats {
         }
     }
 
-    /// The counter of `stat`.
-    pub fn get(&self, stat: RuleStat) -> &Counter {
+    /// Adds `n` hits to `total_hits` that are not answered within the limit.
+    pub fn add_not_within(&self, n: u64) {
+        self.not_within.add(n);
+    }
+
+    /// Every hit evaluated against the rule.
+    pub fn total_hits(&self) -> u64 {
+        self.within_limit
+            .value()
+            .wrapping_add(self.not_within.value())
+    }
+
+    /// The value of `stat` now.
+    pub fn value(&self, stat: RuleStat) -> u64 {
         match stat {
-            RuleStat::TotalHits => &self.total_hits,
-            RuleStat::OverLimit => &self.over_limit,
-            RuleStat::NearLimit => &self.near_limit,
-            RuleStat::WithinLimit => &self.within_limit,
-            RuleStat::ShadowMode => &self.shadow_mode,
-            RuleStat::OverLimitWithLocalCache => &self.over_limit_with_local_cache,
+            RuleStat::TotalHits => self.total_hits(),
+            RuleStat::OverLimit => self.over_limit.value(),
+            RuleStat::NearLimit => self.near_limit.value(),
+            RuleStat::WithinLimit => self.within_limit.value(),
+            RuleStat::ShadowMode => self.shadow_mode.value(),
+            RuleStat::OverLimitWithLocalCache => self.over_limit_with_local_cache.value(),
         }
     }
 }
@@ -223,7 +239,7 @@ impl StatsRegistry {
                     key: Arc::clone(key),
                     stat,
                 },
-                value: Value::Counter(stats.get(stat).value()),
+                value: Value::Counter(stats.value(stat)),
             }));
         }
         for (name, counter) in read(&self.counters).iter() {
@@ -273,8 +289,8 @@ mod tests {
     #[test]
     fn registry_shares_counters_by_name_and_snapshots_them() {
         let registry = StatsRegistry::default();
-        registry.rule("d.k").total_hits.add(2);
-        registry.rule("d.k").total_hits.add(3);
+        registry.rule("d.k").add_not_within(2);
+        registry.rule("d.k").add_not_within(3);
         registry.counter(names::CONFIG_LOAD_SUCCESS).add(1);
         registry.gauge("g", Arc::new(|| 7));
         let snapshot = registry.snapshot();
@@ -298,15 +314,14 @@ mod tests {
     #[test]
     fn names_from_requests_fold_past_the_bound() {
         let registry = StatsRegistry::new(2);
-        registry.rule("d.configured").total_hits.add(1);
+        registry.rule("d.configured").add_not_within(1);
         for value in ["a", "b", "c", "d"] {
             let key = format!("d.user_{value}");
-            registry.request_rule(&key, "d.user").total_hits.add(1);
+            registry.request_rule(&key, "d.user").add_not_within(1);
         }
         registry
             .request_rule("d.user_a", "d.user")
-            .total_hits
-            .add(1);
+            .add_not_within(1);
         registry
             .request_counter(
                 &names::domain_not_found("x"),

@@ -198,8 +198,8 @@ mod tests {
     #[test]
     fn series_add_up_and_timers_are_histograms_in_seconds() {
         let registry = StatsRegistry::default();
-        registry.rule("edge.user.a.x").total_hits.add(2);
-        registry.rule("edge.user.a.y").total_hits.add(3);
+        registry.rule("edge.user.a.x").add_not_within(2);
+        registry.rule("edge.user.a.y").add_not_within(3);
         registry.rule("edge.path_/x\"y").over_limit.add(1);
         registry
             .timer(&names::response_time("ShouldRateLimit"))

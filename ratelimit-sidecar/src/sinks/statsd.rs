@@ -208,9 +208,9 @@ mod tests {
     #[test]
     fn counters_are_sent_as_differences_and_timers_as_sampled_buckets() {
         let registry = StatsRegistry::default();
-        registry.rule("edge.user").total_hits.add(3);
+        registry.rule("edge.user").add_not_within(3);
         registry.counter(names::CONFIG_LOAD_SUCCESS).add(1);
-        registry.rule("edge.path_a\nb").total_hits.add(1);
+        registry.rule("edge.path_a\nb").add_not_within(1);
         registry.gauge("ratelimit.memory.counters", Arc::new(|| 4));
         let timer = registry.timer(&names::response_time("ShouldRateLimit"));
         timer.record(Duration::from_micros(70));
@@ -235,7 +235,7 @@ mod tests {
             "zero differences are not sent: {lines:?}"
         );
 
-        registry.rule("edge.user").total_hits.add(2);
+        registry.rule("edge.user").add_not_within(2);
         let lines = statsd.render(&registry.snapshot());
         assert!(lines.contains(
             &"ratelimit.service.rate_limit.edge.user.total_hits.__env=test:2|c".to_owned()
