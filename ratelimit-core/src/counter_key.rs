@@ -88,6 +88,22 @@ impl Values<'_> {
         out.into()
     }
 
+    /// The values joined into `out` and their length, or `None`, with `out` in any state,
+    /// when they do not fit.
+    pub fn join_into(&self, out: &mut [u8]) -> Option<usize> {
+        let mut len = 0;
+        let fits = self.for_each(|value| {
+            let Some(to) = out.get_mut(len..len + value.len() + 1) else {
+                return false;
+            };
+            to[..value.len()].copy_from_slice(value);
+            to[value.len()] = SEPARATOR;
+            len += value.len() + 1;
+            true
+        });
+        fits.then_some(len)
+    }
+
     /// Whether `joined` holds the same values.
     #[inline]
     pub fn matches(&self, joined: &[u8]) -> bool {

@@ -14,9 +14,12 @@ use crate::plan::Increment;
 use crate::store::CounterStore;
 
 const SHARDS: usize = 64;
-/// Bytes a counter costs beyond its values: the slot (hash, limit, window start, count,
-/// expiry, the values' pointer and length) and the hash table's control byte, rounded up.
-const COUNTER_OVERHEAD: usize = 64;
+/// Bytes a counter costs beyond values too long to keep in its slot: the slot (one cache
+/// line) and the hash table's control byte.
+const COUNTER_OVERHEAD: usize = 65;
+/// Joined values up to this long are kept in the slot itself, so that finding a counter
+/// reads one cache line.
+const INLINE_VALUES: usize = 22;
 /// How many counters an eviction looks at to pick the one whose window ends first.
 const EVICTION_SAMPLE: usize = 8;
 /// The byte cap of [`MemoryStore::new`]: 256 MiB.
@@ -65,11 +68,12 @@ struct ShardMap {
 }
 
 #[derive(Debug)]
+#[repr(align(64))]
 struct Slot {
     hash: u64,
     identity: u64,
     start: u64,
-    values: Box<[u8]>,
+    values: Joined,
     /// A window's count, or a bucket's TAT (unix milliseconds).
     count: AtomicU64,
     /// Unix second after which the slot is not needed; a bucket's moves forward.
@@ -145,8 +149,8 @@ impl MemoryStore {
         if now >= map.next_expiry {
             map.remove_expired(now);
         }
-        let values = key.values.join();
-        let size = values.len() + COUNTER_OVERHEAD;
+        let values = Joined::of(key);
+        let size = values.heap_bytes() + COUNTER_OVERHEAD;
         while !map.counters.is_empty()
             && (map.counters.len() >= self.max_per_shard
                 || map.bytes + size > self.max_bytes_per_shard)
@@ -268,6 +272,42 @@ impl Slot {
     }
 }
 
+/// A counter's values, joined ([`crate::counter_key::Values::join`]): in the slot when
+/// they fit.
+#[derive(Debug)]
+enum Joined {
+    Inline { len: u8, bytes: [u8; INLINE_VALUES] },
+    Heap(Box<[u8]>),
+}
+
+impl Joined {
+    fn of(key: &CounterKey<'_>) -> Joined {
+        let mut bytes = [0; INLINE_VALUES];
+        match key.values.join_into(&mut bytes) {
+            Some(len) => Joined::Inline {
+                len: len as u8,
+                bytes,
+            },
+            None => Joined::Heap(key.values.join()),
+        }
+    }
+
+    fn as_bytes(&self) -> &[u8] {
+        match self {
+            Joined::Inline { len, bytes } => &bytes[..usize::from(*len)],
+            Joined::Heap(bytes) => bytes,
+        }
+    }
+
+    /// Bytes held outside the slot.
+    fn heap_bytes(&self) -> usize {
+        match self {
+            Joined::Inline { .. } => 0,
+            Joined::Heap(bytes) => bytes.len(),
+        }
+    }
+}
+
 impl Shard {
     fn read(&self) -> RwLockReadGuard<'_, ShardMap> {
         self.0
@@ -287,7 +327,7 @@ impl ShardMap {
         self.counters.find(hash, |slot| {
             slot.identity == key.identity
                 && slot.start == key.start
-                && key.values.matches(&slot.values)
+                && key.values.matches(slot.values.as_bytes())
         })
     }
 
@@ -299,7 +339,7 @@ impl ShardMap {
             if live {
                 next = next.min(slot.expires());
             } else {
-                freed += slot.values.len() + COUNTER_OVERHEAD;
+                freed += slot.values.heap_bytes() + COUNTER_OVERHEAD;
             }
             live
         });
@@ -320,7 +360,7 @@ impl ShardMap {
                 .find_entry(hash, |slot| std::ptr::eq(slot, victim))
         {
             let (slot, _) = entry.remove();
-            self.bytes -= slot.values.len() + COUNTER_OVERHEAD;
+            self.bytes -= slot.values.heap_bytes() + COUNTER_OVERHEAD;
         }
     }
 }
@@ -364,6 +404,20 @@ mod tests {
         let usage = store.usage();
         assert_eq!(usage.counters, 1_000, "old windows were dropped");
         assert_eq!(usage.evictions, 0);
+    }
+
+    #[test]
+    fn values_in_the_slot_and_on_the_heap_count_apart() {
+        let store = MemoryStore::new(100);
+        // 21 bytes and the separator fit the slot; 22 do not.
+        let (short, long) = ("v".repeat(INLINE_VALUES - 1), "v".repeat(INLINE_VALUES));
+        assert_eq!(increment(&store, &short, 1, 60, 1), 1);
+        assert_eq!(increment(&store, &long, 2, 60, 1), 2);
+        assert_eq!(increment(&store, &short, 1, 60, 1), 2);
+        assert_eq!((get(&store, &short, 1), get(&store, &long, 1)), (2, 2));
+        let usage = store.usage();
+        assert_eq!(usage.counters, 2);
+        assert_eq!(usage.bytes, 2 * COUNTER_OVERHEAD + INLINE_VALUES + 1);
     }
 
     #[test]
