@@ -9,7 +9,9 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
+use futures_util::future::{Either, Ready, ready};
 use prost::Message;
+use prost::bytes::Buf;
 use tonic::codec::{Codec, DecodeBuf, Decoder, EncodeBuf, Encoder};
 use tonic::codegen::{Body, BoxFuture, Service, StdError, http};
 use tonic::server::{NamedService, UnaryService};
@@ -59,26 +61,31 @@ where
 
 struct ShouldRateLimit(Arc<Decider>);
 
+/// What a call answers.
+type Answer = Result<Response<RateLimitResponse>, Status>;
+
 impl UnaryService<RateLimitRequest> for ShouldRateLimit {
     type Response = RateLimitResponse;
-    type Future = BoxFuture<Response<RateLimitResponse>, Status>;
+    /// A decision that waits for nothing (the memory store) is ready when the call
+    /// returns, so only one that waits for a backend is boxed.
+    type Future = Either<Ready<Answer>, BoxFuture<Response<RateLimitResponse>, Status>>;
 
     fn call(&mut self, request: Request<RateLimitRequest>) -> Self::Future {
         let (metadata, _, request) = request.into_parts();
         if let Some(store) = self.0.decides_now() {
             let answer = self.0.should_rate_limit_grpc_now(store, request);
-            return Box::pin(std::future::ready(
+            return Either::Left(ready(
                 answer.map(Response::new).map_err(|error| status(&error)),
             ));
         }
         let service = Arc::clone(&self.0);
-        Box::pin(async move {
+        Either::Right(Box::pin(async move {
             service
                 .should_rate_limit_grpc(request, &metadata.into_headers())
                 .await
                 .map(Response::new)
                 .map_err(|error| status(&error))
-        })
+        }))
     }
 }
 
@@ -133,7 +140,18 @@ impl Decoder for RlsCodec {
     type Error = Status;
 
     fn decode(&mut self, buf: &mut DecodeBuf<'_>) -> Result<Option<Self::Item>, Status> {
-        RateLimitRequest::decode(buf).map(Some).map_err(|error| {
+        // Tonic hands over the whole message in one buffer, and prost reads a slice for
+        // three quarters of what it spends through the buffer's cursor (a split buffer, which
+        // a later tonic could pass, is read as it comes).
+        let len = buf.remaining();
+        let decoded = if buf.chunk().len() == len {
+            let decoded = RateLimitRequest::decode(buf.chunk());
+            buf.advance(len);
+            decoded
+        } else {
+            RateLimitRequest::decode(buf.copy_to_bytes(len))
+        };
+        decoded.map(Some).map_err(|error| {
             Status::invalid_argument(format!("the body is not a RateLimitRequest: {error}"))
         })
     }
