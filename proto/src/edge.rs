@@ -46,7 +46,7 @@ macro_rules! client_edge {
         /// descriptor, and the `RateLimit-*` values the core chooses from them. A limit
         /// with a unit the core does not know is left out.
         pub fn response_from_pb(response: &RateLimitResponse) -> Response {
-            let statuses: Vec<DescriptorStatus> =
+            let statuses: ratelimit_core::Statuses =
                 response.statuses.iter().map(status_from_pb).collect();
             Response {
                 overall_code: code_from_pb(response.overall_code),

@@ -187,7 +187,7 @@ mod tests {
             overall_code: Code::OverLimit,
             headers: RateLimitHeaders::for_statuses(&statuses),
             policies: ratelimit_core::Policy::from_statuses(&statuses),
-            statuses,
+            statuses: statuses.into(),
         };
         let format = HeaderFormat::RateLimit(HeaderNames::default());
         let wire = response_to_pb(&response, Some(&format));

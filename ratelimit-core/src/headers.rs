@@ -146,7 +146,7 @@ mod tests {
     fn draft_11_lists_every_policy_and_the_deciding_one() {
         let mut response = Response {
             overall_code: Code::Ok,
-            statuses: Vec::new(),
+            statuses: crate::Statuses::new(),
             headers: None,
             policies: vec![policy("burst", 4, false), policy("da\"ily\u{e9}", 2, false)],
         };

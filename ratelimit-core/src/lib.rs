@@ -68,7 +68,7 @@ pub use plan::{
 };
 pub use request::{Descriptor, Entry, LimitOverride, Request, RequestBounds, RequestError};
 pub use response::{
-    Code, CurrentLimit, DescriptorStatus, HeaderNames, RateLimitHeaders, Response, Retry,
+    Code, CurrentLimit, DescriptorStatus, HeaderNames, RateLimitHeaders, Response, Retry, Statuses,
 };
 pub use rules::{MatchKind, RuleView};
 pub use settings::Settings;

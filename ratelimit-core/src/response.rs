@@ -2,6 +2,8 @@
 
 use std::sync::Arc;
 
+use smallvec::SmallVec;
+
 use crate::config::Metadata;
 use crate::request::Request;
 use crate::unit::Unit;
@@ -157,13 +159,17 @@ impl Response {
     }
 }
 
+/// One status per descriptor of a request. Most requests carry one or two descriptors,
+/// whose statuses are kept in the response itself instead of on the heap.
+pub type Statuses = SmallVec<[DescriptorStatus; 1]>;
+
 /// The decision for a whole request.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Response {
     /// `OverLimit` when any descriptor is over its limit (unless global shadow mode is on).
     pub overall_code: Code,
     /// One status per request descriptor, in request order.
-    pub statuses: Vec<DescriptorStatus>,
+    pub statuses: Statuses,
     /// Header values, from the most restrictive limited descriptor; `None` when no limit
     /// applied.
     pub headers: Option<RateLimitHeaders>,
@@ -202,7 +208,7 @@ mod tests {
         );
         let mut response = Response {
             overall_code: Code::OverLimit,
-            statuses: vec![over(5, 20), over(5, 45)],
+            statuses: vec![over(5, 20), over(5, 45)].into(),
             headers: None,
             policies: Vec::new(),
         };

@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use arc_swap::ArcSwap;
 use ratelimit_core::stats::{Counter, StatsRegistry};
-use ratelimit_core::{Code, DescriptorStatus, Limiter, MemoryStore, Request, Response};
+use ratelimit_core::{Code, DescriptorStatus, Limiter, MemoryStore, Request, Response, Statuses};
 use tokio::sync::{Semaphore, SemaphorePermit};
 
 use crate::backend::BackendError;
@@ -82,7 +82,10 @@ impl Outage {
                 self.allowed.add(1);
                 Ok(Response {
                     overall_code: Code::Ok,
-                    statuses: vec![DescriptorStatus::NO_LIMIT; request.descriptors.len()],
+                    statuses: Statuses::from_elem(
+                        DescriptorStatus::NO_LIMIT,
+                        request.descriptors.len(),
+                    ),
                     headers: None,
                     policies: Vec::new(),
                 })

@@ -8,7 +8,7 @@ use crate::counting::{Assessed, Counting};
 use crate::engine::Engine;
 use crate::headers::Policy;
 use crate::local_cache::OverLimitCache;
-use crate::response::{Code, DescriptorStatus, RateLimitHeaders, Response};
+use crate::response::{Code, DescriptorStatus, RateLimitHeaders, Response, Statuses};
 
 impl PlanBody {
     /// Every limit of the plan is shared among `deciders`.
@@ -84,7 +84,7 @@ impl PlanBody {
             "one count per increment"
         );
         let ratio = engine.settings.near_limit_ratio;
-        let mut statuses = Vec::with_capacity(self.items.len());
+        let mut statuses = Statuses::with_capacity(self.items.len());
         let mut policies = Vec::new();
         let mut quotas: SmallVec<[bool; 4]> = SmallVec::new();
         for item in &self.items {

@@ -14,7 +14,7 @@ use crate::counter_key::CounterKey;
 use crate::counting::{CounterOp, Span};
 use crate::engine::Engine;
 use crate::request::Request;
-use crate::response::{DescriptorStatus, RateLimitHeaders, Response};
+use crate::response::{DescriptorStatus, RateLimitHeaders, Response, Statuses};
 use crate::rules::{Node, NodeId, NodeLimit};
 use crate::stats::Nearest;
 use crate::store::CounterStore;
@@ -62,7 +62,7 @@ impl Engine {
 
         let default_addend = u64::from(request.hits_addend.max(1));
         let ratio = self.settings.near_limit_ratio;
-        let mut statuses = Vec::with_capacity(descriptors);
+        let mut statuses = Statuses::with_capacity(descriptors);
         let mut quotas = [false; MAX_DESCRIPTORS];
         for ((descriptor, &id), quota) in request.descriptors.iter().zip(&matched).zip(&mut quotas)
         {
