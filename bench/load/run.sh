@@ -8,8 +8,9 @@
 # flushed every second, Prometheus scraped every 2 s; the other has DISABLE_STATS=true),
 # and the sidecar on memory with GRPC_WORKERS=2 unpinned (scaling across cores). The load generators run on CPU 1: h2load (Debian's nghttp2-client, when
 # installed) for one hot key, then rls-load (this folder) for 1 and 10 000 keys with p50
-# and p99. Every server is started once; the measurements alternate between them, round
-# after round, so that drift of the machine hits all of them alike. Each measurement also
+# and p99. Every server is started once; each load runs on every server in turn, round
+# after round, so that a server and the ceiling it is compared with are measured seconds
+# apart and drift of the machine hits all of them alike. Each measurement also
 # records the server's CPU time (utime + stime from /proc), reported per request.
 #   bench/load/run.sh [SECONDS] [ROUNDS]
 set -euo pipefail
@@ -88,31 +89,35 @@ fi
 
 # One line per measurement: round server tool keys requests errors seconds p50 p99 cpu_ticks
 RESULTS="$WORK/results.tsv"
-measure() { # round server
-	local round="$1" name="$2" port="${PORT[$2]}" pid="${PID[$2]}" before out
-	if command -v h2load >/dev/null; then
-		before=$(cpu_ticks "$pid")
+measure() { # round server load (h2load, or rls-load's key count)
+	local round="$1" name="$2" load="$3" port="${PORT[$2]}" pid="${PID[$2]}" before out
+	before=$(cpu_ticks "$pid")
+	if [ "$load" = h2load ]; then
 		out=$(taskset -c 1 h2load -D "$SECONDS_PER_RUN" -c 4 -m 16 -t 1 -d "$WORK/frame.bin" \
 			-H 'content-type: application/grpc' -H 'te: trailers' \
 			"http://127.0.0.1:$port/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit")
 		awk -v r="$round" -v n="$name" -v s="$SECONDS_PER_RUN" -v t=$(($(cpu_ticks "$pid") - before)) '
 			/^requests:/ { done = $8; failed = $10 + $12 }
 			END { print r, n, "h2load", 1, done, failed, s, "-", "-", t }' <<<"$out" >>"$RESULTS"
-	fi
-	for keys in 1 10000; do
-		before=$(cpu_ticks "$pid")
-		out=$(taskset -c 1 "$BIN/rls-load" "127.0.0.1:$port" "$keys" "$SECONDS_PER_RUN" 4 16)
+	else
+		out=$(taskset -c 1 "$BIN/rls-load" "127.0.0.1:$port" "$load" "$SECONDS_PER_RUN" 4 16)
 		awk -v r="$round" -v n="$name" -v s="$SECONDS_PER_RUN" -v t=$(($(cpu_ticks "$pid") - before)) '
 			{ for (i = 1; i <= NF; i++) { split($i, kv, "="); f[kv[1]] = kv[2] }
 			  print r, n, "rls-load", f["keys"], f["requests"], f["errors"], s, f["p50_us"], f["p99_us"], t }' \
 			<<<"$out" >>"$RESULTS"
-	done
+	fi
 }
 
+LOADS=(1 10000)
+! command -v h2load >/dev/null || LOADS=(h2load "${LOADS[@]}")
+# Each load runs on every server back to back, so that a server and the ceiling it is
+# compared with are measured seconds apart.
 for round in $(seq "$ROUNDS"); do
-	for name in "${SERVERS[@]}"; do
-		echo "round $round/$ROUNDS: $name" >&2
-		measure "$round" "$name"
+	for load in "${LOADS[@]}"; do
+		for name in "${SERVERS[@]}"; do
+			echo "round $round/$ROUNDS: $load on $name" >&2
+			measure "$round" "$name" "$load"
+		done
 	done
 done
 
