@@ -118,3 +118,28 @@ fn names_past_their_bound_are_refused_with_the_field() {
     );
     assert!(limiter.should_rate_limit(&at_bound, &store, NOW).is_ok());
 }
+
+#[test]
+fn a_request_wide_addend_past_the_bound_is_refused() {
+    let bounds = RequestBounds {
+        max_hits_addend: 10,
+        ..RequestBounds::default()
+    };
+    let (limiter, store) = (limiter(bounds), MemoryStore::default());
+    let mut request = Request::new("b", vec![Descriptor::new([("user", "mallory")])]);
+    request.hits_addend = 11;
+    assert_eq!(
+        limiter
+            .should_rate_limit(&request, &store, NOW)
+            .unwrap_err(),
+        RequestError::HitsAddendTooLarge {
+            field: "hits_addend".into(),
+            value: 11,
+            max: 10,
+        }
+    );
+    assert_eq!(store.usage().counters, 0, "nothing was counted");
+    request.hits_addend = 10;
+    let response = limiter.should_rate_limit(&request, &store, NOW).unwrap();
+    assert_eq!(response.statuses[0].limit_remaining, 90);
+}
