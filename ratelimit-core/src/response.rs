@@ -159,8 +159,8 @@ impl Response {
     }
 }
 
-/// One status per descriptor of a request. Most requests carry one or two descriptors,
-/// whose statuses are kept in the response itself instead of on the heap.
+/// One status per descriptor of a request. The first is kept in the response itself,
+/// since most requests carry one descriptor; more go to the heap.
 pub type Statuses = SmallVec<[DescriptorStatus; 1]>;
 
 /// The decision for a whole request.
