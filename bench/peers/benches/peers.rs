@@ -2,6 +2,7 @@
 //! the same workloads, in one binary, so the report is a ratio measured in one run.
 
 #[path = "../../../ratelimit-core/benches/support/scenarios.rs"]
+#[allow(dead_code)] // shared with the core's own benchmark, which uses all of it
 mod scenarios;
 
 use std::collections::HashMap;
@@ -13,8 +14,8 @@ use governor::{DefaultKeyedRateLimiter, Quota, RateLimiter};
 use limitador::limit::{Context, Expression, Limit, Predicate};
 use ratelimit_core::Request;
 use scenarios::{
-    DISTINCT, NOW, distinct, distinct_on, engine, one_entry, one_entry_on, two_entries,
-    two_entries_distinct, wildcard,
+    DISTINCT, NOW, engine, keys, one_entry, one_entry_on, set_value, two_entries,
+    two_entries_prebuilt, wildcard,
 };
 
 fn governor() -> DefaultKeyedRateLimiter<String> {
@@ -47,24 +48,54 @@ fn context(pairs: &[(&str, String)]) -> Context<'static> {
     Context::from(map)
 }
 
+/// What the core decides in a workload: one request on a hot key, or one request whose
+/// last value is set from a list of keys before each decision.
+enum Core {
+    Hot(Request),
+    Keyed(Request, Vec<String>),
+    /// Requests built ahead and cycled through, cold in the cache.
+    Prebuilt(Vec<Request>),
+}
+
 /// One workload on each engine that can express it. Every engine cycles over its own
-/// prepared inputs (one input: a hot key).
+/// prepared inputs (one input: a hot key); over many keys, the core and governor read
+/// one string per decision from a list of 10 000.
 fn compare(
     c: &mut Criterion,
     name: &str,
-    requests: Vec<Request>,
+    core_input: Core,
     governor_keys: Option<Vec<String>>,
     limitador_engine: Option<(limitador::RateLimiter, Vec<Context<'static>>)>,
 ) {
     let mut group = c.benchmark_group(name);
     let (core, store) = engine();
-    let mut next = requests.iter().cycle();
-    group.bench_function("ratelimit-core", |b| {
-        b.iter(|| {
-            core.should_rate_limit(black_box(next.next().unwrap()), &store, NOW)
-                .unwrap()
-        })
-    });
+    match core_input {
+        Core::Hot(request) => group.bench_function("ratelimit-core", |b| {
+            b.iter(|| {
+                core.should_rate_limit(black_box(&request), &store, NOW)
+                    .unwrap()
+            })
+        }),
+        Core::Keyed(mut request, keys) => {
+            let mut next = keys.iter().cycle();
+            group.bench_function("ratelimit-core", |b| {
+                b.iter(|| {
+                    set_value(&mut request, next.next().unwrap());
+                    core.should_rate_limit(black_box(&request), &store, NOW)
+                        .unwrap()
+                })
+            })
+        }
+        Core::Prebuilt(requests) => {
+            let mut next = requests.iter().cycle();
+            group.bench_function("ratelimit-core", |b| {
+                b.iter(|| {
+                    core.should_rate_limit(black_box(next.next().unwrap()), &store, NOW)
+                        .unwrap()
+                })
+            })
+        }
+    };
     if let Some(keys) = governor_keys {
         let gov = governor();
         let mut next = keys.iter().cycle();
@@ -90,7 +121,7 @@ fn workloads(c: &mut Criterion) {
     compare(
         c,
         "one_entry_hot_key",
-        vec![one_entry()],
+        Core::Hot(one_entry()),
         Some(vec!["alice".into()]),
         Some((
             limitador(&["user"]),
@@ -100,7 +131,7 @@ fn workloads(c: &mut Criterion) {
     compare(
         c,
         "two_entries_hot_key",
-        vec![two_entries()],
+        Core::Hot(two_entries()),
         Some(vec!["/api|alice".into()]),
         Some((
             limitador(&["route", "user"]),
@@ -114,14 +145,14 @@ fn workloads(c: &mut Criterion) {
     compare(
         c,
         "wildcard",
-        vec![wildcard()],
+        Core::Hot(wildcard()),
         None,
         Some((
             limitador_when(&["path.startsWith('/api/v1/users/')"], &["path"]),
             vec![context(&[("path", "/api/v1/users/12345".into())])],
         )),
     );
-    let keys: Vec<String> = (0..DISTINCT).map(|i| format!("client-{i}")).collect();
+    let keys = keys();
     let contexts = keys
         .iter()
         .map(|k| context(&[("client", k.clone())]))
@@ -129,7 +160,7 @@ fn workloads(c: &mut Criterion) {
     compare(
         c,
         "distinct_10000_keys",
-        distinct(),
+        Core::Keyed(one_entry_on("client"), keys.clone()),
         Some(keys.clone()),
         Some((limitador(&["client"]), contexts)),
     );
@@ -141,22 +172,30 @@ fn workloads(c: &mut Criterion) {
     compare(
         c,
         "two_entries_10000_keys",
-        two_entries_distinct(),
+        Core::Keyed(two_entries(), keys.clone()),
         Some(route_keys),
         Some((limitador(&["route", "user"]), route_contexts)),
+    );
+    // The core alone: the same counters through 10 000 requests built ahead.
+    compare(
+        c,
+        "two_entries_10000_prebuilt_requests",
+        Core::Prebuilt(two_entries_prebuilt()),
+        None,
+        None,
     );
     // Governor is a keyed GCRA, so these are like for like; limitador has no bucket.
     compare(
         c,
         "token_bucket_hot_key",
-        vec![one_entry_on("bucket")],
+        Core::Hot(one_entry_on("bucket")),
         Some(vec!["alice".into()]),
         None,
     );
     compare(
         c,
         "token_bucket_10000_keys",
-        distinct_on("bucket"),
+        Core::Keyed(one_entry_on("bucket"), keys.clone()),
         Some(keys),
         None,
     );

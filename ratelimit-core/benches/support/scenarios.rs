@@ -61,28 +61,40 @@ pub fn wildcard() -> Request {
     )
 }
 
-/// [`DISTINCT`] one-entry requests, each with its own counter.
-pub fn distinct() -> Vec<Request> {
-    distinct_on("client")
+/// The [`DISTINCT`] values the high-cardinality workloads cycle through: every engine
+/// reads its keys from this one list.
+pub fn keys() -> Vec<String> {
+    (0..DISTINCT).map(|i| format!("client-{i}")).collect()
 }
 
-/// [`DISTINCT`] one-entry requests on the rule of `key`, each with its own counter.
-pub fn distinct_on(key: &str) -> Vec<Request> {
-    (0..DISTINCT)
-        .map(|i| {
-            Request::new(
-                "bench",
-                vec![Descriptor::new([(key, format!("client-{i}"))])],
-            )
-        })
+/// Sets the value of the last entry of `request`'s first descriptor: a high-cardinality
+/// workload reuses one request, as a host builds each request fresh (and hot in cache)
+/// from what it received. The copy is part of what is measured.
+pub fn set_value(request: &mut Request, value: &str) {
+    let entry = request.descriptors[0]
+        .entries
+        .last_mut()
+        .expect("workload requests have an entry");
+    entry.value.clear();
+    entry.value.push_str(value);
+}
+
+/// [`DISTINCT`] one-entry requests on the rule of `key`, each built ahead and kept: the
+/// same counters as [`keys`] with [`set_value`], but every decision also reads a request
+/// that is cold in the cache (seven allocations for two entries).
+pub fn prebuilt_on(key: &str) -> Vec<Request> {
+    keys()
+        .into_iter()
+        .map(|value| Request::new("bench", vec![Descriptor::new([(key, value)])]))
         .collect()
 }
 
-/// [`DISTINCT`] two-entry requests (one route, many users), each with its own counter.
-pub fn two_entries_distinct() -> Vec<Request> {
-    (0..DISTINCT)
-        .map(|i| {
-            let user = format!("client-{i}");
+/// [`DISTINCT`] two-entry requests (one route, many users), built ahead as in
+/// [`prebuilt_on`].
+pub fn two_entries_prebuilt() -> Vec<Request> {
+    keys()
+        .into_iter()
+        .map(|user| {
             Request::new(
                 "bench",
                 vec![Descriptor::new([
