@@ -179,7 +179,7 @@ fn workloads(c: &mut Criterion) {
     // The core alone: the same counters through 10 000 requests built ahead.
     compare(
         c,
-        "two_entries_10000_prebuilt_requests",
+        "two_entries_10000_keys_prebuilt",
         Core::Prebuilt(two_entries_prebuilt()),
         None,
         None,

@@ -95,6 +95,26 @@ impl Engine {
         }
     }
 
+    /// Room for the text of any counter key of `request`, so that writing one allocates
+    /// once: the prefix, the domain, the longest descriptor's entries, and a window start
+    /// and a limit's suffix.
+    pub(super) fn key_capacity(&self, request: &Request) -> usize {
+        /// `_`, a window start of up to 20 digits, `_`, and a typical suffix.
+        const TAIL: usize = 48;
+        let entries = request
+            .descriptors
+            .iter()
+            .map(|d| {
+                d.entries
+                    .iter()
+                    .map(|e| e.key.len() + e.value.len() + 2)
+                    .sum()
+            })
+            .max()
+            .unwrap_or(0);
+        self.settings.cache_key_prefix.len() + request.domain.len() + 1 + entries + TAIL
+    }
+
     /// The text of a counter's key, byte for byte envoyproxy/ratelimit's:
     /// `CACHE_KEY_PREFIX` + domain + `_` + (`key_value_` per entry) + window start, then
     /// `_` and the limit's suffix when it has one; a bucket's has no window start.

@@ -16,6 +16,7 @@ use std::time::Duration;
 use futures_util::future::BoxFuture;
 use ratelimit_core::stats::{Counter, StatsRegistry, names};
 use ratelimit_core::{Increment, MemoryStore, MemoryUsage, Plan};
+use smallvec::SmallVec;
 
 use self::breaker::Breakers;
 use crate::settings::{BackendType, Settings};
@@ -291,7 +292,7 @@ impl Remote {
         ) -> BoxFuture<'b, Result<Vec<u64>, BackendError>>,
     {
         let Some(per_second) = &self.per_second else {
-            let all: Vec<&Increment> = increments.iter().collect();
+            let all: SmallVec<[&Increment; 4]> = increments.iter().collect();
             return call(self.main.get().as_ref(), &all).await;
         };
         let (seconds, others): (Vec<usize>, Vec<usize>) =

@@ -7,6 +7,7 @@ use std::sync::LazyLock;
 use futures_util::future::BoxFuture;
 use ratelimit_core::{CounterOp, Increment};
 use redis::Script;
+use smallvec::SmallVec;
 
 use super::nodes::Nodes;
 use super::resp::{Arg, Reply};
@@ -187,7 +188,7 @@ async fn run_batched(
     let store = &counters.store;
     if !matches!(store, Store::Cluster(_)) {
         // A single node: its one breaker, one round trip.
-        let mut starts = Vec::with_capacity(items.len());
+        let mut starts: SmallVec<[usize; 4]> = SmallVec::with_capacity(items.len());
         let write = |command: Command<'_>| {
             let mut written = 0;
             for item in items {
