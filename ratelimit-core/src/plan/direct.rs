@@ -10,7 +10,7 @@
 
 use super::decision::{count_hits, overall_code};
 use crate::config::Limit;
-use crate::counter_key::CounterKey;
+use crate::counter_key::{CounterKey, Values};
 use crate::counting::{CounterOp, Span};
 use crate::engine::Engine;
 use crate::request::Request;
@@ -73,20 +73,29 @@ impl Engine {
             }
             let node = self.rules.node(id);
             let limit = &node.limits[0];
+            let source = super::Source::Node(id, 0);
             let stats = limit
                 .stats
                 .as_deref()
                 .expect("counted limits have statistics");
             let applied = self.applied_node(node, 0, stats);
             let addend = descriptor.hits_addend.unwrap_or(default_addend);
-            let (mut totals, mut counted) = ([0u64; 2], 0);
-            let source = super::Source::Node(id, 0);
-            let (domain, counting) = (&request.domain, applied.counting);
-            self.for_each_counter_of(domain, descriptor, source, counting, now_ms, |key, span| {
-                totals[counted] = self.count(store, key, addend, span, applied.bound, now_ms);
-                counted += 1;
-            });
-            let totals = &totals[..counted];
+            // The counters of a direct limit are keyed by its identity and the entries'
+            // values as they are (see `direct`): no plan, no per-level key.
+            let mut totals = [0u64; 2];
+            let counters = applied.counting.counter_count();
+            let values = Values::Of(&descriptor.entries);
+            for (at, total) in totals.iter_mut().enumerate().take(counters) {
+                let span = applied.counting.span(at, now_ms);
+                let start = span.key_start();
+                let write = |out: &mut String| {
+                    self.write_key(out, &request.domain, descriptor, &values, source, start);
+                };
+                let key =
+                    CounterKey::new(limit.identity, start.unwrap_or(0), values.clone(), &write);
+                *total = self.count(store, &key, addend, span, applied.bound, now_ms);
+            }
+            let totals = &totals[..counters];
             let assessed = applied
                 .counting
                 .assess(totals, addend, applied.bound, now_ms);

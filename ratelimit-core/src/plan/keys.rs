@@ -2,7 +2,7 @@
 
 use super::{Item, PlanBody, Source};
 use crate::counter_key::{CounterKey, Values, limit_identity};
-use crate::counting::{CounterOp, Counting, Span};
+use crate::counting::{Counting, Span};
 use crate::engine::Engine;
 use crate::request::{Descriptor, Entry, Request};
 use crate::rules::{Level, MatchKind, Node};
@@ -44,10 +44,7 @@ impl Engine {
         let (identity, values) = self.counter_parts(domain, descriptor, source);
         for span in counting.counters(now_ms) {
             // A bucket has no window: its key ends with the entries' `_`.
-            let start = match span.op {
-                CounterOp::Gcra(_) => None,
-                _ => Some(span.start),
-            };
+            let start = span.key_start();
             let write = |out: &mut String| {
                 self.write_key(out, domain, descriptor, &values, source, start);
             };
