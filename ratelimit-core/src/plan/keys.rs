@@ -92,26 +92,6 @@ impl Engine {
         }
     }
 
-    /// Room for the text of any counter key of `request`, so that writing one allocates
-    /// once: the prefix, the domain, the longest descriptor's entries, and a window start
-    /// and a limit's suffix.
-    pub(super) fn key_capacity(&self, request: &Request) -> usize {
-        /// `_`, a window start of up to 20 digits, `_`, and a typical suffix.
-        const TAIL: usize = 48;
-        let entries = request
-            .descriptors
-            .iter()
-            .map(|d| {
-                d.entries
-                    .iter()
-                    .map(|e| e.key.len() + e.value.len() + 2)
-                    .sum()
-            })
-            .max()
-            .unwrap_or(0);
-        self.settings.cache_key_prefix.len() + request.domain.len() + 1 + entries + TAIL
-    }
-
     /// The text of a counter's key, byte for byte envoyproxy/ratelimit's:
     /// `CACHE_KEY_PREFIX` + domain + `_` + (`key_value_` per entry) + window start, then
     /// `_` and the limit's suffix when it has one; a bucket's has no window start.
@@ -124,11 +104,20 @@ impl Engine {
         source: Source,
         start: Option<u64>,
     ) {
-        self.write_entries(key, domain, descriptor, values);
         let suffix = match source {
             Source::Node(id, which) => &*self.rules.node(id).limits[usize::from(which)].key_suffix,
             Source::Override(_) => "",
         };
+        // Room for the whole key at once (a value a pattern replaces may differ in
+        // length: the room is a hint). `_`, a window start of up to 20 digits and `_`.
+        let entries: usize = descriptor
+            .entries
+            .iter()
+            .map(|e| e.key.len() + e.value.len() + 2)
+            .sum();
+        let prefix = &self.settings.cache_key_prefix;
+        key.reserve(prefix.len() + domain.len() + 1 + entries + 22 + suffix.len());
+        self.write_entries(key, domain, descriptor, values);
         if let Some(start) = start {
             key.push_str(itoa::Buffer::new().format(start));
             if !suffix.is_empty() {

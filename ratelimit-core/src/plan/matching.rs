@@ -115,9 +115,8 @@ impl Engine {
     pub(crate) fn plan_body(&self, request: &Request, now_ms: u64, dry: bool) -> PlanBody {
         let mut body = self.match_request(request, now_ms, dry);
         let mut increments = Vec::with_capacity(body.items.len());
-        let capacity = self.key_capacity(request);
         self.for_each_counter(&body, request, |key, hits, span, _| {
-            let mut text = String::with_capacity(capacity);
+            let mut text = String::new();
             key.write_text(&mut text);
             increments.push(Increment {
                 key: text,
