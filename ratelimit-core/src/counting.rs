@@ -29,18 +29,6 @@ pub(crate) struct Span {
     pub expires: u64,
 }
 
-impl Span {
-    /// The window start a counter's key ends with; a bucket, which has no window, has
-    /// none.
-    #[inline(always)]
-    pub fn key_start(&self) -> Option<u64> {
-        match self.op {
-            CounterOp::Gcra(_) => None,
-            _ => Some(self.start),
-        }
-    }
-}
-
 /// A limit's algorithm, with its parameters.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Counting {
@@ -71,7 +59,7 @@ impl Counting {
 
     /// Counter `at` of [`Counting::counters`].
     #[inline(always)]
-    pub fn span(self, at: usize, now_ms: u64) -> Span {
+    fn span(self, at: usize, now_ms: u64) -> Span {
         let now = now_ms / 1_000;
         match self {
             Counting::FixedWindow(window) => {

@@ -80,22 +80,18 @@ impl Engine {
                 .expect("counted limits have statistics");
             let applied = self.applied_node(node, 0, stats);
             let addend = descriptor.hits_addend.unwrap_or(default_addend);
-            // The counters of a direct limit are keyed by its identity and the entries'
-            // values as they are (see `direct`): no plan, no per-level key.
-            let mut totals = [0u64; 2];
-            let counters = applied.counting.counter_count();
-            let values = Values::Of(&descriptor.entries);
-            for (at, total) in totals.iter_mut().enumerate().take(counters) {
-                let span = applied.counting.span(at, now_ms);
-                let start = span.key_start();
-                let write = |out: &mut String| {
-                    self.write_key(out, &request.domain, descriptor, &values, source, start);
-                };
-                let key =
-                    CounterKey::new(limit.identity, start.unwrap_or(0), values.clone(), &write);
-                *total = self.count(store, &key, addend, span, applied.bound, now_ms);
-            }
-            let totals = &totals[..counters];
+            // A direct limit counts under its identity and the entries' values as they are
+            // (see `direct`): no per-level key to work out.
+            let (mut totals, mut counted) = ([0u64; 2], 0);
+            let parts = (limit.identity, Values::Of(&descriptor.entries));
+            let at = (applied.counting, now_ms);
+            self.for_each_counter_of(&request.domain, descriptor, source, parts, at, {
+                |key, span| {
+                    totals[counted] = self.count(store, key, addend, span, applied.bound, now_ms);
+                    counted += 1;
+                }
+            });
+            let totals = &totals[..counted];
             let assessed = applied
                 .counting
                 .assess(totals, addend, applied.bound, now_ms);

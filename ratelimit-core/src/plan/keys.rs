@@ -2,7 +2,7 @@
 
 use super::{Item, PlanBody, Source};
 use crate::counter_key::{CounterKey, Values, limit_identity};
-use crate::counting::{Counting, Span};
+use crate::counting::{CounterOp, Counting, Span};
 use crate::engine::Engine;
 use crate::request::{Descriptor, Entry, Request};
 use crate::rules::{Level, MatchKind, Node};
@@ -22,29 +22,34 @@ impl Engine {
                 let descriptor = &request.descriptors[limited.descriptor];
                 let applied = self.applied(limited);
                 let (domain, source, now_ms) = (&request.domain, limited.source, body.now_ms);
-                self.for_each_counter_of(domain, descriptor, source, applied.counting, now_ms, {
+                let parts = self.counter_parts(domain, descriptor, source);
+                let at = (applied.counting, now_ms);
+                self.for_each_counter_of(domain, descriptor, source, parts, at, {
                     |key, span| f(key, limited.addend, span, applied.bound)
                 });
             }
         }
     }
 
-    /// Calls `f(counter, span)` for each counter that the limit of `source`, counting as
-    /// `counting`, needs for `descriptor` at `now_ms`, in counter order.
-    #[inline]
+    /// Calls `f(counter, span)` for each counter that a limit of `source`, counting as
+    /// `counting`, needs at `now_ms` ([`Counting::counters`]), keyed by `parts`
+    /// ([`Engine::counter_parts`]) for `descriptor`, in counter order.
+    #[inline(always)]
     pub(super) fn for_each_counter_of(
         &self,
         domain: &str,
         descriptor: &Descriptor,
         source: Source,
-        counting: Counting,
-        now_ms: u64,
+        (identity, values): (u64, Values<'_>),
+        (counting, now_ms): (Counting, u64),
         mut f: impl FnMut(&CounterKey<'_>, Span),
     ) {
-        let (identity, values) = self.counter_parts(domain, descriptor, source);
         for span in counting.counters(now_ms) {
             // A bucket has no window: its key ends with the entries' `_`.
-            let start = span.key_start();
+            let start = match span.op {
+                CounterOp::Gcra(_) => None,
+                _ => Some(span.start),
+            };
             let write = |out: &mut String| {
                 self.write_key(out, domain, descriptor, &values, source, start);
             };
