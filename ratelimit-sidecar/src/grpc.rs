@@ -327,6 +327,41 @@ mod tests {
         }
     }
 
+    proptest::proptest! {
+        /// However a body is cut into frames, it reads as it does whole: the same request
+        /// or the same error.
+        #[test]
+        fn frames_do_not_change_what_a_body_reads_as(
+            bytes in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..64),
+            valid in proptest::prelude::any::<bool>(),
+            cuts in proptest::collection::vec(0usize..80, 0..6),
+        ) {
+            let bytes = if valid { framed(&request(&format!("{bytes:?}")).encode_to_vec()) } else { bytes };
+            let mut cuts: Vec<usize> = cuts.into_iter().filter(|c| *c < bytes.len()).collect();
+            cuts.sort_unstable();
+            let mut chunks = Vec::new();
+            let mut from = 0;
+            for cut in cuts.into_iter().chain([bytes.len()]) {
+                chunks.push(bytes[from..cut].to_vec());
+                from = cut;
+            }
+            let runtime = tokio::runtime::Builder::new_current_thread().build().unwrap();
+            let whole = runtime.block_on(read(vec![bytes.clone()]));
+            let split = runtime.block_on(read(chunks));
+            match (whole, split) {
+                (Ok(a), Ok(b)) => proptest::prop_assert_eq!(a, b),
+                (Err(a), Err(b)) => {
+                    proptest::prop_assert_eq!(a.code(), b.code());
+                    proptest::prop_assert_eq!(a.message(), b.message());
+                }
+                (a, b) => proptest::prop_assert!(false, "{a:?} whole, {b:?} split"),
+            }
+            if valid {
+                proptest::prop_assert!(runtime.block_on(read(vec![bytes])).is_ok());
+            }
+        }
+    }
+
     #[test]
     fn a_compressed_request_is_unimplemented_and_says_what_is_accepted() {
         let mut headers = HeaderMap::new();
