@@ -125,7 +125,14 @@ where
     let mut body = pin!(body);
     let (mut first, mut trailers, mut pending) = (None, None, BytesMut::new());
     while let Some(frame) = body.frame().await {
-        let frame = frame.map_err(|error| Status::from_error(error.into()))?;
+        let frame = match frame {
+            Ok(frame) => frame,
+            Err(error) => match Status::from_error(error.into()) {
+                // As in tonic, a request the client cancelled ends there.
+                status if status.code() == tonic::Code::Cancelled => break,
+                status => return Err(status),
+            },
+        };
         let frame = match frame.into_data() {
             Ok(mut data) => {
                 let data = data.copy_to_bytes(data.remaining());
@@ -324,6 +331,23 @@ mod tests {
             let error = read(vec![bytes.clone()]).await.unwrap_err();
             assert_eq!(error.code(), code, "{bytes:?}: {error:?}");
             assert!(error.message().contains(message), "{bytes:?}: {error:?}");
+        }
+    }
+
+    #[tokio::test]
+    async fn a_cancelled_body_ends_the_request_and_other_body_errors_fail_it() {
+        let message = framed(&request("sent").encode_to_vec());
+        for (error, expected) in [
+            (Status::cancelled("gone"), Ok(request("sent"))),
+            (Status::unavailable("reset"), Err(Code::Unavailable)),
+        ] {
+            let frames = [
+                Ok(Frame::data(bytes::Bytes::from(message.clone()))),
+                Err(error),
+            ];
+            let body = StreamBody::new(futures_util::stream::iter(frames));
+            let read = read_request(body).await.map(|(r, _)| r);
+            assert_eq!(read.map_err(|e| e.code()), expected);
         }
     }
 
