@@ -6,18 +6,20 @@
 //! so reading the body once and answering with a finished body skips the streaming codec
 //! that a unary call does not need (about 3 000 instructions of the 50 000 a call costs).
 //! It answers a body that is not a `RateLimitRequest` with `INVALID_ARGUMENT` (the
-//! generated prost codec says `INTERNAL`, which reads as the server's fault), and every
-//! other malformed call as tonic's own server does, with the same codes and messages.
+//! generated prost codec says `INTERNAL`, which reads as the server's fault), and other
+//! malformed calls as tonic's own server does, with the same codes and messages, except
+//! that a body ending inside a message is always `Unexpected EOF decoding stream.`:
+//! tonic lets a lone length prefix, or a message cut short by trailers, pass.
 
 use std::convert::Infallible;
-use std::pin::pin;
+use std::pin::{Pin, pin};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
-use bytes::{Buf, BufMut, BytesMut};
+use bytes::{Buf, BufMut, Bytes, BytesMut};
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
-use futures_util::future::ready;
-use http_body_util::{BodyExt, Full};
+use http_body_util::BodyExt;
+use hyper::body::Frame;
 use prost::Message;
 use tonic::Status;
 use tonic::codegen::http::header::{CONTENT_TYPE, HeaderMap, HeaderValue};
@@ -84,9 +86,10 @@ where
     refuse_compressed(request.headers())?;
     let (parts, body) = request.into_parts();
     let (request, trailers) = read_request(body).await?;
-    let answer = match (service.decides_now(), trailers) {
-        (Some(store), None) => service.should_rate_limit_grpc_now(store, request),
-        (_, trailers) => {
+    // A decision that waits for nothing and is not traced reads no header.
+    let answer = match service.decides_now() {
+        Some(store) => service.should_rate_limit_grpc_now(store, request),
+        None => {
             let mut headers = parts.headers;
             headers.extend(trailers.unwrap_or_default());
             service.should_rate_limit_grpc(request, &headers).await
@@ -101,9 +104,12 @@ fn refuse_compressed(headers: &HeaderMap) -> Result<(), Status> {
     match headers.get("grpc-encoding").map(HeaderValue::as_bytes) {
         None | Some(b"identity") => Ok(()),
         Some(other) => {
+            let other = match std::str::from_utf8(other) {
+                Ok(name) => name.to_owned(),
+                Err(_) => format!("{other:?}"),
+            };
             let mut status = Status::unimplemented(format!(
-                "Content is compressed with `{}` which isn't supported",
-                String::from_utf8_lossy(other)
+                "Content is compressed with `{other}` which isn't supported"
             ));
             status.metadata_mut().insert(
                 "grpc-accept-encoding",
@@ -207,16 +213,41 @@ fn answer(response: &RateLimitResponse) -> Result<http::Response<tonic::body::Bo
     response
         .encode(&mut message)
         .map_err(|error| Status::internal(format!("cannot encode the response: {error}")))?;
-    let mut trailers = HeaderMap::with_capacity(1);
-    trailers.insert("grpc-status", HeaderValue::from_static("0"));
-    let body =
-        Full::new(message.freeze()).with_trailers(ready(Some(Ok::<_, Infallible>(trailers))));
+    let body = Answer(Some(message.freeze()), true);
     let mut answer = http::Response::new(tonic::body::Body::new(body));
     *answer.version_mut() = http::Version::HTTP_2;
     answer
         .headers_mut()
         .insert(CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
     Ok(answer)
+}
+
+/// The body of an answer: the framed message, then `grpc-status: 0` (what tonic's
+/// encoder sends after one message), with no size announced, as tonic announces none.
+struct Answer(Option<Bytes>, bool);
+
+impl Body for Answer {
+    type Data = Bytes;
+    type Error = Infallible;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        _: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+        if let Some(message) = self.0.take() {
+            return Poll::Ready(Some(Ok(Frame::data(message))));
+        }
+        if std::mem::take(&mut self.1) {
+            let mut trailers = HeaderMap::with_capacity(1);
+            trailers.insert("grpc-status", HeaderValue::from_static("0"));
+            return Poll::Ready(Some(Ok(Frame::trailers(trailers))));
+        }
+        Poll::Ready(None)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.0.is_none() && !self.1
+    }
 }
 
 /// envoyproxy/ratelimit answers its own request errors with `UNKNOWN` and the message;
@@ -241,7 +272,6 @@ mod tests {
     use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
     use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
     use http_body_util::StreamBody;
-    use hyper::body::Frame;
     use tonic::Code;
 
     use super::*;
@@ -410,6 +440,8 @@ mod tests {
         };
         let answer = answer(&response).unwrap();
         assert_eq!(answer.headers()[CONTENT_TYPE], "application/grpc");
+        // An exact size would make hyper send `content-length`, which tonic never sends.
+        assert_eq!(answer.body().size_hint().exact(), None);
         let collected = answer.into_body().collect().await.unwrap();
         assert_eq!(collected.trailers().unwrap()["grpc-status"], "0");
         let bytes = collected.to_bytes();
