@@ -139,23 +139,19 @@ where
                 status => return Err(status),
             },
         };
-        let frame = match frame.into_data() {
-            Ok(mut data) => {
+        match frame.into_data() {
+            // A frame that starts on a message boundary is decoded where it lies.
+            Ok(mut data) if pending.is_empty() => {
                 let data = data.copy_to_bytes(data.remaining());
-                if pending.is_empty() {
-                    let used = decode_messages(&data, &mut first)?;
-                    pending.extend_from_slice(&data[used..]);
-                } else {
-                    pending.extend_from_slice(&data);
-                    let used = decode_messages(&pending, &mut first)?;
-                    let _ = pending.split_to(used);
-                }
-                continue;
+                let used = decode_messages(&data, &mut first)?;
+                pending.extend_from_slice(&data[used..]);
             }
-            Err(frame) => frame,
-        };
-        if let Ok(frame_trailers) = frame.into_trailers() {
-            trailers = Some(frame_trailers);
+            Ok(mut data) => {
+                pending.extend_from_slice(&data.copy_to_bytes(data.remaining()));
+                let used = decode_messages(&pending, &mut first)?;
+                let _ = pending.split_to(used);
+            }
+            Err(frame) => trailers = frame.into_trailers().ok().or(trailers),
         }
     }
     if !pending.is_empty() {
@@ -213,7 +209,10 @@ fn answer(response: &RateLimitResponse) -> Result<http::Response<tonic::body::Bo
     response
         .encode(&mut message)
         .map_err(|error| Status::internal(format!("cannot encode the response: {error}")))?;
-    let body = Answer(Some(message.freeze()), true);
+    let body = Answer {
+        message: Some(message.freeze()),
+        trailers_due: true,
+    };
     let mut answer = http::Response::new(tonic::body::Body::new(body));
     *answer.version_mut() = http::Version::HTTP_2;
     answer
@@ -224,7 +223,10 @@ fn answer(response: &RateLimitResponse) -> Result<http::Response<tonic::body::Bo
 
 /// The body of an answer: the framed message, then `grpc-status: 0` (what tonic's
 /// encoder sends after one message), with no size announced, as tonic announces none.
-struct Answer(Option<Bytes>, bool);
+struct Answer {
+    message: Option<Bytes>,
+    trailers_due: bool,
+}
 
 impl Body for Answer {
     type Data = Bytes;
@@ -234,10 +236,10 @@ impl Body for Answer {
         mut self: Pin<&mut Self>,
         _: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
-        if let Some(message) = self.0.take() {
+        if let Some(message) = self.message.take() {
             return Poll::Ready(Some(Ok(Frame::data(message))));
         }
-        if std::mem::take(&mut self.1) {
+        if std::mem::take(&mut self.trailers_due) {
             let mut trailers = HeaderMap::with_capacity(1);
             trailers.insert("grpc-status", HeaderValue::from_static("0"));
             return Poll::Ready(Some(Ok(Frame::trailers(trailers))));
@@ -246,7 +248,7 @@ impl Body for Answer {
     }
 
     fn is_end_stream(&self) -> bool {
-        self.0.is_none() && !self.1
+        self.message.is_none() && !self.trailers_due
     }
 }
 
