@@ -34,7 +34,7 @@ macro_rules! client_edge {
                             unit: unit_to_pb(l.unit) as i32,
                         }),
                         hits_addend: d.hits_addend.map(|value| UInt64Value { value }),
-                        ..Default::default()
+                        is_negative_hits: d.negative_hits,
                     })
                     .collect(),
                 hits_addend: request.hits_addend,

@@ -85,6 +85,7 @@ fn descriptor_from_pb(
             .collect(),
         limit,
         hits_addend: descriptor.hits_addend.map(|h| h.value),
+        negative_hits: descriptor.is_negative_hits,
     })
 }
 

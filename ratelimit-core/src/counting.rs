@@ -16,6 +16,28 @@ pub enum CounterOp {
     /// Run one [`Bucket::step`] with the hits as its cost at the request's time, and
     /// return the TAT the request asked for.
     Gcra(Bucket),
+    /// Take the hits off the counter, never below 0, and return what is left; a counter
+    /// that does not exist stays so (a refund, Envoy's `is_negative_hits`).
+    Refund,
+    /// Give the hits back to the bucket ([`Bucket::refund`]) and return its new TAT.
+    GcraRefund(Bucket),
+}
+
+impl CounterOp {
+    /// What the op becomes when the request refunds its hits: added hits are taken off,
+    /// a bucket's tokens are given back, a read stays a read.
+    pub(crate) fn refunding(self) -> CounterOp {
+        match self {
+            CounterOp::Add => CounterOp::Refund,
+            CounterOp::Gcra(bucket) => CounterOp::GcraRefund(bucket),
+            other => other,
+        }
+    }
+
+    /// Whether the op gives hits back.
+    pub fn is_refund(self) -> bool {
+        matches!(self, CounterOp::Refund | CounterOp::GcraRefund(_))
+    }
 }
 
 /// A counter a limit needs.
@@ -164,9 +186,13 @@ impl Counting {
     }
 }
 
-/// `count × left / length`, rounded down.
+/// `count × left / length`, rounded up. The estimate `current + previous × left / length`
+/// is compared with an integer bound, so rounding the weighted part up makes `after >
+/// bound` the exact comparison `current × length + previous × left > bound × length`: a
+/// fraction of a hit left over from the previous window is never forgiven.
 fn weigh(count: u64, left: u64, length: u64) -> u64 {
-    u64::try_from(u128::from(count) * u128::from(left) / u128::from(length)).unwrap_or(u64::MAX)
+    u64::try_from((u128::from(count) * u128::from(left)).div_ceil(u128::from(length)))
+        .unwrap_or(u64::MAX)
 }
 
 /// Milliseconds until one more hit fits a sliding window with these counts, `left`
@@ -226,6 +252,20 @@ mod tests {
         assert_eq!(decaying.after, 4 + 9);
         assert!(!counting.exceeds(&[4, 12], 1, 10, now_ms + 30_000));
         assert_eq!(decaying.reset, 20, "12 × left/60 <= 5 once left <= 25 s");
+    }
+
+    #[test]
+    fn a_sliding_window_compares_exactly_at_a_boundary() {
+        // 4 per 2 s: four hits at 1.7 s, then one at 2.2 s. The previous window still
+        // weighs 4 × 1.8 / 2 = 3.6 hits, so the fifth makes 4.6 > 4.
+        let counting = Counting::SlidingWindow(Window::new(Unit::Second, 2));
+        let now_ms = 1_000_002_200;
+        let assessed = counting.assess(&[1, 4], 1, 4, now_ms);
+        assert_eq!(assessed.after, 5, "3.6 rounds up, never down");
+        assert!(counting.exceeds(&[0, 4], 1, 4, now_ms));
+        // Exactly on the bound is within it: 3 × 1 / 2 = 1.5 -> 2, plus 2 current = 4.
+        assert_eq!(counting.assess(&[2, 3], 1, 4, 1_000_003_000).after, 4);
+        assert!(!counting.exceeds(&[1, 3], 1, 4, 1_000_003_000));
     }
 
     #[test]

@@ -60,6 +60,15 @@ impl Bucket {
         (keep, next)
     }
 
+    /// The TAT after `cost` tokens are given back to a bucket whose stored TAT is
+    /// `stored`: it moves back by their time, but not before now, where the bucket is
+    /// full (so no refund raises it past `burst`). Stores report and keep this value.
+    pub fn refund(self, stored: u64, now_ms: u64, cost: u64) -> u64 {
+        stored
+            .saturating_sub(cost.saturating_mul(self.interval_ms))
+            .max(now_ms.min(stored))
+    }
+
     /// Tokens in use once the request that reported `next` is counted: more than `burst`
     /// exactly when it was refused.
     pub fn used(self, next: u64, now_ms: u64) -> u64 {
@@ -108,6 +117,19 @@ mod tests {
         assert!(bucket.admits(next, now + 100));
         assert_eq!(bucket.used(next, now + 100), 3);
         assert_eq!(keep, next);
+    }
+
+    #[test]
+    fn a_refund_gives_tokens_back_up_to_the_burst() {
+        let bucket = Bucket::new(Window::of(Unit::Second), 10, 3);
+        let now = 1_000_000;
+        let (stored, _) = bucket.step(0, now, 3);
+        assert_eq!(bucket.used(stored, now), 3);
+        let back = bucket.refund(stored, now, 2);
+        assert_eq!(bucket.used(back, now), 1);
+        assert_eq!(bucket.refund(back, now, 5), now, "full, never more");
+        assert_eq!(bucket.used(bucket.refund(back, now, 5), now), 0);
+        assert_eq!(bucket.refund(0, now, 1), 0, "no bucket stays none");
     }
 
     #[test]

@@ -65,6 +65,11 @@ impl OverLimitCache {
         found
     }
 
+    /// Forgets `key`: a refund lowered its counter, so the store is asked again.
+    pub fn remove(&self, key: &str) {
+        self.lock().remove(key);
+    }
+
     /// Remembers that `key` is over its limit until `window_end`.
     pub fn insert(&self, key: &str, window_end: u64, now: u64) {
         let cost = key.len() + ENTRY_OVERHEAD;

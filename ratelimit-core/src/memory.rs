@@ -174,6 +174,22 @@ impl MemoryStore {
         reported
     }
 
+    /// Runs `existing` on the slot of `key` while it is needed; 0 when there is none (a
+    /// refund never creates a counter).
+    fn with_live_slot(
+        &self,
+        key: &CounterKey<'_>,
+        now: u64,
+        existing: impl Fn(&Slot) -> u64,
+    ) -> u64 {
+        let hash = self.hash(key);
+        self.shard(hash)
+            .read()
+            .find(hash, key)
+            .filter(|slot| slot.expires() > now)
+            .map_or(0, existing)
+    }
+
     fn hash(&self, key: &CounterKey<'_>) -> u64 {
         let mut hasher = self.hasher.build_hasher();
         // One word for the limit and its window: an identity is already a hash, and the
@@ -196,6 +212,15 @@ impl MemoryStore {
             ),
             CounterOp::Read => self.get(&key, increment.now_ms / 1_000),
             CounterOp::Gcra(bucket) => self.gcra(&key, bucket, increment.hits, increment.now_ms),
+            CounterOp::Refund => self.decrement(
+                &key,
+                increment.hits,
+                increment.expires,
+                increment.now_ms / 1_000,
+            ),
+            CounterOp::GcraRefund(bucket) => {
+                self.gcra_refund(&key, bucket, increment.hits, increment.now_ms)
+            }
         }
     }
 
@@ -217,6 +242,18 @@ impl CounterStore for MemoryStore {
             .find(hash, key)
             .filter(|slot| slot.expires() > now)
             .map_or(0, |slot| slot.count.load(Ordering::Relaxed))
+    }
+
+    fn decrement(&self, key: &CounterKey<'_>, hits: u64, _expires: u64, now: u64) -> u64 {
+        self.with_live_slot(key, now, |slot| {
+            slot.update(|count| count.saturating_sub(hits))
+        })
+    }
+
+    fn gcra_refund(&self, key: &CounterKey<'_>, bucket: Bucket, cost: u64, now_ms: u64) -> u64 {
+        self.with_live_slot(key, now_ms / 1_000, |slot| {
+            slot.update(|tat| bucket.refund(tat, now_ms, cost))
+        })
     }
 
     fn gcra(&self, key: &CounterKey<'_>, bucket: Bucket, cost: u64, now_ms: u64) -> u64 {
@@ -246,6 +283,17 @@ fn bucket_expiry(tat: u64, now_ms: u64) -> u64 {
 }
 
 impl Slot {
+    /// Sets the value to `change` of it, atomically, and returns the new value.
+    fn update(&self, change: impl Fn(u64) -> u64) -> u64 {
+        let previous = self
+            .count
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |value| {
+                Some(change(value))
+            })
+            .unwrap_or_else(|value| value);
+        change(previous)
+    }
+
     /// Adds `hits`, saturating, and returns the new count.
     fn add(&self, hits: u64) -> u64 {
         let previous = self

@@ -22,6 +22,10 @@ pub struct Descriptor {
     pub limit: Option<LimitOverride>,
     /// Hits for this descriptor, winning over the request's; `Some(0)` only checks.
     pub hits_addend: Option<u64>,
+    /// The hits are a refund (Envoy's `is_negative_hits`): they are taken off the
+    /// descriptor's counters instead of added, giving back what an earlier request was
+    /// charged.
+    pub negative_hits: bool,
 }
 
 /// A key/value pair of a descriptor.
@@ -68,7 +72,14 @@ impl Descriptor {
                 .collect(),
             limit: None,
             hits_addend: None,
+            negative_hits: false,
         }
+    }
+
+    /// The same descriptor as a refund of its hits (Envoy's `is_negative_hits`).
+    pub fn refunding(mut self) -> Descriptor {
+        self.negative_hits = true;
+        self
     }
 
     /// The same descriptor with its own hits addend.
@@ -104,14 +115,14 @@ pub struct RequestBounds {
 impl Default for RequestBounds {
     /// 256-byte domains and keys (they come from Envoy's configuration), 64 KiB values
     /// (more than Envoy's default 60 KiB for all request headers, so no value taken from
-    /// a header Envoy accepts is refused), addends up to 2³² − 1 (the range of the
-    /// request-wide `hits_addend`).
+    /// a header Envoy accepts is refused), and addends in the whole range of Envoy's
+    /// `uint64` (counters saturate; they never wrap).
     fn default() -> RequestBounds {
         RequestBounds {
             max_domain_bytes: 256,
             max_key_bytes: 256,
             max_value_bytes: 65_536,
-            max_hits_addend: u64::from(u32::MAX),
+            max_hits_addend: u64::MAX,
         }
     }
 }

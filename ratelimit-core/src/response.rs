@@ -53,6 +53,12 @@ impl DescriptorStatus {
         duration_until_reset: None,
         metadata: None,
     };
+
+    /// The status of a descriptor whose rule is `unlimited`: no limit, every hit left.
+    pub const UNLIMITED: DescriptorStatus = DescriptorStatus {
+        limit_remaining: u32::MAX,
+        ..DescriptorStatus::NO_LIMIT
+    };
 }
 
 /// Values for the `RateLimit-Limit`, `RateLimit-Remaining` and `RateLimit-Reset` headers.
@@ -67,13 +73,25 @@ pub struct RateLimitHeaders {
 }
 
 impl RateLimitHeaders {
-    /// The header values for a request's statuses, local or from a remote service: the
-    /// last descriptor over its limit, else the limited one with the fewest hits left;
-    /// `None` when no limit applied.
+    /// The header values for a request's statuses read back from another rate-limit
+    /// service, which does not say which descriptors were in quota mode: [`Self::choose`]
+    /// with none in quota mode.
     pub fn for_statuses(statuses: &[DescriptorStatus]) -> Option<RateLimitHeaders> {
+        Self::choose(statuses, |_| false)
+    }
+
+    /// The header values for a request's statuses, where `is_quota(i)` says whether
+    /// descriptor `i` is in quota mode, as envoyproxy/ratelimit chooses them: the limited
+    /// descriptor with the fewest hits left (the first of equals); but a descriptor not
+    /// in quota mode that is over its limit always wins, the last of them. Quota
+    /// descriptors compete only by what they have left. `None` when no limit applied.
+    pub fn choose(
+        statuses: &[DescriptorStatus],
+        is_quota: impl Fn(usize) -> bool,
+    ) -> Option<RateLimitHeaders> {
         let mut chosen: Option<RateLimitHeaders> = None;
-        let mut over: Option<RateLimitHeaders> = None;
-        for status in statuses {
+        let mut least = u32::MAX;
+        for (i, status) in statuses.iter().enumerate() {
             let (Some(limit), Some(reset)) = (&status.current_limit, status.duration_until_reset)
             else {
                 continue;
@@ -83,14 +101,14 @@ impl RateLimitHeaders {
                 remaining: status.limit_remaining,
                 reset,
             };
-            if status.code == Code::OverLimit {
-                over = Some(headers);
+            if status.limit_remaining < least {
+                (chosen, least) = (Some(headers), status.limit_remaining);
             }
-            if chosen.is_none_or(|c| headers.remaining < c.remaining) {
-                chosen = Some(headers);
+            if status.code == Code::OverLimit && !is_quota(i) {
+                (chosen, least) = (Some(headers), 0);
             }
         }
-        over.or(chosen)
+        chosen
     }
 }
 

@@ -17,6 +17,15 @@ pub trait CounterStore {
     /// The value of counter `key`, 0 when it does not exist or is no longer needed.
     fn get(&self, key: &CounterKey<'_>, now: u64) -> u64;
 
+    /// Takes `hits` off the counter `key`, never below 0, and returns what is left; a
+    /// counter that does not exist is 0 (a store may create it at 0, needed until
+    /// `expires`).
+    fn decrement(&self, key: &CounterKey<'_>, hits: u64, expires: u64, now: u64) -> u64;
+
+    /// Gives `cost` tokens back to the bucket `key` ([`Bucket::refund`]) atomically and
+    /// returns its new TAT; 0 when there is no bucket (it is full).
+    fn gcra_refund(&self, key: &CounterKey<'_>, bucket: Bucket, cost: u64, now_ms: u64) -> u64;
+
     /// Runs one [`Bucket::step`] of `cost` tokens at `now_ms` on the bucket `key`,
     /// atomically, and returns the TAT the request asked for (the step's second value).
     fn gcra(&self, key: &CounterKey<'_>, bucket: Bucket, cost: u64, now_ms: u64) -> u64;

@@ -211,7 +211,8 @@ impl SlidingModel {
             .copied()
             .unwrap_or(0);
         let left = self.length_ms - now_ms % self.length_ms;
-        let estimate = current + previous * left / self.length_ms;
+        // Exact: no fraction of a previous hit is forgiven.
+        let estimate = current + (previous * left).div_ceil(self.length_ms);
         self.counts.insert(window, current);
         estimate <= self.limit
     }

@@ -25,31 +25,46 @@ fn user(hits: u64) -> Request {
 }
 
 #[test]
-fn a_huge_addend_is_refused_and_cannot_reset_a_counter() {
+fn a_huge_addend_is_over_the_limit_and_cannot_reset_a_counter() {
     let (limiter, store) = (limiter(RequestBounds::default()), MemoryStore::default());
     let over = limiter.should_rate_limit(&user(151), &store, NOW).unwrap();
     assert_eq!(over.overall_code, Code::OverLimit);
 
-    // 2^64 - 151 would wrap the counter to 0 if it were added.
-    let error = limiter
+    // 2^64 - 151 would wrap the counter to 0 if it were added: it saturates instead.
+    let huge = limiter
         .should_rate_limit(&user(u64::MAX - 150), &store, NOW)
+        .unwrap();
+    assert_eq!(huge.overall_code, Code::OverLimit);
+    let after = limiter.should_rate_limit(&user(1), &store, NOW).unwrap();
+    assert_eq!(after.overall_code, Code::OverLimit);
+}
+
+#[test]
+fn an_operator_bound_on_addends_is_refused_with_the_field() {
+    let bounds = RequestBounds {
+        max_hits_addend: 1_000,
+        ..RequestBounds::default()
+    };
+    let (limiter, store) = (limiter(bounds), MemoryStore::default());
+    let error = limiter
+        .should_rate_limit(&user(5_000), &store, NOW)
         .unwrap_err();
     assert_eq!(
         error,
         RequestError::HitsAddendTooLarge {
             field: "descriptors[0].hits_addend".into(),
-            value: u64::MAX - 150,
-            max: u64::from(u32::MAX),
+            value: 5_000,
+            max: 1_000,
         }
     );
     assert!(error.is_invalid_argument());
     assert_eq!(
         error.to_string(),
-        "descriptors[0].hits_addend is 18446744073709551465; at most 4294967295 is allowed"
+        "descriptors[0].hits_addend is 5000; at most 1000 is allowed"
     );
-    // The refused request counted nothing: the counter is still over its limit.
-    let after = limiter.should_rate_limit(&user(1), &store, NOW).unwrap();
-    assert_eq!(after.overall_code, Code::OverLimit);
+    // The refused request counted nothing.
+    let after = limiter.should_rate_limit(&user(100), &store, NOW).unwrap();
+    assert_eq!(after.overall_code, Code::Ok);
 }
 
 #[test]

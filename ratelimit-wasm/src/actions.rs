@@ -100,6 +100,7 @@ pub fn build(
                 entries,
                 limit: None,
                 hits_addend: None,
+                negative_hits: false,
             })
         })
         .collect()

@@ -110,6 +110,26 @@ impl<S: SharedData> CounterStore for SlotCounters<S> {
     fn get(&self, key: &CounterKey<'_>, now: u64) -> u64 {
         key.with_text(|key| self.get_text(key, now))
     }
+
+    fn decrement(&self, key: &CounterKey<'_>, hits: u64, expires: u64, now: u64) -> u64 {
+        // A refund of a counter nobody has leaves it at 0 (a slot held until its window
+        // ends, as any counter's).
+        key.with_text(|key| {
+            self.update(key, now, |count| {
+                let left = count.unwrap_or(0).saturating_sub(hits);
+                (left, expires, left)
+            })
+        })
+    }
+
+    fn gcra_refund(&self, key: &CounterKey<'_>, bucket: Bucket, cost: u64, now_ms: u64) -> u64 {
+        key.with_text(|key| {
+            self.update(key, now_ms / 1_000, |tat| {
+                let back = bucket.refund(tat.unwrap_or(0), now_ms, cost);
+                (back, back.max(now_ms).div_ceil(1_000) + 1, back)
+            })
+        })
+    }
 }
 
 /// The counters by their text: shared data is keyed by upstream's cache keys.

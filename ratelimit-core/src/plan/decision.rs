@@ -29,10 +29,16 @@ impl PlanBody {
         current: &[u64],
     ) -> Option<SmallVec<[bool; 8]>> {
         let mut exceeds: SmallVec<[bool; 8]> = SmallVec::new();
+        let mut any = false;
         for item in &self.items {
             if let Item::Limited(limited) = item
                 && !limited.cached
             {
+                if limited.refund {
+                    // A refund is never held back (nor does it hold others back).
+                    exceeds.extend(std::iter::repeat_n(true, limited.counters));
+                    continue;
+                }
                 let applied = engine.applied(limited);
                 let totals = current
                     .get(limited.increment..limited.increment + limited.counters)
@@ -41,10 +47,11 @@ impl PlanBody {
                     applied
                         .counting
                         .exceeds(totals, limited.addend, applied.bound, self.now_ms);
+                any |= over;
                 exceeds.extend(std::iter::repeat_n(over, limited.counters));
             }
         }
-        exceeds.contains(&true).then_some(exceeds)
+        any.then_some(exceeds)
     }
 
     /// Leaves out the counters `cache` knows to be over their limit; with `stop`
@@ -59,11 +66,14 @@ impl PlanBody {
             if let Item::Limited(limited) = item {
                 let own: SmallVec<[Increment; 2]> =
                     increments.by_ref().take(limited.counters).collect();
-                // The local cache knows a limit by its first counter.
-                if own
-                    .first()
-                    .is_some_and(|first| cache.contains(&first.key, self.now_ms / 1_000))
-                {
+                // The local cache knows a limit by its first counter. A refund is always
+                // run, and the counter it lowers is no longer known to be over.
+                let first = own.first().map(|first| first.key.as_str());
+                if limited.refund {
+                    first.inspect(|key| cache.remove(key));
+                    limited.increment = kept.len();
+                    kept.extend(own);
+                } else if first.is_some_and(|key| cache.contains(key, self.now_ms / 1_000)) {
                     limited.cached = true;
                     any_cached = true;
                 } else {
@@ -73,7 +83,9 @@ impl PlanBody {
             }
         }
         if any_cached && stop {
-            kept.iter_mut().for_each(|increment| increment.hits = 0);
+            kept.iter_mut()
+                .filter(|increment| !increment.op.is_refund())
+                .for_each(|increment| increment.hits = 0);
         }
         self.increments = kept;
     }
@@ -83,56 +95,18 @@ impl PlanBody {
             counts.len() >= self.increments.len(),
             "one count per increment"
         );
-        let ratio = engine.settings.near_limit_ratio;
         let mut statuses = Statuses::with_capacity(self.items.len());
         let mut policies = Vec::new();
         let mut quotas: SmallVec<[bool; 4]> = SmallVec::new();
         for item in &self.items {
             let (status, is_quota) = match item {
                 Item::NoLimit { quota } => (DescriptorStatus::NO_LIMIT, *quota),
-                Item::Unlimited { node } => (
-                    DescriptorStatus {
-                        limit_remaining: u32::MAX,
-                        metadata: engine.rules.node(*node).metadata.clone(),
-                        ..DescriptorStatus::NO_LIMIT
-                    },
-                    engine.rules.node(*node).quota_mode || engine.settings.quota_mode,
-                ),
+                // Unlimited is neither a quota descriptor nor a passed one, whatever the
+                // quota modes say: it counts for nothing and contributes no metadata.
+                Item::Unlimited { .. } => (DescriptorStatus::UNLIMITED, false),
                 Item::Limited(limited) => {
                     let applied = engine.applied(limited);
-                    let mut status = if limited.cached {
-                        let reset = applied.counting.assess(&[], 0, 0, self.now_ms).reset;
-                        cached_over_limit(&applied, limited.addend, reset)
-                    } else {
-                        let totals =
-                            &counts[limited.increment..limited.increment + limited.counters];
-                        let assessed = applied.counting.assess(
-                            totals,
-                            limited.addend,
-                            applied.bound,
-                            self.now_ms,
-                        );
-                        let status = count_hits(&applied, limited.addend, assessed, ratio);
-                        if let Some(counter) = self.increments.get(limited.increment)
-                            && !self.dry
-                        {
-                            let nearest = engine.stats.nearest();
-                            let bound = u32::try_from(applied.bound).unwrap_or(u32::MAX);
-                            nearest.observe(
-                                &counter.key,
-                                assessed.after,
-                                bound,
-                                counter.window_end,
-                            );
-                            if let Some(cache) = &engine.local_cache
-                                && assessed.after > applied.bound
-                                && matches!(applied.counting, Counting::FixedWindow(_))
-                            {
-                                cache.insert(&counter.key, counter.window_end, self.now_ms / 1_000);
-                            }
-                        }
-                        status
-                    };
+                    let mut status = self.status_of(engine, limited, &applied, counts);
                     if let Source::Node(id, _) = limited.source {
                         status.metadata.clone_from(&engine.rules.node(id).metadata);
                     }
@@ -156,10 +130,57 @@ impl PlanBody {
             quotas.push(is_quota);
         }
         Response {
-            overall_code: overall_code(engine, &statuses, quotas, self.dry),
-            headers: RateLimitHeaders::for_statuses(&statuses),
+            overall_code: overall_code(engine, &statuses, &quotas, self.dry),
+            headers: RateLimitHeaders::choose(&statuses, |i| quotas[i]),
             statuses,
             policies,
+        }
+    }
+}
+
+impl PlanBody {
+    /// The status of `limited`, counting its statistics, from the plan's `counts`.
+    fn status_of(
+        &self,
+        engine: &Engine,
+        limited: &Limited,
+        applied: &Applied<'_>,
+        counts: &[u64],
+    ) -> DescriptorStatus {
+        if limited.cached {
+            let reset = applied.counting.assess(&[], 0, 0, self.now_ms).reset;
+            return cached_over_limit(applied, limited.addend, reset);
+        }
+        let totals = &counts[limited.increment..limited.increment + limited.counters];
+        let assessed = applied
+            .counting
+            .assess(totals, limited.addend, applied.bound, self.now_ms);
+        if limited.refund {
+            return refund_status(applied, limited.addend, assessed);
+        }
+        let ratio = engine.settings.near_limit_ratio;
+        let status = count_hits(applied, limited.addend, assessed, ratio);
+        self.observe(engine, limited, applied, assessed.after);
+        status
+    }
+
+    /// After a counted request: offers the counter of `limited` to the nearest-counters
+    /// list and, when a fixed window went over its bound, to the local over-limit cache.
+    fn observe(&self, engine: &Engine, limited: &Limited, applied: &Applied<'_>, after: u64) {
+        let Some(counter) = self.increments.get(limited.increment) else {
+            return;
+        };
+        if self.dry {
+            return;
+        }
+        let bound = u32::try_from(applied.bound).unwrap_or(u32::MAX);
+        let nearest = engine.stats.nearest();
+        nearest.observe(&counter.key, after, bound, counter.window_end);
+        if let Some(cache) = &engine.local_cache
+            && after > applied.bound
+            && matches!(applied.counting, Counting::FixedWindow(_))
+        {
+            cache.insert(&counter.key, counter.window_end, self.now_ms / 1_000);
         }
     }
 }
@@ -201,11 +222,11 @@ impl Engine {
 pub(super) fn overall_code(
     engine: &Engine,
     statuses: &[DescriptorStatus],
-    quotas: impl IntoIterator<Item = bool>,
+    quotas: &[bool],
     dry: bool,
 ) -> Code {
     let (mut over_non_quota, mut quota, mut quota_over) = (false, 0usize, 0usize);
-    for (status, is_quota) in statuses.iter().zip(quotas) {
+    for (status, &is_quota) in statuses.iter().zip(quotas) {
         if is_quota {
             quota += 1;
             quota_over += usize::from(status.code == Code::OverLimit);
@@ -251,6 +272,20 @@ pub(super) fn cached_over_limit(
         Code::OverLimit
     };
     applied.status(code, 0, reset)
+}
+
+/// The status of a descriptor whose hits were a refund, from the counters after it: `Ok`
+/// with what is left, whatever the count; the hits count only in `total_negative_hits`,
+/// never as hits, over or near the limit (as upstream's main counts them).
+pub(super) fn refund_status(
+    applied: &Applied<'_>,
+    addend: u64,
+    assessed: Assessed,
+) -> DescriptorStatus {
+    applied.stats.total_negative_hits.add(addend);
+    let remaining = applied.bound.saturating_sub(assessed.after);
+    let remaining = u32::try_from(remaining).unwrap_or(u32::MAX);
+    applied.status(Code::Ok, remaining, assessed.reset)
 }
 
 /// The status of one limited descriptor and its statistics, from the counter after the

@@ -3,7 +3,7 @@
 //! as soon as it is matched, with no plan in between.
 //!
 //! Anything that needs the whole request before counting (a limit override, `replaces`,
-//! a descriptor with several `rate_limits`, an unlimited rule, a statistics or counter
+//! a descriptor with several `rate_limits`, a refund, an unlimited rule, a statistics or counter
 //! key that depends on the levels matched, STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT,
 //! reported policies, an unknown domain) goes through the plan instead, which decides it
 //! alike: the statuses, the statistics and the counters come from the same functions.
@@ -47,7 +47,7 @@ impl Engine {
         }
         let mut matched = [NO_LIMIT; MAX_DESCRIPTORS];
         for (node, descriptor) in matched.iter_mut().zip(&request.descriptors) {
-            if descriptor.limit.is_some() {
+            if descriptor.limit.is_some() || descriptor.negative_hits {
                 return None;
             }
             let Some(id) = self.rules.find(root, &descriptor.entries, |_, _, _| {}) else {
@@ -101,8 +101,8 @@ impl Engine {
             *quota = applied.quota;
         }
         Some(Response {
-            overall_code: overall_code(self, &statuses, quotas, false),
-            headers: RateLimitHeaders::for_statuses(&statuses),
+            overall_code: overall_code(self, &statuses, &quotas[..descriptors], false),
+            headers: RateLimitHeaders::choose(&statuses, |i| quotas[i]),
             statuses,
             policies: Vec::new(),
         })
@@ -130,6 +130,8 @@ impl Engine {
                 (count, Some(count))
             }
             CounterOp::Read => (store.get(key, now), None),
+            CounterOp::Refund => (store.decrement(key, hits, span.expires, now), None),
+            CounterOp::GcraRefund(bucket) => (store.gcra_refund(key, bucket, hits, now_ms), None),
             CounterOp::Gcra(bucket) => {
                 let next = store.gcra(key, bucket, hits, now_ms);
                 (next, Some(bucket.used(next, now_ms)))

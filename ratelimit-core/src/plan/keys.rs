@@ -44,10 +44,13 @@ impl Engine {
         (counting, now_ms): (Counting, u64),
         mut f: impl FnMut(&CounterKey<'_>, Span),
     ) {
-        for span in counting.counters(now_ms) {
+        for mut span in counting.counters(now_ms) {
+            if descriptor.negative_hits {
+                span.op = span.op.refunding();
+            }
             // A bucket has no window: its key ends with the entries' `_`.
             let start = match span.op {
-                CounterOp::Gcra(_) => None,
+                CounterOp::Gcra(_) | CounterOp::GcraRefund(_) => None,
                 _ => Some(span.start),
             };
             let write = |out: &mut String| {

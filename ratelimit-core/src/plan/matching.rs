@@ -40,6 +40,7 @@ impl Engine {
                 follows: false,
                 divisor: 1,
                 addend: descriptor.hits_addend.unwrap_or(default_addend),
+                refund: descriptor.negative_hits,
                 stats,
                 increment: 0,
                 counters: 0,

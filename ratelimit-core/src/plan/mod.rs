@@ -35,6 +35,9 @@ use crate::rules::NodeId;
 use crate::stats::RuleStats;
 use crate::unit::{Unit, Window};
 
+/// The largest addend a remote counter is sent ([`Increment::store_hits`]).
+pub const STORE_HITS_CAP: u64 = 1 << 62;
+
 /// One counter to add to.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Increment {
@@ -71,12 +74,23 @@ impl Increment {
         self.window.seconds() + self.expires.saturating_sub(self.window_end) + jitter
     }
 
+    /// The hits to send to a remote counter: [`Increment::hits`], capped at 2^62. Every
+    /// limit is below 2^32, so a capped addend is over every limit just the same, and a
+    /// 64-bit counter (Redis's signed one, memcached's unsigned one) cannot wrap from one
+    /// addend: a counter that holds less than 2^62 stays below 2^63 after it, and one
+    /// that holds more is over every limit already.
+    pub fn store_hits(&self) -> u64 {
+        self.hits.min(STORE_HITS_CAP)
+    }
+
     /// What the store would report for this counter when it currently holds `current`.
     pub fn after(&self, current: u64) -> u64 {
         match self.op {
             CounterOp::Add => current.saturating_add(self.hits),
             CounterOp::Read => current,
             CounterOp::Gcra(bucket) => bucket.next(current, self.now_ms, self.hits),
+            CounterOp::Refund => current.saturating_sub(self.hits),
+            CounterOp::GcraRefund(bucket) => bucket.refund(current, self.now_ms, self.hits),
         }
     }
 }
@@ -156,6 +170,8 @@ struct Limited {
     /// Each of this many deciders allows its share of the limit (1: all of it).
     divisor: u32,
     addend: u64,
+    /// The hits are a refund (Envoy's `is_negative_hits`).
+    refund: bool,
     /// Statistics whose key depends on the request; otherwise the node's own.
     stats: Option<Arc<RuleStats>>,
     /// Index of its first counter in the plan's increments (unused when `cached`).

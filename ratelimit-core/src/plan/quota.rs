@@ -75,6 +75,7 @@ impl Engine {
             entries,
             limit: None,
             hits_addend: None,
+            negative_hits: false,
         };
         let request = Request::new(domain, vec![descriptor]);
         let body = self.match_request(&request, now_ms, false);

@@ -65,6 +65,8 @@ pub struct RuleStats {
     pub shadow_mode: Counter,
     /// Over-limit hits answered from the local over-limit cache.
     pub over_limit_with_local_cache: Counter,
+    /// Hits given back by refunds (not in `total_hits`).
+    pub total_negative_hits: Counter,
 }
 
 impl RuleStats {
@@ -77,6 +79,7 @@ impl RuleStats {
             within_limit: Counter::new(),
             shadow_mode: Counter::new(),
             over_limit_with_local_cache: Counter::new(),
+            total_negative_hits: Counter::new(),
         }
     }
 
@@ -101,6 +104,7 @@ impl RuleStats {
             RuleStat::WithinLimit => self.within_limit.value(),
             RuleStat::ShadowMode => self.shadow_mode.value(),
             RuleStat::OverLimitWithLocalCache => self.over_limit_with_local_cache.value(),
+            RuleStat::TotalNegativeHits => self.total_negative_hits.value(),
         }
     }
 }

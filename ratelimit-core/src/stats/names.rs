@@ -51,16 +51,19 @@ pub enum RuleStat {
     ShadowMode,
     /// Over-limit hits answered from the local over-limit cache.
     OverLimitWithLocalCache,
+    /// Hits given back by refunds (Envoy's `is_negative_hits`), never in `total_hits`.
+    TotalNegativeHits,
 }
 
 impl RuleStat {
     /// Every rule statistic, in the order their names sort.
-    pub const ALL: [RuleStat; 6] = [
+    pub const ALL: [RuleStat; 7] = [
         RuleStat::NearLimit,
         RuleStat::OverLimit,
         RuleStat::OverLimitWithLocalCache,
         RuleStat::ShadowMode,
         RuleStat::TotalHits,
+        RuleStat::TotalNegativeHits,
         RuleStat::WithinLimit,
     ];
 
@@ -73,6 +76,7 @@ impl RuleStat {
             RuleStat::WithinLimit => "within_limit",
             RuleStat::ShadowMode => "shadow_mode",
             RuleStat::OverLimitWithLocalCache => "over_limit_with_local_cache",
+            RuleStat::TotalNegativeHits => "total_negative_hits",
         }
     }
 }

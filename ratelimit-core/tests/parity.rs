@@ -1,0 +1,230 @@
+//! Upstream's main, line by line: how quota mode and unlimited rules decide the overall
+//! code, which descriptor the `RateLimit-*` headers report, which rules contribute
+//! metadata, and refunds (`is_negative_hits`) on every algorithm and path.
+
+use ratelimit_core::{
+    Code, Config, Descriptor, Limiter, MemoryStore, RateLimitHeaders, Request, Response, Settings,
+};
+
+const NOW: u64 = 1_700_000_000; // 20 seconds into a minute.
+
+const RULES: &str = "
+domain: p
+descriptors:
+  - key: quota
+    quota_mode: true
+    rate_limit: {unit: minute, requests_per_unit: 1}
+  - key: plain
+    rate_limit: {unit: minute, requests_per_unit: 5}
+  - key: free
+    metadata: {team: free}
+    rate_limit: {unlimited: true}
+  - key: tagged
+    metadata: {team: tagged}
+    rate_limit: {unit: minute, requests_per_unit: 1}
+  - key: window
+    rate_limit: {unit: minute, requests_per_unit: 3}
+  - key: sliding
+    rate_limit: {unit: minute, requests_per_unit: 3, algorithm: sliding_window}
+  - key: bucket
+    rate_limit: {unit: minute, requests_per_unit: 3, algorithm: token_bucket}
+";
+
+fn limiter_with(settings: Settings) -> Limiter {
+    Limiter::new(&Config::from_yaml("p.yaml", RULES).unwrap(), settings)
+}
+
+fn limiter() -> Limiter {
+    limiter_with(Settings::default())
+}
+
+fn d(key: &str, value: &str) -> Descriptor {
+    Descriptor::new([(key, value)])
+}
+
+fn ask(limiter: &Limiter, store: &MemoryStore, descriptors: Vec<Descriptor>) -> Response {
+    limiter
+        .should_rate_limit(&Request::new("p", descriptors), store, NOW)
+        .unwrap()
+}
+
+fn stat(limiter: &Limiter, name: &str) -> u64 {
+    let name = format!("ratelimit.service.rate_limit.p.{name}");
+    let counters = limiter.stats().snapshot().counters();
+    counters
+        .iter()
+        .find(|(n, _)| *n == name)
+        .map_or(0, |(_, v)| *v)
+}
+
+#[test]
+fn an_unlimited_descriptor_is_neither_a_quota_descriptor_nor_a_passed_one() {
+    for quota_mode in [false, true] {
+        let l = limiter_with(Settings {
+            quota_mode,
+            ..Settings::default()
+        });
+        let s = MemoryStore::default();
+        let both = || vec![d("quota", "a"), d("free", "x")];
+        assert_eq!(ask(&l, &s, both()).overall_code, Code::Ok);
+        let second = ask(&l, &s, both());
+        assert_eq!(second.statuses[0].code, Code::OverLimit);
+        assert_eq!(
+            second.overall_code,
+            Code::OverLimit,
+            "every quota descriptor is over (QUOTA_MODE={quota_mode})"
+        );
+        assert_eq!(second.statuses[1].limit_remaining, u32::MAX);
+        assert_eq!(second.statuses[1].metadata, None, "unlimited adds none");
+    }
+}
+
+#[test]
+fn with_global_quota_mode_an_unmatched_descriptor_is_a_passing_quota_descriptor() {
+    let l = limiter_with(Settings {
+        quota_mode: true,
+        ..Settings::default()
+    });
+    let s = MemoryStore::default();
+    let request = || vec![d("quota", "b"), d("nothing", "x")];
+    ask(&l, &s, request());
+    let second = ask(&l, &s, request());
+    assert_eq!(second.statuses[0].code, Code::OverLimit);
+    assert_eq!(second.overall_code, Code::Ok, "the unmatched one passes");
+    // Without it, the only quota descriptor is over.
+    let alone = ask(&l, &s, vec![d("quota", "b")]);
+    assert_eq!(alone.overall_code, Code::OverLimit);
+}
+
+#[test]
+fn a_failing_regular_descriptor_reports_the_headers_over_a_failing_quota_one() {
+    let (l, s) = (limiter(), MemoryStore::default());
+    // plain: 5 a minute, spent; quota: 1 a minute, spent.
+    ask(&l, &s, vec![d("plain", "c").with_hits(5), d("quota", "c")]);
+    let over = ask(&l, &s, vec![d("plain", "c"), d("quota", "c")]);
+    assert_eq!(over.overall_code, Code::OverLimit);
+    let headers = over.headers.unwrap();
+    assert_eq!(
+        (headers.limit, headers.remaining),
+        (5, 0),
+        "the regular one"
+    );
+    // In the other order too: a regular failure always wins.
+    let reversed = ask(&l, &s, vec![d("quota", "c"), d("plain", "c")]);
+    assert_eq!(reversed.headers.unwrap().limit, 5);
+    // Among quota descriptors alone, the fewest remaining, the first of equals.
+    let statuses = &over.statuses;
+    let chosen = RateLimitHeaders::choose(statuses, |i| i == 1).unwrap();
+    assert_eq!(chosen.limit, 5, "the last regular failure");
+    let quota_only = RateLimitHeaders::choose(statuses, |_| true).unwrap();
+    assert_eq!(quota_only.limit, 5, "both at 0 remaining: the first");
+}
+
+#[test]
+fn only_passed_descriptors_carry_their_rules_metadata() {
+    let (l, s) = (limiter(), MemoryStore::default());
+    let first = ask(&l, &s, vec![d("tagged", "m"), d("free", "m")]);
+    assert!(first.statuses[0].metadata.is_some());
+    assert_eq!(first.statuses[1].metadata, None);
+}
+
+#[test]
+fn a_refund_gives_back_hits_on_a_fixed_window_and_counts_only_as_negative_hits() {
+    let (l, s) = (limiter(), MemoryStore::default());
+    let spent = ask(&l, &s, vec![d("window", "r").with_hits(3)]);
+    assert_eq!(spent.statuses[0].limit_remaining, 0);
+    let refund = ask(&l, &s, vec![d("window", "r").with_hits(2).refunding()]);
+    assert_eq!(refund.overall_code, Code::Ok);
+    assert_eq!(refund.statuses[0].limit_remaining, 2);
+    assert_eq!(
+        refund.statuses[0]
+            .current_limit
+            .as_ref()
+            .unwrap()
+            .requests_per_unit,
+        3
+    );
+    // Two more fit, the third does not.
+    assert_eq!(
+        ask(&l, &s, vec![d("window", "r").with_hits(2)]).overall_code,
+        Code::Ok
+    );
+    assert_eq!(
+        ask(&l, &s, vec![d("window", "r")]).overall_code,
+        Code::OverLimit
+    );
+    assert_eq!(stat(&l, "window.total_hits"), 3 + 2 + 1);
+    assert_eq!(stat(&l, "window.total_negative_hits"), 2);
+    assert_eq!(stat(&l, "window.within_limit"), 5);
+    assert_eq!(stat(&l, "window.over_limit"), 1);
+    // A refund past zero stops at zero, and one over the limit is still OK.
+    let big = ask(&l, &s, vec![d("window", "r").with_hits(100).refunding()]);
+    assert_eq!(
+        (big.overall_code, big.statuses[0].limit_remaining),
+        (Code::Ok, 3)
+    );
+    let nobody = ask(&l, &s, vec![d("window", "nobody").refunding()]);
+    assert_eq!(nobody.statuses[0].limit_remaining, 3, "nothing to refund");
+}
+
+#[test]
+fn a_refund_lowers_the_current_sliding_window_and_refills_a_bucket_up_to_its_burst() {
+    let (l, s) = (limiter(), MemoryStore::default());
+    // A window counts the refused hit (as upstream does); a bucket spends no token on it.
+    for (key, refused) in [("sliding", 1), ("bucket", 0)] {
+        ask(&l, &s, vec![d(key, "r").with_hits(3)]);
+        assert_eq!(
+            ask(&l, &s, vec![d(key, "r")]).overall_code,
+            Code::OverLimit,
+            "{key}"
+        );
+        let refund = ask(&l, &s, vec![d(key, "r").with_hits(1 + refused).refunding()]);
+        assert_eq!(refund.statuses[0].limit_remaining, 1, "{key}");
+        assert_eq!(
+            ask(&l, &s, vec![d(key, "r")]).overall_code,
+            Code::Ok,
+            "{key}"
+        );
+        let all = ask(&l, &s, vec![d(key, "r").with_hits(10).refunding()]);
+        assert_eq!(
+            all.statuses[0].limit_remaining, 3,
+            "{key}: never past the limit"
+        );
+    }
+}
+
+#[test]
+fn a_remote_refund_is_never_held_back_and_clears_the_local_cache() {
+    let settings = Settings {
+        local_cache_size_in_bytes: 1 << 20,
+        stop_cache_key_increment_when_overlimit: true,
+        ..Settings::default()
+    };
+    let l = limiter_with(settings);
+    let charge = Request::new("p", vec![d("window", "lc")]);
+    let r = l.plan(&charge, NOW).unwrap().decide(&[4]);
+    assert_eq!(r.statuses[0].code, Code::OverLimit);
+    assert_eq!(l.local_cache().unwrap().usage().0, 1, "remembered as over");
+
+    let refund = Request::new("p", vec![d("window", "lc").with_hits(2).refunding()]);
+    let mut plan = l.plan(&refund, NOW + 1).unwrap();
+    assert!(plan.needs_current_counts());
+    plan.apply_current(&[4]);
+    let increments = plan.increments();
+    assert_eq!(
+        (increments.len(), increments[0].hits),
+        (1, 2),
+        "not held back"
+    );
+    assert!(increments[0].op.is_refund());
+    assert_eq!(increments[0].after(4), 2);
+    let r = plan.decide(&[2]);
+    assert_eq!(
+        (r.overall_code, r.statuses[0].limit_remaining),
+        (Code::Ok, 1)
+    );
+    assert_eq!(l.local_cache().unwrap().usage().0, 0, "forgotten");
+    // The store is asked again about the next charge.
+    let next = l.plan(&charge, NOW + 2).unwrap();
+    assert_eq!(next.increments().len(), 1);
+}
