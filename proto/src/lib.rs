@@ -48,6 +48,7 @@ mod tests {
                 }],
                 limit: None,
                 hits_addend: None,
+                is_negative_hits: false,
             }],
             hits_addend: 1,
         };

@@ -23,9 +23,9 @@ pub struct BoundsSettings {
     /// for all request headers, so no header Envoy accepts is refused).
     #[arg(long, env, default_value_t = 65_536)]
     pub max_descriptor_value_bytes: usize,
-    /// Largest hits_addend accepted, for the request and for each descriptor (at most
-    /// 2^63 - 1, where Redis stops counting).
-    #[arg(long, env, default_value_t = u64::from(u32::MAX), value_parser = clap::value_parser!(u64).range(1..=i64::MAX.unsigned_abs()))]
+    /// Largest hits_addend accepted, for the request and for each descriptor (by default
+    /// the whole uint64 range, as upstream; counters saturate, they never wrap).
+    #[arg(long, env, default_value_t = u64::MAX, value_parser = clap::value_parser!(u64).range(1..))]
     pub max_hits_addend: u64,
     /// Distinct statistic names built from request data (unknown domains,
     /// detailed_metric, value_to_metric, limit overrides); later ones fold into one

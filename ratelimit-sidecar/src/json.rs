@@ -11,7 +11,7 @@ use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descri
 };
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{Code, rate_limit::Unit};
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
-use envoy_types::pb::google::protobuf::UInt64Value;
+use envoy_types::pb::google::protobuf::{Struct, UInt64Value, Value as PbValue};
 use serde_json::{Map, Value, json};
 
 /// Why a `/json` body was refused; the message names the field.
@@ -259,7 +259,32 @@ pub fn render_response(response: &RateLimitResponse) -> String {
             .collect();
         out.insert("responseHeadersToAdd".into(), Value::Array(headers));
     }
+    if let Some(metadata) = &response.dynamic_metadata {
+        out.insert("dynamicMetadata".into(), structure(metadata));
+    }
     Value::Object(out).to_string()
+}
+
+/// A `google.protobuf.Struct` as proto3 JSON writes it: a plain object.
+fn structure(s: &Struct) -> Value {
+    Value::Object(
+        s.fields
+            .iter()
+            .map(|(k, v)| (k.clone(), value(v)))
+            .collect(),
+    )
+}
+
+fn value(v: &PbValue) -> Value {
+    use envoy_types::pb::google::protobuf::value::Kind;
+    match &v.kind {
+        None | Some(Kind::NullValue(_)) => Value::Null,
+        Some(Kind::NumberValue(n)) => json!(n),
+        Some(Kind::StringValue(s)) => json!(s),
+        Some(Kind::BoolValue(b)) => json!(b),
+        Some(Kind::StructValue(s)) => structure(s),
+        Some(Kind::ListValue(l)) => Value::Array(l.values.iter().map(value).collect()),
+    }
 }
 
 fn code(code: i32) -> Value {

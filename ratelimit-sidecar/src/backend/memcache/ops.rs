@@ -18,12 +18,30 @@ pub(super) async fn run(
     jitter_max: u64,
 ) -> io::Result<Vec<u64>> {
     let mut out = vec![0; items.len()];
-    let (mut adds, mut reads) = (Vec::new(), Vec::new());
+    let (mut adds, mut reads, mut refunds) = (Vec::new(), Vec::new(), Vec::new());
     for (i, item) in items.iter().enumerate() {
         match item.op {
             CounterOp::Add => adds.push(i),
             CounterOp::Read => reads.push(i),
+            CounterOp::Refund => refunds.push((item.key.as_str(), item.store_hits())),
             CounterOp::Gcra(bucket) => out[i] = gcra(connection, item, bucket).await?,
+            CounterOp::GcraRefund(bucket) => {
+                out[i] = gcra_refund(connection, item, bucket).await?;
+            }
+        }
+    }
+    if !refunds.is_empty() {
+        // A counter nobody has stays so, at 0.
+        let left = connection.decr(&refunds).await?;
+        let indexes = items
+            .iter()
+            .enumerate()
+            .filter(|(_, i)| i.op == CounterOp::Refund);
+        for ((i, _), reply) in indexes.zip(left) {
+            out[i] = match reply {
+                Incremented::To(left) => left,
+                Incremented::Missing => 0,
+            };
         }
     }
     if !adds.is_empty() {
@@ -76,6 +94,36 @@ async fn gcra(connection: &mut Connection, item: &Increment, bucket: Bucket) -> 
     ))
 }
 
+/// Gives a refund's tokens back to a bucket with compare-and-swap; returns its new TAT (0
+/// when there is no bucket: it is full).
+async fn gcra_refund(
+    connection: &mut Connection,
+    item: &Increment,
+    bucket: Bucket,
+) -> io::Result<u64> {
+    let key = item.key.as_str();
+    for _ in 0..RACE_ATTEMPTS {
+        let Some((tat, token)) = connection.gets(key).await? else {
+            return Ok(0);
+        };
+        let back = bucket.refund(tat, item.now_ms, item.hits);
+        if back == tat {
+            return Ok(back);
+        }
+        let lifetime = Bucket::expiry_ms(back, item.now_ms).div_ceil(1_000) + 1;
+        let now = item.now_ms / 1_000;
+        if connection
+            .cas(key, back, expiry(lifetime, now), token)
+            .await?
+        {
+            return Ok(back);
+        }
+    }
+    Err(io::Error::other(
+        "a token bucket kept changing between gets and cas",
+    ))
+}
+
 /// Adds each item's hits on one connection and returns the totals.
 async fn count(
     connection: &mut Connection,
@@ -87,15 +135,25 @@ async fn count(
     for _ in 0..RACE_ATTEMPTS {
         let asks: Vec<(&str, u64)> = pending
             .iter()
-            .map(|&i| (items[i].key.as_str(), items[i].hits))
+            .map(|&i| (items[i].key.as_str(), items[i].store_hits()))
             .collect();
         let replies = connection.incr(&asks).await?;
         let mut missing = Vec::new();
+        let mut wrapped = Vec::new();
         for (&i, reply) in pending.iter().zip(replies) {
             match reply {
+                // memcached wraps at 2^64: a total below what was just added went round.
+                Incremented::To(total) if total < items[i].store_hits() => {
+                    totals[i] = u64::MAX;
+                    wrapped.push((items[i].key.as_str(), u64::MAX - total));
+                }
                 Incremented::To(total) => totals[i] = total,
                 Incremented::Missing => missing.push(i),
             }
+        }
+        if !wrapped.is_empty() {
+            // Back to the top, so that the counter stays over every limit.
+            connection.incr(&wrapped).await?;
         }
         if missing.is_empty() {
             return Ok(totals);
@@ -111,7 +169,7 @@ async fn count(
                 };
                 (
                     items[i].key.as_str(),
-                    items[i].hits,
+                    items[i].store_hits(),
                     // memcached expires by whole seconds of its own clock, so a counter
                     // can go up to a second early: one more keeps it for its window (its
                     // key names the window, so living longer changes nothing else).
@@ -123,7 +181,7 @@ async fn count(
         pending = Vec::new();
         for (&i, reply) in missing.iter().zip(added) {
             match reply {
-                Added::Stored => totals[i] = items[i].hits,
+                Added::Stored => totals[i] = items[i].store_hits(),
                 Added::Exists => pending.push(i),
             }
         }

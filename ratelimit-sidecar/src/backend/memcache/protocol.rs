@@ -78,9 +78,23 @@ impl Connection {
 
     /// `incr key by` for each pair.
     pub async fn incr(&mut self, items: &[(&str, u64)]) -> io::Result<Vec<Incremented>> {
+        self.change("incr", items).await
+    }
+
+    /// `decr key by` for each pair: memcached stops a counter at 0 by itself.
+    pub async fn decr(&mut self, items: &[(&str, u64)]) -> io::Result<Vec<Incremented>> {
+        self.change("decr", items).await
+    }
+
+    /// `verb key by` for each pair, `incr` or `decr`.
+    async fn change(
+        &mut self,
+        verb: &'static str,
+        items: &[(&str, u64)],
+    ) -> io::Result<Vec<Incremented>> {
         let mut commands = Vec::new();
         for (key, by) in items {
-            commands.extend_from_slice(format!("incr {key} {by}\r\n").as_bytes());
+            commands.extend_from_slice(format!("{verb} {key} {by}\r\n").as_bytes());
         }
         self.stream.get_mut().write_all(&commands).await?;
         let mut replies = Vec::with_capacity(items.len());
@@ -88,7 +102,7 @@ impl Connection {
             let line = self.reply_line().await?;
             let reply = match line {
                 "NOT_FOUND" => Incremented::Missing,
-                number => Incremented::To(number.parse().map_err(|_| unexpected("incr", number))?),
+                number => Incremented::To(number.parse().map_err(|_| unexpected(verb, number))?),
             };
             replies.push(reply);
         }

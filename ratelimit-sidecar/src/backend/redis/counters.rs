@@ -6,7 +6,6 @@ use std::sync::LazyLock;
 
 use futures_util::future::BoxFuture;
 use ratelimit_core::{CounterOp, Increment};
-use redis::Script;
 use smallvec::SmallVec;
 
 use super::nodes::Nodes;
@@ -31,8 +30,55 @@ end
 return next
 ";
 
-/// The script's SHA1, which `EVALSHA` names it by.
-static GCRA_SHA1: LazyLock<String> = LazyLock::new(|| Script::new(GCRA_LUA).get_hash().to_owned());
+/// A refund, as `ratelimit_core::CounterOp::Refund` means it: the counter goes down by
+/// the hits, never below 0, and one that does not exist is not created; its expiry is
+/// set again, as `INCRBY`'s is. Integers throughout (`DECRBY`), so no count is rounded.
+/// KEYS[1]: the counter; ARGV: hits, expiry in seconds.
+const REFUND_LUA: &str = r"
+if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
+local left = redis.call('DECRBY', KEYS[1], ARGV[1])
+if left < 0 then
+  redis.call('SET', KEYS[1], '0', 'KEEPTTL')
+  left = 0
+end
+redis.call('EXPIRE', KEYS[1], ARGV[2])
+return left
+";
+
+/// Tokens given back to a bucket, as `ratelimit_core::Bucket::refund` computes it: the
+/// TAT moves back by their time, not before now; a full bucket (or none) is unchanged.
+/// KEYS[1]: the bucket; ARGV: now, interval, cost (milliseconds, tokens).
+const GCRA_REFUND_LUA: &str = r"
+local now = tonumber(ARGV[1])
+local stored = tonumber(redis.call('GET', KEYS[1]) or '0')
+if stored <= now then return stored end
+local back = math.max(stored - tonumber(ARGV[3]) * tonumber(ARGV[2]), now)
+redis.call('SET', KEYS[1], string.format('%d', back), 'PX', math.max(back - now, 1))
+return back
+";
+
+/// A script and its SHA1, which `EVALSHA` names it by.
+struct Script {
+    source: &'static str,
+    sha1: LazyLock<String>,
+}
+
+fn sha1(source: &str) -> String {
+    redis::Script::new(source).get_hash().to_owned()
+}
+
+static GCRA: Script = Script {
+    source: GCRA_LUA,
+    sha1: LazyLock::new(|| sha1(GCRA_LUA)),
+};
+static REFUND: Script = Script {
+    source: REFUND_LUA,
+    sha1: LazyLock::new(|| sha1(REFUND_LUA)),
+};
+static GCRA_REFUND: Script = Script {
+    source: GCRA_REFUND_LUA,
+    sha1: LazyLock::new(|| sha1(GCRA_REFUND_LUA)),
+};
 
 /// One Redis deployment's counters.
 #[derive(Clone)]
@@ -82,43 +128,54 @@ impl RedisCounters {
     }
 
     /// The commands of one counter, the one whose reply is its total first; `with_source`
-    /// sends a bucket's script as `EVAL` (after a `NOSCRIPT`, which also loads it for the
-    /// next calls).
+    /// sends a script as `EVAL` (after a `NOSCRIPT`, which also loads it for the next
+    /// calls).
     fn add(&self, command: Command<'_>, increment: &Increment, with_source: bool) {
         let key = Arg::Text(&increment.key);
+        let hits = Arg::Int(increment.store_hits());
+        let script = |command: Command<'_>, script: &Script, args: &[Arg<'_>]| {
+            let mut all: SmallVec<[Arg<'_>; 8]> = SmallVec::new();
+            all.extend(match with_source {
+                true => [Arg::Text("EVAL"), Arg::Text(script.source)],
+                false => [Arg::Text("EVALSHA"), Arg::Text(&script.sha1)],
+            });
+            all.extend([Arg::Int(1), key]);
+            all.extend_from_slice(args);
+            command(&all);
+        };
+        let now = Arg::Int(increment.now_ms);
         match increment.op {
             CounterOp::Add => {
-                let jitter = if self.jitter_max > 0 {
-                    fastrand::u64(0..self.jitter_max)
-                } else {
-                    0
-                };
-                command(&[Arg::Text("INCRBY"), key, Arg::Int(increment.hits)]);
-                command(&[
-                    Arg::Text("EXPIRE"),
-                    key,
-                    Arg::Int(increment.expiry_seconds(jitter)),
-                ]);
+                command(&[Arg::Text("INCRBY"), key, hits]);
+                command(&[Arg::Text("EXPIRE"), key, Arg::Int(self.expiry(increment))]);
             }
             CounterOp::Read => command(&[Arg::Text("GET"), key]),
             CounterOp::Gcra(bucket) => {
-                let script = if with_source {
-                    [Arg::Text("EVAL"), Arg::Text(GCRA_LUA)]
-                } else {
-                    [Arg::Text("EVALSHA"), Arg::Text(&GCRA_SHA1)]
-                };
-                command(&[
-                    script[0],
-                    script[1],
-                    Arg::Int(1),
-                    key,
-                    Arg::Int(increment.now_ms),
-                    Arg::Int(bucket.interval_ms),
-                    Arg::Int(bucket.capacity_ms()),
-                    Arg::Int(increment.hits),
-                ]);
+                let (interval, capacity) = (bucket.interval_ms, bucket.capacity_ms());
+                let args = [now, Arg::Int(interval), Arg::Int(capacity), hits];
+                script(command, &GCRA, &args);
+            }
+            CounterOp::Refund => {
+                script(command, &REFUND, &[hits, Arg::Int(self.expiry(increment))]);
+            }
+            CounterOp::GcraRefund(bucket) => {
+                script(
+                    command,
+                    &GCRA_REFUND,
+                    &[now, Arg::Int(bucket.interval_ms), hits],
+                );
             }
         }
+    }
+
+    /// A window counter's expiry in seconds, with this deployment's jitter.
+    fn expiry(&self, increment: &Increment) -> u64 {
+        let jitter = if self.jitter_max > 0 {
+            fastrand::u64(0..self.jitter_max)
+        } else {
+            0
+        };
+        increment.expiry_seconds(jitter)
     }
 
     async fn get(&self, items: &[&Increment]) -> Result<Vec<u64>, BackendError> {
