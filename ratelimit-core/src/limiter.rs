@@ -73,10 +73,13 @@ impl Limiter {
         }
     }
 
-    /// Replaces the configuration atomically.
+    /// Replaces the configuration atomically, and the gauges of the configured limits
+    /// with the new rules'.
     pub fn set_config(&self, config: &Config) {
+        let rules = RuleSet::compile(config, &self.stats, &self.settings.cache_key_prefix);
+        self.stats.set_rule_limits(rules.configured_limits());
         let engine = Engine {
-            rules: RuleSet::compile(config, &self.stats, &self.settings.cache_key_prefix),
+            rules,
             settings: self.settings.clone(),
             stats: Arc::clone(&self.stats),
             global_shadow: Arc::clone(&self.global_shadow),

@@ -257,6 +257,26 @@ impl RuleSet {
         set
     }
 
+    /// Every counted limit by its statistics key: `(key, requests_per_unit, window
+    /// seconds)`.
+    pub(crate) fn configured_limits(&self) -> Vec<(String, u32, u64)> {
+        let mut limits = Vec::new();
+        for node in &self.nodes {
+            for limit in &node.limits {
+                if let Limit::Counted {
+                    window,
+                    requests_per_unit,
+                    ..
+                } = limit.limit
+                {
+                    let key = format!("{}{}", node.full_key, limit.stats_suffix);
+                    limits.push((key, requests_per_unit, window.seconds()));
+                }
+            }
+        }
+        limits
+    }
+
     fn compile_level(
         &mut self,
         rules: &[DescriptorRule],

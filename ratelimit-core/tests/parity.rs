@@ -228,3 +228,30 @@ fn a_remote_refund_is_never_held_back_and_clears_the_local_cache() {
     let next = l.plan(&charge, NOW + 2).unwrap();
     assert_eq!(next.increments().len(), 1);
 }
+
+#[test]
+fn every_rule_has_gauges_of_its_configured_limit_that_follow_reloads() {
+    let l = limiter();
+    let snapshot = l.stats().snapshot();
+    let gauge = |snapshot: &ratelimit_core::stats::Snapshot, name: &str| {
+        let name = format!("ratelimit.service.rate_limit.p.{name}");
+        snapshot
+            .samples
+            .iter()
+            .find_map(|s| (s.name.to_string() == name).then_some(s.value.clone()))
+    };
+    use ratelimit_core::stats::Value::Gauge;
+    assert_eq!(gauge(&snapshot, "plain.limit"), Some(Gauge(5)));
+    assert_eq!(gauge(&snapshot, "plain.window_seconds"), Some(Gauge(60)));
+    assert_eq!(gauge(&snapshot, "free.limit"), None, "unlimited has none");
+    let yaml = "domain: p\ndescriptors:\n  - {key: plain, rate_limit: {unit: hour, requests_per_unit: 7}}\n";
+    l.set_config(&Config::from_yaml("p.yaml", yaml).unwrap());
+    let snapshot = l.stats().snapshot();
+    assert_eq!(gauge(&snapshot, "plain.limit"), Some(Gauge(7)));
+    assert_eq!(gauge(&snapshot, "plain.window_seconds"), Some(Gauge(3600)));
+    assert_eq!(
+        gauge(&snapshot, "window.limit"),
+        None,
+        "removed with its rule"
+    );
+}

@@ -269,6 +269,16 @@ async fn prometheus_exports_the_default_mapping() {
         value("ratelimit_service_rate_limit_over_limit", &rule),
         Some(prometheus_parse::Value::Counter(1.0))
     );
+    // The configured limit of every rule, with its window.
+    assert_eq!(
+        value("ratelimit_service_rate_limit_limit", &rule),
+        Some(prometheus_parse::Value::Gauge(2.0)),
+        "{text}"
+    );
+    assert_eq!(
+        value("ratelimit_service_rate_limit_window_seconds", &rule),
+        Some(prometheus_parse::Value::Gauge(3600.0))
+    );
     assert_eq!(
         value(
             "ratelimit_service_total_requests",

@@ -121,6 +121,8 @@ pub struct StatsRegistry {
     counters: Map<Counter>,
     timers: Map<Timer>,
     gauges: RwLock<Vec<(Arc<str>, Gauge)>>,
+    /// The configured limits' gauges, replaced as a whole at each load.
+    limits: RwLock<Vec<(Arc<str>, u64)>>,
     dynamic: AtomicUsize,
     max_dynamic_keys: usize,
     overflow: Arc<Counter>,
@@ -152,6 +154,7 @@ impl StatsRegistry {
             counters,
             timers: RwLock::default(),
             gauges: RwLock::default(),
+            limits: RwLock::default(),
             dynamic: AtomicUsize::new(0),
             max_dynamic_keys,
             overflow,
@@ -220,6 +223,21 @@ impl StatsRegistry {
         gauges.push((name.into(), read_level));
     }
 
+    /// Replaces the configured limits' gauges with one `limit` and one `window_seconds`
+    /// gauge per rule key of `limits` (`(key, requests_per_unit, window seconds)`): a
+    /// rule that went away loses its gauges. The rules bound their number.
+    pub fn set_rule_limits(&self, limits: impl IntoIterator<Item = (String, u32, u64)>) {
+        let mut gauges: Vec<(Arc<str>, u64)> = Vec::new();
+        for (key, requests_per_unit, window) in limits {
+            gauges.push((names::rule_limit(&key).into(), u64::from(requests_per_unit)));
+            gauges.push((names::rule_window_seconds(&key).into(), window));
+        }
+        *self
+            .limits
+            .write()
+            .unwrap_or_else(|poisoned| poisoned.into_inner()) = gauges;
+    }
+
     /// Whether one more name from request data fits; counts a fold when it does not.
     fn admit(&self) -> bool {
         let admitted = self
@@ -262,6 +280,12 @@ impl StatsRegistry {
             samples.push(Sample {
                 name: Name::Plain(Arc::clone(name)),
                 value: Value::Gauge(gauge()),
+            });
+        }
+        for (name, level) in read(&self.limits).iter() {
+            samples.push(Sample {
+                name: Name::Plain(Arc::clone(name)),
+                value: Value::Gauge(*level),
             });
         }
         samples.sort_unstable_by(|a, b| {

@@ -81,6 +81,18 @@ impl RuleStat {
     }
 }
 
+/// `ratelimit.service.rate_limit.<rule key>.limit`: the gauge of a rule's configured
+/// `requests_per_unit`.
+pub fn rule_limit(key: &str) -> String {
+    format!("{RULE_PREFIX}{}.limit", sanitize(key))
+}
+
+/// `ratelimit.service.rate_limit.<rule key>.window_seconds`: the gauge of the length of
+/// a rule's window.
+pub fn rule_window_seconds(key: &str) -> String {
+    format!("{RULE_PREFIX}{}.window_seconds", sanitize(key))
+}
+
 /// `ratelimit.service.rate_limit.<domain>.domain_not_found`.
 pub fn domain_not_found(domain: &str) -> String {
     format!("{RULE_PREFIX}{domain}.domain_not_found")
