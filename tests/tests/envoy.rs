@@ -1,7 +1,7 @@
 //! A real Envoy (two workers) in front of a loopback upstream, started with the files of
 //! `envoy/`: asking the real sidecar (`sidecar.yaml`), running the wasm filter alone
-//! (`wasm.yaml`), and the filter with the sidecar as its global tier
-//! (`wasm-global.yaml`). `ENVOY_BIN` names the Envoy binary and `WASM_FILTER` the built
+//! (`wasm.yaml`), the filter with the sidecar as its global tier (`wasm-global.yaml`),
+//! and routes that charge and refund (`refunds.yaml`). `ENVOY_BIN` names the Envoy binary and `WASM_FILTER` the built
 //! filter (scripts/test.sh provides both).
 
 use ratelimit_tests::sf_list;
@@ -293,4 +293,35 @@ async fn the_wasm_filter_limits_locally_across_worker_threads() {
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
+}
+
+/// `envoy/refunds.yaml`: a route whose rate-limit action sets `is_negative_hits` gives
+/// back what another route charged.
+#[tokio::test]
+async fn a_refund_route_gives_back_what_the_charge_route_spent() {
+    let upstream = upstream().await;
+    let rules = std::fs::read_to_string(repo().join("envoy/refunds-rules.yaml")).unwrap();
+    let sidecar = Server::start_with(Options {
+        files: vec![("rules.yaml", rules)],
+        ..Options::default()
+    });
+    let envoy = start_envoy_on("refunds.yaml", upstream, sidecar.grpc, false);
+    let status = |path: &'static str| async move {
+        get(envoy.port, path, Some("carol")).await.status().as_u16()
+    };
+    // 5 a minute, 2 per charge: 2, 4, then 6 is over.
+    assert_eq!(status("/charge").await, 200);
+    assert_eq!(status("/charge").await, 200);
+    assert_eq!(status("/charge").await, 429);
+    // Two refunds take the counter from 6 back to 2, so one more charge fits.
+    assert_eq!(status("/refund").await, 200);
+    assert_eq!(status("/refund").await, 200);
+    assert_eq!(status("/charge").await, 200, "the refunds were taken off");
+    assert_eq!(status("/charge").await, 429);
+    assert_eq!(
+        sidecar
+            .stat("ratelimit.service.rate_limit.tokens.user.total_negative_hits")
+            .await,
+        Some(4)
+    );
 }
