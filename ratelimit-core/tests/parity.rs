@@ -255,3 +255,26 @@ fn every_rule_has_gauges_of_its_configured_limit_that_follow_reloads() {
         "removed with its rule"
     );
 }
+
+proptest::proptest! {
+    /// Charges and refunds on a fixed window against a model: the counter goes up by a
+    /// charge, down by a refund but never below 0, a charge is admitted while the
+    /// counter stays within the limit, and a refund is always `Ok` with what is left.
+    #[test]
+    fn charges_and_refunds_match_a_saturating_model(
+        steps in proptest::collection::vec((proptest::bool::ANY, 0u64..5), 1..60),
+    ) {
+        let (l, s) = (limiter(), MemoryStore::default());
+        let mut count: u64 = 0;
+        for (refund, hits) in steps {
+            let descriptor = d("window", "model").with_hits(hits);
+            let descriptor = if refund { descriptor.refunding() } else { descriptor };
+            let response = ask(&l, &s, vec![descriptor]);
+            count = if refund { count.saturating_sub(hits) } else { count + hits };
+            let expected = if refund || count <= 3 { Code::Ok } else { Code::OverLimit };
+            proptest::prop_assert_eq!(response.overall_code, expected);
+            let left = u32::try_from(3u64.saturating_sub(count)).unwrap();
+            proptest::prop_assert_eq!(response.statuses[0].limit_remaining, left);
+        }
+    }
+}
