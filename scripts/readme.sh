@@ -91,11 +91,11 @@ stop
 log "the intake with the mock broker, then its curl examples"
 serve intake 3000
 out=$(bash -euo pipefail -c "$(block intake-client)")
-expect "intake-client" "$out" '"message":"Operations processed successfully","id":"2026-11-22-acme-1","count":2'
+expect "intake-client" "$out" '"message":"Operations received and processing initiated.","id":"2026-11-22-acme-1","count":2'
 expect "intake-client" "$out" '"field":"unit_cost","message":"unknown field'
-expect "intake-client" "$out" '"status":"UP"'
+expect "intake-client" "$out" '"app":"operations-service","status":"up"'
 expect "intake-client" "$out" '"message":"authentication required'
-expect "intake-client" "$out" 'intake_requests_total{status="200"} 1'
+expect "intake-client" "$out" 'intake_requests_total{status="202"} 1'
 stop
 
 log "the Envoy walkthroughs up to the 429"

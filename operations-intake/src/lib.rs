@@ -6,13 +6,16 @@
 //! request body, byte for byte; numbers are never read as floats), never lost (the
 //! answer waits for `acks=all`) and never recorded twice by a retry (`Idempotency-Key`).
 
+pub mod answer;
 pub mod auth;
 pub mod batch;
 pub mod files;
+pub mod health;
 pub mod idempotency;
 pub mod kafka;
 pub mod limits;
 pub mod metrics;
+pub mod request;
 pub mod routes;
 pub mod run;
 pub mod settings;

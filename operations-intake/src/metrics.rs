@@ -13,7 +13,7 @@ use warp::http::StatusCode;
 
 /// The statuses the service answers with; any other is counted as `other`.
 const STATUSES: [u16; 13] = [
-    200, 400, 401, 403, 404, 405, 409, 413, 415, 429, 500, 503, 0,
+    202, 400, 401, 403, 404, 405, 409, 413, 415, 429, 500, 503, 0,
 ];
 
 /// The intake's statistics.
@@ -114,8 +114,8 @@ mod tests {
     #[test]
     fn answers_produce_and_reloads_render_under_their_prometheus_names() {
         let metrics = Metrics::new();
-        metrics.answered(StatusCode::OK);
-        metrics.answered(StatusCode::OK);
+        metrics.answered(StatusCode::ACCEPTED);
+        metrics.answered(StatusCode::ACCEPTED);
         metrics.answered(StatusCode::UNAUTHORIZED);
         metrics.answered(StatusCode::IM_A_TEAPOT);
         metrics.produced(Duration::from_millis(3), 10);
@@ -123,7 +123,7 @@ mod tests {
         metrics.kafka_up(Arc::new(|| 1));
         let text = metrics.render(None);
         for line in [
-            "intake_requests_total{status=\"200\"} 2",
+            "intake_requests_total{status=\"202\"} 2",
             "intake_requests_total{status=\"401\"} 1",
             "intake_requests_total{status=\"other\"} 1",
             "intake_operations_produced_total 10",

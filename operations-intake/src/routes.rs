@@ -1,33 +1,30 @@
-//! The HTTP API: `POST /operations` and `GET /health`, every answer a JSON body.
+//! The HTTP API: `POST /operations`, `GET /health` and `GET /metrics`, every answer but
+//! the metrics a JSON body (shaped in [`crate::answer`]).
 
-use std::collections::BTreeMap;
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Instant, SystemTime};
 
-use bytes::{Buf, Bytes, BytesMut};
-use futures_util::{Stream, StreamExt};
+use bytes::{Buf, Bytes};
+use futures_util::Stream;
 use ratelimit_core::{HeaderFormat, Retry};
 use ratelimit_sidecar::serve::{Peer, PeerCertificate};
-use serde::Serialize;
-use serde_json::json;
 use warp::Filter;
-use warp::http::Response;
-use warp::http::header::{ALLOW, CONTENT_LENGTH, CONTENT_TYPE, RETRY_AFTER, WWW_AUTHENTICATE};
-use warp::http::{HeaderMap, HeaderValue, Method, StatusCode};
+use warp::http::header::{ALLOW, CONTENT_TYPE, RETRY_AFTER, WWW_AUTHENTICATE};
+use warp::http::{HeaderMap, HeaderValue, Method, Response};
 
-use crate::auth::keys::valid_client_id;
+use crate::answer::{self, ACCEPTED, Accepted, Failure, Kind, Reply, add_limit_headers, json_type};
 use crate::auth::{self, Auth, Caller, Client, Scopes};
-use crate::batch::{self, Batch, Problem, Rejection};
-use crate::files::{Followed, LastLoad};
-use crate::idempotency::{self, Claim};
-use crate::kafka::{BrokerHealth, Kafka, MessageMeta, ProduceError};
-use crate::limits::{LimitHeaders, Limits, Verdict};
+use crate::batch::{self, Batch, Rejection};
+use crate::files::Followed;
+use crate::health::health;
+use crate::idempotency::{self, Claim, Pending};
+use crate::kafka::{Kafka, MessageMeta, ProduceError};
+use crate::limits::{Limits, Verdict};
 use crate::metrics::Metrics;
-
-/// The answer the original service gave for an accepted batch; clients match on it.
-pub const ACCEPTED_MESSAGE: &str = "Operations processed successfully";
+use crate::request::{self, client_header, peer_id, read_body};
+pub use crate::request::{client_id, idempotency_key, is_json};
 
 /// Everything a request needs.
 pub struct App {
@@ -51,8 +48,6 @@ pub struct App {
     pub files: Vec<(&'static str, Arc<Followed>)>,
 }
 
-type Reply = Response<Bytes>;
-
 /// The service as one warp filter.
 pub fn routes(
     app: Arc<App>,
@@ -70,27 +65,12 @@ pub fn routes(
                     // The work runs to its end even if the client goes away, so an
                     // acknowledged batch is always remembered for its idempotency key.
                     let task = tokio::spawn(async move {
-                        match path.as_str() {
-                            "/operations" if method == Method::POST => {
-                                let connection = Connection { peer, certificate };
-                                let reply =
-                                    post_operations(&app, &headers, connection, body).await;
-                                app.metrics.answered(reply.status());
-                                reply
-                            }
-                            "/health" if method == Method::GET => health(&app),
-                            "/metrics" if method == Method::GET => metrics(&app),
-                            "/operations" => not_allowed("POST"),
-                            "/health" | "/metrics" => not_allowed("GET"),
-                            _ => message(
-                                StatusCode::NOT_FOUND,
-                                "no such route; the routes are POST /operations, GET /health and GET /metrics",
-                            ),
-                        }
+                        let connection = Connection { peer, certificate };
+                        route(&app, &method, path.as_str(), &headers, connection, body).await
                     });
                     task.await.unwrap_or_else(|error| {
                         tracing::error!(%error, "request handler failed");
-                        message(StatusCode::INTERNAL_SERVER_ERROR, "internal error")
+                        Failure::new(Kind::Internal, "internal error").into_reply()
                     })
                 }
             },
@@ -98,39 +78,44 @@ pub fn routes(
         // Only a body taken twice rejects, which the filter above never does.
         .recover(|rejection: warp::Rejection| async move {
             tracing::error!(?rejection, "request rejected by the HTTP layer");
-            Ok::<_, Infallible>(message(StatusCode::INTERNAL_SERVER_ERROR, "internal error"))
+            Ok::<_, Infallible>(Failure::new(Kind::Internal, "internal error").into_reply())
         })
         .unify()
 }
 
-fn health(app: &App) -> Reply {
-    let kafka = app.kafka.health();
-    #[derive(Serialize)]
-    struct Health<'a> {
-        status: &'static str,
-        kafka: &'a BrokerHealth,
-        /// The last load of each followed file.
-        #[serde(skip_serializing_if = "BTreeMap::is_empty")]
-        files: BTreeMap<&'static str, LastLoad>,
-    }
-    let (status, code) = if kafka.is_up() {
-        ("UP", StatusCode::OK)
-    } else {
-        ("DOWN", StatusCode::SERVICE_UNAVAILABLE)
+/// The answer to one request.
+async fn route<S, B>(
+    app: &App,
+    method: &Method,
+    path: &str,
+    headers: &HeaderMap,
+    connection: Connection,
+    body: S,
+) -> Reply
+where
+    S: Stream<Item = Result<B, warp::Error>> + Unpin,
+    B: Buf,
+{
+    let answer = match path {
+        "/operations" if method == Method::POST => {
+            let answer = post_operations(app, headers, connection, body).await;
+            app.metrics.answered(
+                answer
+                    .as_ref()
+                    .map_or_else(|f| f.kind().status(), Reply::status),
+            );
+            answer
+        }
+        "/health" if method == Method::GET => Ok(health(app)),
+        "/metrics" if method == Method::GET => Ok(metrics(app)),
+        "/operations" => Err(not_allowed("POST")),
+        "/health" | "/metrics" => Err(not_allowed("GET")),
+        _ => Err(Failure::new(
+            Kind::NotFound,
+            "no such route; the routes are POST /operations, GET /health and GET /metrics",
+        )),
     };
-    let files = app
-        .files
-        .iter()
-        .filter_map(|(name, file)| Some((*name, file.last()?)))
-        .collect();
-    json_reply(
-        code,
-        &Health {
-            status,
-            kafka: &kafka,
-            files,
-        },
-    )
+    answer.unwrap_or_else(Failure::into_reply)
 }
 
 fn metrics(app: &App) -> Reply {
@@ -140,17 +125,6 @@ fn metrics(app: &App) -> Reply {
         HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
     );
     reply
-}
-
-/// The answer for an acknowledged batch; `message` comes first, as the original
-/// service's answer did.
-#[derive(Serialize)]
-struct Accepted<'a> {
-    message: &'static str,
-    id: &'a str,
-    count: u64,
-    partition: i32,
-    offset: i64,
 }
 
 /// What the connection says about the client.
@@ -166,7 +140,7 @@ async fn post_operations<S, B>(
     headers: &HeaderMap,
     connection: Connection,
     body: S,
-) -> Reply
+) -> Result<Reply, Failure>
 where
     S: Stream<Item = Result<B, warp::Error>> + Unpin,
     B: Buf,
@@ -174,33 +148,74 @@ where
     let received = SystemTime::now();
     let caller = app.auth.caller(headers, connection.certificate.as_ref());
     if let Caller::Refused(refusal) = caller {
-        let mut reply = message(StatusCode::UNAUTHORIZED, refusal.message());
-        reply
-            .headers_mut()
-            .insert(WWW_AUTHENTICATE, refusal.challenge());
-        return reply;
+        return Err(Failure::new(Kind::Unauthenticated, refusal.message())
+            .with_header(WWW_AUTHENTICATE, refusal.challenge()));
     }
     if !is_json(headers) {
-        return message(
-            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+        return Err(Failure::new(
+            Kind::UnsupportedMediaType,
             "Content-Type must be application/json",
-        );
+        ));
     }
-    let body = match read_body(headers, body, app.max_body_bytes).await {
-        Ok(body) => body,
-        Err(BodyError::TooLarge(text)) => return message(StatusCode::PAYLOAD_TOO_LARGE, &text),
-        Err(BodyError::Unreadable(text)) => return invalid(&[Problem::body(text)]),
+    let body = read_body(headers, body, app.max_body_bytes).await?;
+    let Valid { client, key, batch } = validate(app, headers, caller, connection.peer, &body)?;
+    if let Some(kind) = auth::forbidden(client.scopes, &batch) {
+        return Err(Failure::new(
+            Kind::Forbidden,
+            format!(
+                "client `{}` may not send {kind} operations (its scopes: {}); nothing was recorded",
+                client.id,
+                client.scopes.describe()
+            ),
+        ));
+    }
+    let id = key
+        .clone()
+        .unwrap_or_else(|| uuid::Uuid::new_v4().to_string());
+    let message_key = idempotency::scoped(&client.id, &id);
+    let pending = match claim(app, key.is_some(), &message_key, &body).await? {
+        Claimed::Replay(reply) => return Ok(reply),
+        Claimed::Held(pending) => pending,
     };
-    // Header and body problems are reported together.
+    let batch_id = BatchId {
+        id: &id,
+        key: &message_key,
+        client_id: &client.id,
+    };
+    let answer = if batch.count == 0 {
+        Ok(answer::nothing_to_do())
+    } else {
+        limit_and_produce(app, &body, &batch, batch_id, received).await
+    };
+    // An unfinished claim is released when dropped, so a refused batch can be retried.
+    if let (Some(pending), Ok(reply)) = (pending, &answer) {
+        pending.finish(reply.body().clone()).await;
+    }
+    answer
+}
+
+/// A request that passed validation: who sent it, its idempotency key and its batch.
+struct Valid {
+    client: Client,
+    key: Option<String>,
+    batch: Batch,
+}
+
+/// Checks the headers and the body, reporting every problem of both together (400).
+fn validate(
+    app: &App,
+    headers: &HeaderMap,
+    caller: Caller,
+    peer: Option<SocketAddr>,
+    body: &[u8],
+) -> Result<Valid, Failure> {
     let mut problems = Vec::new();
     // A malformed X-Client-Id is refused even when a key names the client instead.
     let named = client_header(headers).map_err(|p| problems.push(p));
     let client = match (caller, named) {
         (Caller::Client(client), _) => Some(client),
         (_, Ok(named)) => Some(Client {
-            id: named
-                .map_or_else(|| peer_id(connection.peer), str::to_owned)
-                .into(),
+            id: named.map_or_else(|| peer_id(peer), str::to_owned).into(),
             scopes: Scopes::ALL,
         }),
         (_, Err(())) => None,
@@ -209,85 +224,77 @@ where
         .map_err(|p| problems.push(p))
         .ok()
         .flatten();
-    let batch = match batch::parse(&body, app.max_operations) {
+    let parsed = if request::is_empty_array(body) {
+        Ok(Batch::default())
+    } else {
+        batch::parse(body, app.max_operations)
+    };
+    let batch = match parsed {
         Ok(batch) => Some(batch),
         Err(Rejection::Invalid(found)) => {
             problems.extend(found);
             None
         }
         Err(Rejection::TooMany { count, max }) => {
-            return message(
-                StatusCode::PAYLOAD_TOO_LARGE,
-                &format!("{count} operations in one request; MAX_OPERATIONS is {max}"),
-            );
+            return Err(Failure::new(
+                Kind::TooLarge,
+                format!("{count} operations in one request; MAX_OPERATIONS is {max}"),
+            ));
         }
     };
-    let (Some(batch), Some(client), true) = (batch, client, problems.is_empty()) else {
-        return invalid(&problems);
-    };
-    if let Some(kind) = auth::forbidden(client.scopes, &batch) {
-        return message(
-            StatusCode::FORBIDDEN,
-            &format!(
-                "client `{}` may not send {kind} operations (its scopes: {}); nothing was recorded",
-                client.id,
-                client.scopes.describe()
-            ),
-        );
+    match (batch, client, problems.is_empty()) {
+        (Some(batch), Some(client), true) => Ok(Valid { client, key, batch }),
+        _ => Err(Failure::invalid(problems, request::is_malformed_json(body))),
     }
-    let id = key
-        .clone()
-        .unwrap_or_else(|| uuid::Uuid::new_v4().to_string());
-    let message_key = idempotency::scoped(&client.id, &id);
-    let pending = match &key {
-        None => None,
-        Some(_) => match app.idempotency.claim(&message_key, &body).await {
-            Ok(Claim::New(pending)) => Some(pending),
-            Ok(Claim::Replay(answer)) => {
-                app.metrics.idempotent_replays.add(1);
-                let mut reply = Response::new(answer);
-                reply.headers_mut().insert(CONTENT_TYPE, json_type());
-                reply
-                    .headers_mut()
-                    .insert("idempotent-replayed", HeaderValue::from_static("true"));
-                return reply;
-            }
-            Ok(Claim::InProgress) => {
-                return message(
-                    StatusCode::CONFLICT,
-                    "a request with this Idempotency-Key is still being processed; retry later",
-                );
-            }
-            Ok(Claim::Mismatch) => {
-                return message(
-                    StatusCode::CONFLICT,
-                    "this Idempotency-Key was used before with a different body; use a new key for a new batch",
-                );
-            }
-            Err(error) => {
-                tracing::warn!(%error, "the idempotency store failed");
-                return message(
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    &format!(
-                        "the idempotency store is unavailable ({error}); nothing was recorded"
-                    ),
-                );
-            }
-        },
-    };
-    let batch_id = BatchId {
-        id: &id,
-        key: &message_key,
-        client_id: &client.id,
-    };
-    let reply = limit_and_produce(app, &body, &batch, batch_id, received).await;
-    // An unfinished claim is released when dropped, so a refused batch can be retried.
-    if let Some(pending) = pending
-        && reply.status() == StatusCode::OK
-    {
-        pending.finish(reply.body().clone()).await;
+}
+
+/// What the idempotency store said about a request.
+enum Claimed<'a> {
+    /// Go on, holding the key if there is one.
+    Held(Option<Pending<'a>>),
+    /// The remembered answer.
+    Replay(Reply),
+}
+
+/// Claims the request's key, when it has one (`keyed`), in the idempotency store.
+async fn claim<'a>(
+    app: &'a App,
+    keyed: bool,
+    message_key: &str,
+    body: &[u8],
+) -> Result<Claimed<'a>, Failure> {
+    if !keyed {
+        return Ok(Claimed::Held(None));
     }
-    reply
+    match app.idempotency.claim(message_key, body).await {
+        Ok(Claim::New(pending)) => Ok(Claimed::Held(Some(pending))),
+        Ok(Claim::Replay(answer)) => {
+            app.metrics.idempotent_replays.add(1);
+            // Only acceptances are remembered: the replay has the first answer's status.
+            let mut reply = Response::new(answer);
+            *reply.status_mut() = ACCEPTED;
+            reply.headers_mut().insert(CONTENT_TYPE, json_type());
+            reply
+                .headers_mut()
+                .insert("idempotent-replayed", HeaderValue::from_static("true"));
+            Ok(Claimed::Replay(reply))
+        }
+        Ok(Claim::InProgress) => Err(Failure::new(
+            Kind::KeyInUse,
+            "a request with this Idempotency-Key is still being processed; retry later",
+        )),
+        Ok(Claim::Mismatch) => Err(Failure::new(
+            Kind::KeyReused,
+            "this Idempotency-Key was used before with a different body; use a new key for a new batch",
+        )),
+        Err(error) => {
+            tracing::warn!(%error, "the idempotency store failed");
+            Err(Failure::new(
+                Kind::Unavailable,
+                format!("the idempotency store is unavailable ({error}); nothing was recorded"),
+            ))
+        }
+    }
 }
 
 /// How a batch is named: its id, its message key, and its client.
@@ -298,21 +305,6 @@ struct BatchId<'a> {
     client_id: &'a str,
 }
 
-/// The `Idempotency-Key` header, if any.
-pub fn idempotency_key(headers: &HeaderMap) -> Result<Option<String>, Problem> {
-    match headers.get("idempotency-key").map(HeaderValue::to_str) {
-        None => Ok(None),
-        Some(Ok(key)) if idempotency::valid_key(key) => Ok(Some(key.to_owned())),
-        Some(_) => Err(Problem::header(
-            "Idempotency-Key",
-            format!(
-                "must be 1 to {} visible ASCII characters",
-                idempotency::MAX_KEY_LEN
-            ),
-        )),
-    }
-}
-
 /// The rate-limit check, then the message, for a valid batch.
 async fn limit_and_produce(
     app: &App,
@@ -320,10 +312,10 @@ async fn limit_and_produce(
     batch: &Batch,
     batch_id: BatchId<'_>,
     received: SystemTime,
-) -> Reply {
+) -> Result<Reply, Failure> {
     // A known outage is answered before the batch counts against any limit.
     if let Err(error) = app.kafka.available() {
-        return message(StatusCode::SERVICE_UNAVAILABLE, &error.to_string());
+        return Err(Failure::new(Kind::Unavailable, error.to_string()));
     }
     let limit_headers = match app
         .limits
@@ -339,18 +331,17 @@ async fn limit_and_produce(
                     "the batch holds more operations than a limit allows in a whole window; split it. Nothing was recorded"
                 }
             };
-            let mut reply = message(StatusCode::TOO_MANY_REQUESTS, text);
-            add_limit_headers(reply.headers_mut(), headers);
+            let mut refusal = Failure::new(Kind::QuotaExceeded, text).with_limit_headers(headers);
             if let Retry::After(seconds) = retry {
-                reply.headers_mut().insert(RETRY_AFTER, seconds.into());
+                refusal = refusal.with_header(RETRY_AFTER, seconds.into());
             }
-            return reply;
+            return Err(refusal);
         }
         Verdict::Unavailable => {
-            return message(
-                StatusCode::SERVICE_UNAVAILABLE,
+            return Err(Failure::new(
+                Kind::Unavailable,
                 "the rate-limit service is unavailable; nothing was recorded",
-            );
+            ));
         }
     };
     let id = batch_id.id;
@@ -366,168 +357,44 @@ async fn limit_and_produce(
     if produced.is_ok() {
         app.metrics.produced(started.elapsed(), batch.count);
     }
-    let mut reply = match produced {
-        Ok(ack) => json_reply(
-            StatusCode::OK,
-            &Accepted {
-                message: ACCEPTED_MESSAGE,
-                id,
-                count: batch.count,
-                partition: ack.partition,
-                offset: ack.offset,
-            },
-        ),
-        Err(error @ ProduceError::TooLarge(_)) => json_reply(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            &json!({"message": format!("{error}; nothing was recorded"), "id": id}),
-        ),
-        Err(error @ (ProduceError::Unavailable(_) | ProduceError::QueueFull)) => {
-            tracing::warn!(%error, id, "batch refused");
-            json_reply(
-                StatusCode::SERVICE_UNAVAILABLE,
-                &json!({"message": error.to_string(), "id": id}),
-            )
-        }
-        Err(ProduceError::Unacknowledged(why)) => {
-            tracing::warn!(error = why, id, "batch not acknowledged");
-            json_reply(
-                StatusCode::SERVICE_UNAVAILABLE,
-                &json!({
-                    "message": format!(
-                        "the broker did not acknowledge the operations ({why}); they may or may not have been recorded. Retry with the header Idempotency-Key: {id}; the id is also the message key, so consumers can drop a duplicate"
-                    ),
-                    "id": id,
-                }),
-            )
-        }
-    };
+    let ack = produced.map_err(|error| produce_failure(error, id))?;
+    let mut reply = answer::accepted(&Accepted {
+        id,
+        count: batch.count,
+        partition: ack.partition,
+        offset: ack.offset,
+    });
     add_limit_headers(reply.headers_mut(), limit_headers);
-    reply
+    Ok(reply)
 }
 
-/// Why a body was not read.
-enum BodyError {
-    /// Over the size limit: 413.
-    TooLarge(String),
-    /// The connection broke or the framing was bad: 400.
-    Unreadable(String),
-}
-
-/// Reads the body, refusing more than `max` bytes (413) before reading them when the
-/// length is announced.
-async fn read_body<S, B>(headers: &HeaderMap, mut body: S, max: usize) -> Result<Bytes, BodyError>
-where
-    S: Stream<Item = Result<B, warp::Error>> + Unpin,
-    B: Buf,
-{
-    let too_large = || {
-        BodyError::TooLarge(format!(
-            "the body is larger than MAX_BODY_BYTES ({max} bytes)"
-        ))
+/// The refusal for a batch `id` the broker did not acknowledge.
+fn produce_failure(error: ProduceError, id: &str) -> Failure {
+    let refusal = match error {
+        ProduceError::TooLarge(_) => {
+            Failure::new(Kind::TooLarge, format!("{error}; nothing was recorded"))
+        }
+        ProduceError::Unavailable(_) | ProduceError::QueueFull => {
+            tracing::warn!(%error, id, "batch refused");
+            Failure::new(Kind::Unavailable, error.to_string())
+        }
+        ProduceError::Unacknowledged(why) => {
+            tracing::warn!(error = why, id, "batch not acknowledged");
+            Failure::new(
+                Kind::Unacknowledged,
+                format!(
+                    "the broker did not acknowledge the operations ({why}); they may or may not have been recorded. Retry with the header Idempotency-Key: {id}; the id is also the message key, so consumers can drop a duplicate"
+                ),
+            )
+        }
     };
-    let announced = headers
-        .get(CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok()?.parse::<usize>().ok());
-    if announced.is_some_and(|n| n > max) {
-        return Err(too_large());
-    }
-    let mut buffer = BytesMut::with_capacity(announced.unwrap_or(0));
-    while let Some(chunk) = body.next().await {
-        let mut chunk = chunk.map_err(|error| {
-            BodyError::Unreadable(format!("the body could not be read: {error}"))
-        })?;
-        if buffer.len() + chunk.remaining() > max {
-            return Err(too_large());
-        }
-        while chunk.has_remaining() {
-            let part = chunk.chunk();
-            buffer.extend_from_slice(part);
-            let n = part.len();
-            chunk.advance(n);
-        }
-    }
-    Ok(buffer.freeze())
+    refusal.with_id(id)
 }
 
-pub fn is_json(headers: &HeaderMap) -> bool {
-    headers
-        .get(CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.split(';').next())
-        .is_some_and(|media| media.trim().eq_ignore_ascii_case("application/json"))
-}
-
-/// The `X-Client-Id` header, else the peer's IP address.
-pub fn client_id(headers: &HeaderMap, peer: Option<SocketAddr>) -> Result<String, Problem> {
-    Ok(client_header(headers)?.map_or_else(|| peer_id(peer), str::to_owned))
-}
-
-/// The `X-Client-Id` header, if any, checked.
-fn client_header(headers: &HeaderMap) -> Result<Option<&str>, Problem> {
-    match headers.get("x-client-id").map(HeaderValue::to_str) {
-        Some(Ok(id)) if valid_client_id(id) => Ok(Some(id)),
-        Some(_) => Err(Problem::header(
-            "X-Client-Id",
-            "must be 1 to 255 visible ASCII characters",
-        )),
-        None => Ok(None),
-    }
-}
-
-/// A client named by its address.
-fn peer_id(peer: Option<SocketAddr>) -> String {
-    peer.map_or_else(|| "unknown".to_owned(), |p| p.ip().to_string())
-}
-
-fn add_limit_headers(headers: &mut HeaderMap, pairs: LimitHeaders) {
-    for (name, value) in pairs {
-        if let (Ok(name), Ok(value)) = (
-            warp::http::HeaderName::try_from(name.as_str()),
-            HeaderValue::try_from(value),
-        ) {
-            headers.insert(name, value);
-        }
-    }
-}
-
-fn invalid(problems: &[Problem]) -> Reply {
-    #[derive(Serialize)]
-    struct Body<'a> {
-        message: &'static str,
-        errors: &'a [Problem],
-    }
-    json_reply(
-        StatusCode::BAD_REQUEST,
-        &Body {
-            message: "the operations are not valid; nothing was recorded",
-            errors: problems,
-        },
+fn not_allowed(allow: &'static str) -> Failure {
+    Failure::new(
+        Kind::MethodNotAllowed,
+        format!("this route takes {allow} only"),
     )
-}
-
-fn not_allowed(allow: &'static str) -> Reply {
-    let mut reply = message(
-        StatusCode::METHOD_NOT_ALLOWED,
-        &format!("this route takes {allow} only"),
-    );
-    reply
-        .headers_mut()
-        .insert(ALLOW, HeaderValue::from_static(allow));
-    reply
-}
-
-fn message(status: StatusCode, text: &str) -> Reply {
-    json_reply(status, &json!({ "message": text }))
-}
-
-fn json_reply(status: StatusCode, body: &impl Serialize) -> Reply {
-    let bytes = serde_json::to_vec(body).unwrap_or_default();
-    let mut reply = Response::new(Bytes::from(bytes));
-    *reply.status_mut() = status;
-    reply.headers_mut().insert(CONTENT_TYPE, json_type());
-    reply
-}
-
-fn json_type() -> HeaderValue {
-    HeaderValue::from_static("application/json")
+    .with_header(ALLOW, HeaderValue::from_static(allow))
 }

@@ -84,6 +84,7 @@ async fn keys_authenticate_and_scope_clients_and_rotate_without_restart() {
         Some(r#"Bearer realm="operations-intake""#)
     );
     assert!(none.body["message"].as_str().unwrap().contains("Bearer"));
+    assert_eq!(none.body["error"], "Authentication required.");
     let unknown = post_as(service, "oik_not-a-key", &batch("buy", 1), &[]).await;
     assert_eq!(unknown.status, 401);
     assert!(
@@ -113,6 +114,10 @@ async fn keys_authenticate_and_scope_clients_and_rotate_without_restart() {
     )
     .await;
     assert_eq!(forbidden.status, 403, "{}", forbidden.body);
+    assert_eq!(
+        forbidden.body["error"],
+        "Operation not allowed for this client."
+    );
     assert!(
         forbidden.body["message"]
             .as_str()
@@ -120,9 +125,9 @@ async fn keys_authenticate_and_scope_clients_and_rotate_without_restart() {
             .contains("may not send sell operations (its scopes: buy)")
     );
     let bought = post_as(service, &buyer, &batch("buy", 2), &[]).await;
-    assert_eq!(bought.status, 200, "{}", bought.body);
+    assert_eq!(bought.status, 202, "{}", bought.body);
     let acme_sold = post_as(service, &acme, &batch("sell", 1), &spoof).await;
-    assert_eq!(acme_sold.status, 200, "{}", acme_sold.body);
+    assert_eq!(acme_sold.status, 202, "{}", acme_sold.body);
 
     // Rotation: acme gets a new key and the old one goes, by editing the file.
     let (rotated, rotated_entry) = keygen("acme", None);
@@ -133,7 +138,7 @@ async fn keys_authenticate_and_scope_clients_and_rotate_without_restart() {
         401
     );
     let after = post_as(service, &rotated, &batch("buy", 1), &[]).await;
-    assert_eq!(after.status, 200, "{}", after.body);
+    assert_eq!(after.status, 202, "{}", after.body);
     // A broken file keeps the keys in use, and says so.
     replace_file(&setup.keys, "- client_id: acme\n  key_sha256: nothex\n");
     reloaded(service, "api_keys", "rejected", 1).await;
@@ -141,7 +146,7 @@ async fn keys_authenticate_and_scope_clients_and_rotate_without_restart() {
         post_as(service, &rotated, &batch("buy", 1), &[])
             .await
             .status,
-        200
+        202
     );
     let state = health(service).await;
     assert_eq!(
@@ -160,7 +165,7 @@ async fn keys_authenticate_and_scope_clients_and_rotate_without_restart() {
         "the refusal is logged"
     );
 
-    // Only the 200s reached the topic, each recording its authenticated client.
+    // Only the 202s reached the topic, each recording its authenticated client.
     let records = read_topic(&setup.tansu.bootstrap(), "auth");
     let clients: Vec<&str> = records
         .iter()
@@ -188,7 +193,7 @@ async fn a_client_cannot_spend_another_clients_limit() {
         &[("x-client-id", "globex")],
     )
     .await;
-    assert_eq!(claimed.status, 200, "{}", claimed.body);
+    assert_eq!(claimed.status, 202, "{}", claimed.body);
     let over = post_as(
         service,
         &acme,
@@ -199,7 +204,7 @@ async fn a_client_cannot_spend_another_clients_limit() {
     assert_eq!(over.status, 429, "{}", over.body);
     let theirs = post_as(service, &globex, &batch("buy", 10), &[]).await;
     assert_eq!(
-        theirs.status, 200,
+        theirs.status, 202,
         "globex's limit is untouched: {}",
         theirs.body
     );
@@ -212,7 +217,7 @@ async fn a_client_cannot_spend_another_clients_limit() {
     reloaded(service, "ratelimit_config", "loaded", 2).await;
     let a = post_as(service, &globex, &first, &key).await;
     let b = post_as(service, &acme, &second, &key).await;
-    assert_eq!((a.status, b.status), (200, 200), "{} {}", a.body, b.body);
+    assert_eq!((a.status, b.status), (202, 202), "{} {}", a.body, b.body);
     assert_eq!(
         (a.body["id"].as_str(), b.body["id"].as_str()),
         (Some("shared-key"), Some("shared-key"))
@@ -235,7 +240,7 @@ async fn a_rule_change_is_picked_up_without_restart_and_a_bad_one_is_refused() {
     let service = &setup.service;
     assert_eq!(
         post_as(service, &acme, &batch("buy", 10), &[]).await.status,
-        200
+        202
     );
     assert_eq!(
         post_as(service, &acme, &batch("buy", 1), &[]).await.status,
@@ -247,7 +252,7 @@ async fn a_rule_change_is_picked_up_without_restart_and_a_bad_one_is_refused() {
     reloaded(service, "ratelimit_config", "loaded", 2).await;
     let raised = post_as(service, &acme, &batch("buy", 2), &[]).await;
     assert_eq!(
-        raised.status, 200,
+        raised.status, 202,
         "the new limit counts on from the same window: {}",
         raised.body
     );
@@ -285,7 +290,7 @@ async fn a_rule_change_is_picked_up_without_restart_and_a_bad_one_is_refused() {
         .await
         .unwrap();
     for line in [
-        "intake_requests_total{status=\"200\"} 2",
+        "intake_requests_total{status=\"202\"} 2",
         "intake_requests_total{status=\"429\"} 2",
         "intake_limit_refusals_total 2",
         "intake_operations_produced_total 12",
@@ -438,7 +443,7 @@ async fn mutual_tls_names_the_client_by_its_certificate() {
     ];
     let (ok, answer) = curl_tls(&service, pki.path(), true, &post_args);
     assert!(
-        ok && answer.contains("Operations processed successfully"),
+        ok && answer.contains("Operations received and processing initiated."),
         "{answer}"
     );
     let (ok, answer) = curl_tls(&service, pki.path(), false, &post_args);

@@ -21,7 +21,7 @@ async fn start_on(
         ("KAFKA_TOPIC", "ops"),
         ("KAFKA_DELIVERY_TIMEOUT", timeout),
     ]);
-    assert_eq!(post(&service, &batch("buy", 1), &[]).await.status, 200);
+    assert_eq!(post(&service, &batch("buy", 1), &[]).await.status, 202);
     service
 }
 
@@ -40,16 +40,16 @@ async fn a_broker_outage_answers_503_promptly_and_the_service_recovers() {
         ("KAFKA_DELIVERY_TIMEOUT", "60s"),
         ("RATELIMIT_CONFIG", rules.to_str().unwrap()),
     ]);
-    assert_eq!(post(&service, &batch("buy", 1), &[]).await.status, 200);
+    assert_eq!(post(&service, &batch("buy", 1), &[]).await.status, 202);
 
     mock.broker_down(1).unwrap();
     wait_until("/health reports the broker down", || async {
         let answer = health(&service).await;
-        answer.status == 503 && answer.body["status"] == "DOWN"
+        answer.status == 503 && answer.body["status"] == "down"
     })
     .await;
     let answer = health(&service).await;
-    assert_eq!(answer.body["kafka"]["status"], "DOWN");
+    assert_eq!(answer.body["kafka"]["status"], "disconnected");
     assert!(answer.body["kafka"]["reason"].is_string());
 
     let client = reqwest::Client::builder()
@@ -84,7 +84,7 @@ async fn a_broker_outage_answers_503_promptly_and_the_service_recovers() {
     })
     .await;
     let again = post(&service, &batch("buy", 1), &[]).await;
-    assert_eq!(again.status, 200, "{}", again.body);
+    assert_eq!(again.status, 202, "{}", again.body);
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -99,6 +99,7 @@ async fn an_unacknowledged_batch_is_503_with_an_id_to_retry_with() {
     );
     let answer = post(&service, &batch("sell", 2), &[]).await;
     assert_eq!(answer.status, 503, "{}", answer.body);
+    assert_eq!(answer.body["error"], "Operations not acknowledged.");
     let id = answer.body["id"].as_str().unwrap().to_owned();
     let message = answer.body["message"].as_str().unwrap();
     assert!(
@@ -109,7 +110,7 @@ async fn an_unacknowledged_batch_is_503_with_an_id_to_retry_with() {
 
     mock.clear_request_errors(RDKafkaApiKey::Produce);
     let retry = post(&service, &batch("sell", 2), &[("idempotency-key", &id)]).await;
-    assert_eq!(retry.status, 200, "{}", retry.body);
+    assert_eq!(retry.status, 202, "{}", retry.body);
     assert_eq!(retry.body["id"], id.as_str());
 }
 
@@ -142,7 +143,7 @@ async fn a_fatal_producer_error_is_reported_and_the_producer_replaced() {
     );
     let state = health(&service).await;
     assert_eq!(state.status, 503, "{}", state.body);
-    assert_eq!(state.body["status"], "DOWN");
+    assert_eq!(state.body["status"], "down");
     let reason = state.body["kafka"]["reason"].as_str().unwrap();
     assert!(reason.contains("OutOfOrderSequenceNumber"), "{reason}");
 
@@ -171,7 +172,7 @@ async fn a_fatal_producer_error_is_reported_and_the_producer_replaced() {
     })
     .await;
     let retry = post(&service, &batch("sell", 2), &[("idempotency-key", &id)]).await;
-    assert_eq!(retry.status, 200, "{}", retry.body);
+    assert_eq!(retry.status, 202, "{}", retry.body);
     assert_eq!(retry.body["id"], id.as_str());
     let warnings: Vec<String> = service
         .log()
@@ -232,7 +233,7 @@ async fn a_producer_whose_id_the_broker_lost_is_replaced() {
     })
     .await;
     let retry = post(&service, &batch("sell", 1), &[("idempotency-key", &id)]).await;
-    assert_eq!(retry.status, 200, "{}", retry.body);
+    assert_eq!(retry.status, 202, "{}", retry.body);
 }
 
 #[tokio::test(flavor = "multi_thread")]

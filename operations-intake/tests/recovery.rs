@@ -29,7 +29,7 @@ async fn post_until_accepted(service: &Intake, mut failed: impl AsyncFnMut(&Answ
     let deadline = Instant::now() + Duration::from_secs(30);
     while Instant::now() < deadline {
         let answer = post(service, &batch("sell", 1), &[]).await;
-        if answer.status == 200 {
+        if answer.status == 202 {
             return answer.body["id"].as_str().unwrap().to_owned();
         }
         failed(&answer).await;
@@ -68,7 +68,7 @@ async fn a_producer_fenced_after_a_broker_pause_is_replaced() {
     let tansu = broker_with_topic("paused").await;
     let service = intake(&tansu, "paused");
     let before = post(&service, &batch("buy", 1), &[]).await;
-    assert_eq!(before.status, 200, "{}", before.body);
+    assert_eq!(before.status, 202, "{}", before.body);
 
     // A batch in flight while the broker is frozen times out; librdkafka then bumps the
     // idempotent producer's epoch by itself, which tansu answers with ProducerFenced.
@@ -92,8 +92,8 @@ async fn a_producer_fenced_after_a_broker_pause_is_replaced() {
         let state = health(&service).await;
         assert_eq!(
             (state.status, &state.body["status"]),
-            (503, &serde_json::json!("DOWN")),
-            "/health must not say UP while the producer is fenced: {}",
+            (503, &serde_json::json!("down")),
+            "/health must not say up while the producer is fenced: {}",
             state.body
         );
         let reason = state.body["kafka"]["reason"].as_str().unwrap_or_default();
@@ -120,7 +120,7 @@ async fn a_producer_fenced_after_a_broker_pause_is_replaced() {
 async fn a_producer_id_lost_in_a_broker_restart_is_replaced() {
     let mut tansu = broker_with_topic("restarted").await;
     let service = intake(&tansu, "restarted");
-    assert_eq!(post(&service, &batch("buy", 1), &[]).await.status, 200);
+    assert_eq!(post(&service, &batch("buy", 1), &[]).await.status, 202);
 
     // The new broker has never heard of the producer id: librdkafka bumps the epoch and
     // retries until the delivery timeout, batch after batch, without a fatal error.

@@ -47,7 +47,7 @@ async fn two_replicas_sharing_redis_produce_a_key_sent_to_both_at_once_exactly_o
     let mut accepted = Vec::new();
     for answer in &answers {
         match answer.status {
-            200 => accepted.push(answer.body.clone()),
+            202 => accepted.push(answer.body.clone()),
             409 => assert!(
                 answer.body["message"]
                     .as_str()
@@ -60,12 +60,12 @@ async fn two_replicas_sharing_redis_produce_a_key_sent_to_both_at_once_exactly_o
     assert!(!accepted.is_empty());
     assert!(
         accepted.iter().all(|a| *a == accepted[0]),
-        "every 200 is the one answer: {accepted:?}"
+        "every 202 is the one answer: {accepted:?}"
     );
     // Retries after the fact, to either replica, replay it.
     for service in &replicas {
         let retry = post(service, &body, &[("idempotency-key", "order-50")]).await;
-        assert_eq!(retry.status, 200);
+        assert_eq!(retry.status, 202);
         assert_eq!(retry.body, accepted[0]);
         assert_eq!(retry.header("idempotent-replayed"), Some("true"));
     }
@@ -86,12 +86,12 @@ async fn a_replica_killed_between_a_request_and_its_retry_produces_once() {
     let body = batch("sell", 2);
     let key = [("idempotency-key", "order-k")];
     let answered = post(&first, &body, &key).await;
-    assert_eq!(answered.status, 200, "{}", answered.body);
+    assert_eq!(answered.status, 202, "{}", answered.body);
     drop(first); // SIGKILL: nothing in its memory survives.
 
     let restarted = replica(&tansu, &redis, "killed");
     let retry = post(&restarted, &body, &key).await;
-    assert_eq!(retry.status, 200, "{}", retry.body);
+    assert_eq!(retry.status, 202, "{}", retry.body);
     assert_eq!(retry.body, answered.body);
     assert_eq!(retry.header("idempotent-replayed"), Some("true"));
     assert_eq!(with_key(&tansu, "killed", "127.0.0.1 order-k"), 1);
@@ -113,7 +113,7 @@ async fn a_replica_killed_between_a_request_and_its_retry_produces_once() {
             .contains("idempotency store is unavailable")
     );
     let unkeyed = post(&restarted, &batch("buy", 1), &[]).await;
-    assert_eq!(unkeyed.status, 200, "{}", unkeyed.body);
+    assert_eq!(unkeyed.status, 202, "{}", unkeyed.body);
     assert_eq!(read_topic(&tansu.bootstrap(), "killed").len(), 2);
 }
 

@@ -21,7 +21,7 @@ async fn remote_limits_are_shared_through_the_sidecar() {
     ];
     let replicas = [Intake::start(&env), Intake::start(&env)];
     let first = post(&replicas[0], &batch("buy", 3), &[("x-client-id", "z")]).await;
-    assert_eq!(first.status, 200, "{}", first.body);
+    assert_eq!(first.status, 202, "{}", first.body);
     assert_eq!(first.header("ratelimit-remaining"), Some("2"));
     let second = post(&replicas[1], &batch("buy", 3), &[("x-client-id", "z")]).await;
     assert_eq!(
@@ -47,7 +47,7 @@ async fn a_sidecar_outage_follows_the_failure_mode() {
     ]);
     let allowed = post(&open, &batch("buy", 1), &[]).await;
     assert_eq!(
-        allowed.status, 200,
+        allowed.status, 202,
         "fail open by default: {}",
         allowed.body
     );
@@ -99,5 +99,5 @@ async fn a_sidecar_without_the_domain_stops_start_up_unless_allowed() {
         ("RATELIMIT_ALLOW_UNKNOWN_DOMAIN", "true"),
     ]);
     let allowed = post(&intake, &batch("buy", 1), &[]).await;
-    assert_eq!(allowed.status, 200, "{}", allowed.body);
+    assert_eq!(allowed.status, 202, "{}", allowed.body);
 }
