@@ -97,6 +97,11 @@ impl Followed {
         }
     }
 
+    /// Whether some version of the file is in use (a rejected reload keeps the previous).
+    pub fn loaded(&self) -> bool {
+        lock(&self.applied).is_some()
+    }
+
     /// The last load's outcome.
     pub fn last(&self) -> Option<LastLoad> {
         lock(&self.last).clone()

@@ -2,10 +2,14 @@
 //! service's shape (`app`, `status`, `kafka.status`, `kafka.bootstrap-servers`,
 //! `kafka.topic`) with what this service adds (`kafka.bootstrap_servers`,
 //! `kafka.partitions`, `kafka.reason`, `files`).
+//!
+//! And the probes of an orchestrator: `GET /health/live` (the process serves) and
+//! `GET /health/ready` (every dependency a batch needs answers).
 
 use std::collections::BTreeMap;
 
 use serde::Serialize;
+use serde_json::json;
 use warp::http::StatusCode;
 
 use crate::answer::{Reply, json_reply};
@@ -80,5 +84,75 @@ pub fn health(app: &App) -> Reply {
             kafka: Kafka::new(&broker),
             files,
         },
+    )
+}
+
+/// `GET /health/live`: 200 while the process serves requests.
+pub fn live() -> Reply {
+    json_reply(StatusCode::OK, &json!({"app": APP, "status": "up"}))
+}
+
+/// One readiness check's outcome.
+#[derive(Serialize)]
+struct Check {
+    /// `up` or `down`.
+    status: &'static str,
+    /// Why it is down.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    reason: Option<String>,
+}
+
+impl Check {
+    fn from(outcome: Result<(), String>) -> Check {
+        match outcome {
+            Ok(()) => Check {
+                status: "up",
+                reason: None,
+            },
+            Err(reason) => Check {
+                status: "down",
+                reason: Some(reason),
+            },
+        }
+    }
+}
+
+/// `GET /health/ready`: 200 when the broker answered the last metadata request for the
+/// topic, every followed file (keys, rules) has a version in use, and the idempotency
+/// store answers when it is Redis; else 503. `checks` has each outcome, `failed` names
+/// those that are down.
+pub async fn ready(app: &App) -> Reply {
+    let mut checks = BTreeMap::new();
+    let broker = app.kafka.health();
+    let kafka = match &broker.reason {
+        _ if broker.is_up() => Ok(()),
+        Some(reason) => Err(reason.clone()),
+        None => Err("down".to_owned()),
+    };
+    checks.insert("kafka", Check::from(kafka));
+    for (name, file) in &app.files {
+        let loaded = if file.loaded() {
+            Ok(())
+        } else {
+            Err("no version of the file is loaded".to_owned())
+        };
+        checks.insert(name, Check::from(loaded));
+    }
+    if let Some(answered) = app.idempotency.check().await {
+        checks.insert("idempotency", Check::from(answered));
+    }
+    let failed: Vec<&str> = checks
+        .iter()
+        .filter(|(_, check)| check.status == "down")
+        .map(|(name, _)| *name)
+        .collect();
+    let (status, code) = if failed.is_empty() {
+        ("up", StatusCode::OK)
+    } else {
+        ("down", StatusCode::SERVICE_UNAVAILABLE)
+    };
+    json_reply(
+        code,
+        &json!({"app": APP, "status": status, "checks": checks, "failed": failed}),
     )
 }

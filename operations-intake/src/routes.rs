@@ -1,5 +1,6 @@
-//! The HTTP API: `POST /operations`, `GET /health` and `GET /metrics`, every answer but
-//! the metrics a JSON body (shaped in [`crate::answer`]).
+//! The HTTP API: `POST /operations`, `GET /health` (and `/health/live`, `/health/ready`)
+//! and `GET /metrics`, every answer but the metrics a JSON body (shaped in
+//! [`crate::answer`]).
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -18,7 +19,7 @@ use crate::answer::{self, ACCEPTED, Accepted, Failure, Kind, Reply, add_limit_he
 use crate::auth::{self, Auth, Caller, Client, Scopes};
 use crate::batch::{self, Batch, Rejection};
 use crate::files::Followed;
-use crate::health::health;
+use crate::health;
 use crate::idempotency::{self, Claim, Pending};
 use crate::kafka::{Kafka, MessageMeta, ProduceError};
 use crate::limits::{Limits, Verdict};
@@ -106,13 +107,15 @@ where
             );
             answer
         }
-        "/health" if method == Method::GET => Ok(health(app)),
+        "/health" if method == Method::GET => Ok(health::health(app)),
+        "/health/live" if method == Method::GET => Ok(health::live()),
+        "/health/ready" if method == Method::GET => Ok(health::ready(app).await),
         "/metrics" if method == Method::GET => Ok(metrics(app)),
         "/operations" => Err(not_allowed("POST")),
-        "/health" | "/metrics" => Err(not_allowed("GET")),
+        "/health" | "/health/live" | "/health/ready" | "/metrics" => Err(not_allowed("GET")),
         _ => Err(Failure::new(
             Kind::NotFound,
-            "no such route; the routes are POST /operations, GET /health and GET /metrics",
+            "no such route; the routes are POST /operations, GET /health, GET /health/live, GET /health/ready and GET /metrics",
         )),
     };
     answer.unwrap_or_else(Failure::into_reply)

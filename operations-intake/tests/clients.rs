@@ -164,6 +164,11 @@ async fn keys_authenticate_and_scope_clients_and_rotate_without_restart() {
         service.log().contains("API_KEYS_FILE"),
         "the refusal is logged"
     );
+    // The previous keys are still in use, so the service stays ready.
+    let ready = support::get(service, "/health/ready").await;
+    assert_eq!(ready.status, 200, "{}", ready.body);
+    assert_eq!(ready.body["checks"]["api_keys"]["status"], "up");
+    assert_eq!(ready.body["checks"]["ratelimit_config"]["status"], "up");
 
     // Only the 202s reached the topic, each recording its authenticated client.
     let records = read_topic(&setup.tansu.bootstrap(), "auth");

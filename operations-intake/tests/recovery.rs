@@ -1,12 +1,13 @@
 //! The service recovers by itself when its idempotent producer can no longer produce to a
 //! real broker (tansu): after a pause that leaves it fenced, and after a restart that
-//! loses its producer id. Until then `/health` is DOWN with the reason.
+//! loses its producer id. Until then `/health` is down with the reason, and the
+//! readiness probe follows the broker.
 
 use ratelimit_tests::intake as support;
 
 use std::time::{Duration, Instant};
 
-use support::{Answer, Intake, Tansu, batch, health, post, read_topic};
+use support::{Answer, Intake, Tansu, batch, get, health, post, read_topic, wait_until};
 
 async fn broker_with_topic(topic: &str) -> Tansu {
     let tansu = Tansu::start();
@@ -142,4 +143,40 @@ async fn a_producer_id_lost_in_a_broker_restart_is_replaced() {
         "{replaced:?}"
     );
     on_topic_once(&tansu, "restarted", &[&accepted]);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_ready_probe_follows_the_broker_and_the_live_probe_does_not() {
+    let mut tansu = broker_with_topic("probed").await;
+    let service = intake(&tansu, "probed");
+    let ready = get(&service, "/health/ready").await;
+    assert_eq!(ready.status, 200, "{}", ready.body);
+    assert_eq!(ready.body["status"], "up");
+    assert_eq!(ready.body["checks"]["kafka"]["status"], "up");
+    assert_eq!(ready.body["failed"], serde_json::json!([]));
+
+    tansu.stop();
+    wait_until("the ready probe says the broker is down", || async {
+        get(&service, "/health/ready").await.status == 503
+    })
+    .await;
+    let unready = get(&service, "/health/ready").await;
+    assert_eq!(unready.body["status"], "down");
+    assert_eq!(unready.body["failed"], serde_json::json!(["kafka"]));
+    let kafka = &unready.body["checks"]["kafka"];
+    assert_eq!(kafka["status"], "down");
+    assert!(kafka["reason"].is_string(), "{}", unready.body);
+    let live = get(&service, "/health/live").await;
+    assert_eq!(
+        (live.status, &live.body["status"]),
+        (200, &serde_json::json!("up"))
+    );
+
+    tansu.start_again();
+    tansu.create_topic("probed", 1).await;
+    wait_until("the ready probe says the broker is back", || async {
+        get(&service, "/health/ready").await.status == 200
+    })
+    .await;
+    assert_eq!(get(&service, "/health/live").await.status, 200);
 }

@@ -95,6 +95,9 @@ async fn a_replica_killed_between_a_request_and_its_retry_produces_once() {
     assert_eq!(retry.body, answered.body);
     assert_eq!(retry.header("idempotent-replayed"), Some("true"));
     assert_eq!(with_key(&tansu, "killed", "127.0.0.1 order-k"), 1);
+    let ready = support::get(&restarted, "/health/ready").await;
+    assert_eq!(ready.status, 200, "{}", ready.body);
+    assert_eq!(ready.body["checks"]["idempotency"]["status"], "up");
 
     // Without Redis a keyed batch cannot be checked: refused, and nothing recorded. A
     // batch without a key does not need it.
@@ -114,6 +117,11 @@ async fn a_replica_killed_between_a_request_and_its_retry_produces_once() {
     );
     let unkeyed = post(&restarted, &batch("buy", 1), &[]).await;
     assert_eq!(unkeyed.status, 202, "{}", unkeyed.body);
+    // Not ready, saying why; the broker is fine.
+    let unready = support::get(&restarted, "/health/ready").await;
+    assert_eq!(unready.status, 503, "{}", unready.body);
+    assert_eq!(unready.body["failed"], serde_json::json!(["idempotency"]));
+    assert_eq!(unready.body["checks"]["kafka"]["status"], "up");
     assert_eq!(read_topic(&tansu.bootstrap(), "killed").len(), 2);
 }
 

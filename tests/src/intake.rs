@@ -122,8 +122,18 @@ impl Tansu {
     /// Kills the broker and starts a new one on the same port: with in-memory storage,
     /// every topic and producer id is gone.
     pub fn restart(&mut self) {
+        self.stop();
+        self.start_again();
+    }
+
+    /// Kills the broker; its port refuses connections until [`Tansu::start_again`].
+    pub fn stop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+    }
+
+    /// Starts a new broker on the port of a stopped one, with no topic.
+    pub fn start_again(&mut self) {
         self.child = spawn_tansu(self.port, self._dir.path());
     }
 
@@ -292,7 +302,12 @@ pub async fn answer(response: reqwest::Response) -> Answer {
 
 /// `GET /health`.
 pub async fn health(intake: &Intake) -> Answer {
-    answer(reqwest::get(intake.url("/health")).await.unwrap()).await
+    get(intake, "/health").await
+}
+
+/// `GET path`, answered with a JSON body.
+pub async fn get(intake: &Intake, path: &str) -> Answer {
+    answer(reqwest::get(intake.url(path)).await.unwrap()).await
 }
 
 /// Polls `check` for up to 20 s until it holds; panics naming `what` if it never does.

@@ -108,6 +108,16 @@ impl Store {
     }
 }
 
+impl Store {
+    /// Whether the shared store answers: `None` for the in-process store, which always does.
+    pub async fn check(&self) -> Option<Result<(), String>> {
+        match self {
+            Store::Memory(_) => None,
+            Store::Redis(store) => Some(store.ping().await),
+        }
+    }
+}
+
 impl Pending<'_> {
     /// Remembers `answer` for the key. A failure is logged: the batch was recorded, so
     /// the answer stands, but a retry may produce it again (with the same message key).

@@ -152,6 +152,11 @@ impl Store {
         Ok(self.invoke(invocation).await? == 1)
     }
 
+    /// Whether Redis answers a `PING` within IDEMPOTENCY_REDIS_TIMEOUT.
+    pub async fn ping(&self) -> Result<(), String> {
+        self.run::<String>(redis::cmd("PING")).await.map(drop)
+    }
+
     /// Gives up a key this `token` holds, so the batch can be sent again at once.
     pub async fn release(&self, key: &str, digest: &str, token: &str) -> Result<(), String> {
         let mut invocation = self.release.key(format!("{KEY_PREFIX}{key}"));
