@@ -65,6 +65,10 @@ pub fn nothing_to_do() -> Reply {
     )
 }
 
+/// Most problems listed in a 400; the rest are only counted, in `errors_omitted`, so a
+/// 1 MiB body of 110 000 unknown fields is not answered with 11 MB of them.
+pub const MAX_LISTED_PROBLEMS: usize = 100;
+
 /// What kind of refusal an answer is: its status and its `error` string.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Kind {
@@ -199,7 +203,8 @@ impl Failure {
         self.0.kind
     }
 
-    /// The answer: JSON with `error`, `message`, and `id` and `errors` where they apply.
+    /// The answer: JSON with `error`, `message`, and `id`, `errors` (at most
+    /// [`MAX_LISTED_PROBLEMS`]) and `errors_omitted` where they apply.
     pub fn into_reply(self) -> Reply {
         let refusal = *self.0;
         #[derive(Serialize)]
@@ -210,19 +215,33 @@ impl Failure {
             id: Option<&'a str>,
             #[serde(skip_serializing_if = "<[Problem]>::is_empty")]
             errors: &'a [Problem],
+            #[serde(skip_serializing_if = "is_zero")]
+            errors_omitted: usize,
         }
+        let (errors, errors_omitted) = listed(&refusal.errors);
         let mut reply = json_reply(
             refusal.kind.status(),
             &Body {
                 error: refusal.kind.title(),
                 message: &refusal.message,
                 id: refusal.id.as_deref(),
-                errors: &refusal.errors,
+                errors,
+                errors_omitted,
             },
         );
         reply.headers_mut().extend(refusal.headers);
         reply
     }
+}
+
+fn is_zero(n: &usize) -> bool {
+    *n == 0
+}
+
+/// The problems an answer lists, and how many more it leaves out.
+fn listed(problems: &[Problem]) -> (&[Problem], usize) {
+    let shown = problems.len().min(MAX_LISTED_PROBLEMS);
+    (&problems[..shown], problems.len() - shown)
 }
 
 /// Adds rate-limit headers (name, value) to `headers`, skipping any that is not valid.
@@ -282,6 +301,22 @@ mod tests {
         assert_eq!(body(&malformed)["errors"][0]["message"], "x");
         let invalid = Failure::invalid(vec![Problem::body("x")], false).into_reply();
         assert_eq!(body(&invalid)["error"], "Invalid request.");
+    }
+
+    #[test]
+    fn a_400_lists_at_most_100_problems_and_counts_the_rest() {
+        let problems = (0..250).map(|i| Problem::header(&format!("h{i}"), "bad"));
+        let json = body(&Failure::invalid(problems.collect(), false).into_reply());
+        assert_eq!(
+            json["errors"].as_array().unwrap().len(),
+            MAX_LISTED_PROBLEMS
+        );
+        assert_eq!(json["errors"][99]["field"], "h99");
+        assert_eq!(json["errors_omitted"], 150);
+        let exactly = (0..100).map(|i| Problem::header(&format!("h{i}"), "bad"));
+        let json = body(&Failure::invalid(exactly.collect(), false).into_reply());
+        assert_eq!(json["errors"].as_array().unwrap().len(), 100);
+        assert!(json.get("errors_omitted").is_none(), "{json}");
     }
 
     #[test]

@@ -40,6 +40,9 @@ pub enum Refusal {
     Missing,
     /// An `Authorization` header that is not `Bearer <key>`.
     Malformed,
+    /// More than one `Authorization` header: which one counts would depend on who reads
+    /// the request (a proxy may check the last, this service would read the first).
+    Repeated,
     /// A key no client has.
     Unknown,
     /// `AUTH=mtls` and no client certificate (the handshake normally refuses first).
@@ -58,6 +61,9 @@ impl Refusal {
             Refusal::Malformed => {
                 "the Authorization header must be Bearer followed by a key; nothing was recorded"
             }
+            Refusal::Repeated => {
+                "send one Authorization header; this request has several; nothing was recorded"
+            }
             Refusal::Unknown => "unknown API key; nothing was recorded",
             Refusal::NoCertificate => "a client certificate is required; nothing was recorded",
             Refusal::Unnamed => {
@@ -70,7 +76,9 @@ impl Refusal {
     pub fn challenge(self) -> HeaderValue {
         HeaderValue::from_static(match self {
             Refusal::Missing => r#"Bearer realm="operations-intake""#,
-            Refusal::Malformed => r#"Bearer realm="operations-intake", error="invalid_request""#,
+            Refusal::Malformed | Refusal::Repeated => {
+                r#"Bearer realm="operations-intake", error="invalid_request""#
+            }
             Refusal::Unknown => r#"Bearer realm="operations-intake", error="invalid_token""#,
             // No HTTP scheme names TLS client certificates; this says what is expected.
             Refusal::NoCertificate | Refusal::Unnamed => r#"Mutual realm="operations-intake""#,
@@ -135,9 +143,13 @@ impl Auth {
             }
             Mode::ApiKeys => {}
         }
-        let Some(value) = headers.get(AUTHORIZATION) else {
+        let mut values = headers.get_all(AUTHORIZATION).iter();
+        let Some(value) = values.next() else {
             return Caller::Refused(Refusal::Missing);
         };
+        if values.next().is_some() {
+            return Caller::Refused(Refusal::Repeated);
+        }
         let Some(key) = bearer(value.as_bytes()) else {
             return Caller::Refused(Refusal::Malformed);
         };
@@ -236,6 +248,25 @@ mod tests {
             caller(Some(&format!("Bearer {key}"))),
             Caller::Refused(Refusal::Unknown)
         ));
+    }
+
+    #[test]
+    fn two_authorization_headers_are_refused_whatever_their_order() {
+        let (key, entry) = keys::generate("acme", None).unwrap();
+        let auth = Auth::new(Mode::ApiKeys);
+        auth.set_keys(&entry).unwrap();
+        let good = HeaderValue::from_str(&format!("Bearer {key}")).unwrap();
+        let bad = HeaderValue::from_static("Bearer oik_0000");
+        for pair in [[&good, &bad], [&bad, &good], [&good, &good]] {
+            let mut headers = HeaderMap::new();
+            for value in pair {
+                headers.append(AUTHORIZATION, value.clone());
+            }
+            assert!(matches!(
+                auth.caller(&headers, None),
+                Caller::Refused(Refusal::Repeated)
+            ));
+        }
     }
 
     #[test]

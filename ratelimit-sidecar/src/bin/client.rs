@@ -5,6 +5,7 @@
 //! server's `/explain` instead: which rule each descriptor meets, its counter, and the
 //! answer it would get, without counting it.
 
+use std::io::{ErrorKind, Write};
 use std::process::ExitCode;
 
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
@@ -26,20 +27,47 @@ Flags take one dash or two (-domain, --domain), and their value after a space or
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> ExitCode {
     match run().await {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(message) => {
+        // Whoever reads the output stopped reading (`ratelimit-client … | head`): that is
+        // their choice, not a failure, so the program ends quietly.
+        Ok(()) | Err(Stop::OutputClosed) => ExitCode::SUCCESS,
+        Err(Stop::Failed(message)) => {
             eprintln!("{message}");
             ExitCode::FAILURE
         }
     }
 }
 
-async fn run() -> Result<(), String> {
+/// Why the program stopped early.
+#[derive(Debug, PartialEq)]
+enum Stop {
+    /// An error, to print on stderr.
+    Failed(String),
+    /// Standard output is a pipe whose reader has gone.
+    OutputClosed,
+}
+
+impl From<String> for Stop {
+    fn from(message: String) -> Stop {
+        Stop::Failed(message)
+    }
+}
+
+/// Writes `text` to `out` and flushes it; a reader that has gone is [`Stop::OutputClosed`],
+/// where `println!` would panic.
+fn say(out: &mut impl Write, text: &str) -> Result<(), Stop> {
+    match out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
+        Ok(()) => Ok(()),
+        Err(error) if error.kind() == ErrorKind::BrokenPipe => Err(Stop::OutputClosed),
+        Err(error) => Err(Stop::Failed(format!("cannot write the output: {error}"))),
+    }
+}
+
+async fn run() -> Result<(), Stop> {
+    let stdout = &mut std::io::stdout();
     let flags = Flags::parse(std::env::args().skip(1), &["explain"])
         .map_err(|e| format!("{e}\n{USAGE}"))?;
     if flags.wants_help() {
-        println!("{USAGE}");
-        return Ok(());
+        return say(stdout, &format!("{USAGE}\n"));
     }
     if let Some(flag) = flags.unknown(&[
         "dial_string",
@@ -48,7 +76,7 @@ async fn run() -> Result<(), String> {
         "explain",
         "debug_address",
     ]) {
-        return Err(format!("flag provided but not defined: -{flag}\n{USAGE}"));
+        return Err(format!("flag provided but not defined: -{flag}\n{USAGE}").into());
     }
     let dial = flags.get("dial_string").unwrap_or("localhost:8081");
     let domain = flags
@@ -56,17 +84,17 @@ async fn run() -> Result<(), String> {
         .filter(|domain| !domain.is_empty())
         .ok_or_else(|| format!("-domain is required: nothing was sent\n{USAGE}"))?;
     if flags.all("descriptors").next().is_none() {
-        return Err(format!(
-            "-descriptors is required (at least one): nothing was sent\n{USAGE}"
-        ));
+        return Err(
+            format!("-descriptors is required (at least one): nothing was sent\n{USAGE}").into(),
+        );
     }
     let descriptors = flags
         .all("descriptors")
         .map(descriptor)
         .collect::<Result<Vec<_>, _>>()?;
-    println!("dial_string: {dial}\ndomain: {domain}");
+    say(stdout, &format!("dial_string: {dial}\ndomain: {domain}\n"))?;
     for d in flags.all("descriptors") {
-        println!("descriptor: {d}");
+        say(stdout, &format!("descriptor: {d}\n"))?;
     }
     if flags.get("explain").is_some_and(|v| v != "false") {
         let debug = flags.get("debug_address").unwrap_or("localhost:6070");
@@ -77,8 +105,7 @@ async fn run() -> Result<(), String> {
             })).collect::<Vec<_>>(),
         });
         let answer = post(debug, "/explain", &body.to_string())?;
-        print!("{answer}");
-        return Ok(());
+        return say(stdout, &answer);
     }
     let url = if dial.contains("://") {
         dial.to_owned()
@@ -97,8 +124,10 @@ async fn run() -> Result<(), String> {
         .should_rate_limit(request)
         .await
         .map_err(|e| format!("request error: {} {}", e.code(), e.message()))?;
-    println!("response: {}", render_response(response.get_ref()));
-    Ok(())
+    say(
+        stdout,
+        &format!("response: {}\n", render_response(response.get_ref())),
+    )
 }
 
 fn descriptor(text: &str) -> Result<RateLimitDescriptor, String> {
@@ -123,7 +152,7 @@ fn descriptor(text: &str) -> Result<RateLimitDescriptor, String> {
 /// POSTs `body` to `http://address/path` over plain HTTP/1.1 and returns the response
 /// body; a status other than 200 is an error carrying the body.
 fn post(address: &str, path: &str, body: &str) -> Result<String, String> {
-    use std::io::{Read, Write};
+    use std::io::Read;
     let mut stream = std::net::TcpStream::connect(address)
         .map_err(|e| format!("error connecting to the debug server {address}: {e}"))?;
     let request = format!(
@@ -142,5 +171,32 @@ fn post(address: &str, path: &str, body: &str) -> Result<String, String> {
             "request error: {} {body}",
             status.unwrap_or("no status")
         )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A pipe whose reader has gone.
+    struct Closed;
+
+    impl Write for Closed {
+        fn write(&mut self, _: &[u8]) -> std::io::Result<usize> {
+            Err(ErrorKind::BrokenPipe.into())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn a_closed_output_stops_quietly_and_other_write_errors_are_failures() {
+        let mut written = Vec::new();
+        assert_eq!(say(&mut written, "descriptor: a=b\n"), Ok(()));
+        assert_eq!(written, b"descriptor: a=b\n");
+        assert_eq!(say(&mut Closed, "x"), Err(Stop::OutputClosed));
+        let mut full: &mut [u8] = &mut [0u8; 1];
+        assert!(matches!(say(&mut full, "xy"), Err(Stop::Failed(m)) if m.contains("cannot write")));
     }
 }
