@@ -3,7 +3,9 @@
 //!
 //! A refusal's JSON keeps the members the service always had (`message`, and `id`,
 //! `errors` where they apply) and adds the original service's `error`: a short human
-//! string per kind (`Malformed JSON request body.`, `Not Found`, …).
+//! string per kind (`Malformed JSON request body.`, `Not Found`, …). A client that
+//! accepts `application/problem+json` gets RFC 9457 problem details instead
+//! ([`crate::problem`]).
 
 use bytes::Bytes;
 use serde::Serialize;
@@ -12,6 +14,7 @@ use warp::http::{HeaderMap, HeaderName, HeaderValue, Response, StatusCode};
 
 use crate::batch::Problem;
 use crate::limits::LimitHeaders;
+use crate::problem::{self, Style};
 
 /// An HTTP answer.
 pub type Reply = Response<Bytes>;
@@ -148,12 +151,15 @@ pub struct Failure(Box<Refusal>);
 
 /// What a [`Failure`] holds.
 #[derive(Debug)]
-struct Refusal {
-    kind: Kind,
-    message: String,
-    id: Option<String>,
-    errors: Vec<Problem>,
-    headers: HeaderMap,
+pub(crate) struct Refusal {
+    pub(crate) kind: Kind,
+    /// Today's `message`, the problem's `detail`.
+    pub(crate) message: String,
+    pub(crate) id: Option<String>,
+    pub(crate) errors: Vec<Problem>,
+    /// The names of the rate-limit policies a 429 is over.
+    pub(crate) violated: Vec<String>,
+    pub(crate) headers: HeaderMap,
 }
 
 impl Failure {
@@ -164,6 +170,7 @@ impl Failure {
             message: message.into(),
             id: None,
             errors: Vec::new(),
+            violated: Vec::new(),
             headers: HeaderMap::new(),
         }))
     }
@@ -190,6 +197,20 @@ impl Failure {
     pub fn with_header(mut self, name: HeaderName, value: HeaderValue) -> Failure {
         self.0.headers.insert(name, value);
         self
+    }
+
+    /// Names the rate-limit policies the batch is over (problem details only).
+    pub fn with_violated(mut self, policies: Vec<String>) -> Failure {
+        self.0.violated = policies;
+        self
+    }
+
+    /// The answer in `style`.
+    pub fn render(self, style: Style) -> Reply {
+        match style {
+            Style::Json => self.into_reply(),
+            Style::Problem => problem::reply(*self.0),
+        }
     }
 
     /// Adds rate-limit headers to the answer.
@@ -239,7 +260,7 @@ fn is_zero(n: &usize) -> bool {
 }
 
 /// The problems an answer lists, and how many more it leaves out.
-fn listed(problems: &[Problem]) -> (&[Problem], usize) {
+pub(crate) fn listed(problems: &[Problem]) -> (&[Problem], usize) {
     let shown = problems.len().min(MAX_LISTED_PROBLEMS);
     (&problems[..shown], problems.len() - shown)
 }

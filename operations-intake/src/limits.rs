@@ -11,7 +11,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
 use ratelimit_core::stats::StatsRegistry;
 use ratelimit_core::{
-    Config, Descriptor, HeaderFormat, Limiter, MemoryStore, Request, Response, Retry, Settings,
+    Config, Descriptor, HeaderFormat, Limiter, MemoryStore, Policy, Request, Response, Retry,
+    Settings,
 };
 use ratelimit_proto::envoy::client::{request_to_pb, response_from_pb};
 use ratelimit_sidecar::provider;
@@ -36,6 +37,9 @@ pub enum Verdict {
         headers: LimitHeaders,
         /// When a retry can pass.
         retry: Retry,
+        /// The names of the policies the batch is over: as `RateLimit-Policy` names them
+        /// with ietf-draft-11, else each rule's `name` or `descriptor<position>`.
+        violated: Vec<String>,
     },
     /// The remote limiter could not answer and the failure mode is deny: 503.
     Unavailable,
@@ -279,8 +283,28 @@ fn verdict(response: &Response, request: &Request, format: &HeaderFormat) -> Ver
     let headers = response.header_pairs(format);
     match response.retry(request) {
         None => Verdict::Allow(headers),
-        Some(retry) => Verdict::Deny { headers, retry },
+        Some(retry) => Verdict::Deny {
+            headers,
+            retry,
+            violated: violated(response),
+        },
     }
+}
+
+/// The names of the policies `response` is over.
+fn violated(response: &Response) -> Vec<String> {
+    let from_statuses;
+    let policies = if response.policies.is_empty() {
+        from_statuses = Policy::from_statuses(&response.statuses);
+        &from_statuses
+    } else {
+        &response.policies
+    };
+    policies
+        .iter()
+        .filter(|policy| policy.over)
+        .map(|policy| policy.name.clone())
+        .collect()
 }
 
 fn remote_failed(deny: bool, why: &str) -> Verdict {
@@ -353,12 +377,14 @@ mod tests {
         let Verdict::Deny {
             headers,
             retry: Retry::After(r),
+            violated,
         } = check(&limits, &ratelimit, 0, 1)
         else {
             panic!("over the sell limit")
         };
         assert_eq!(header(&headers, "RateLimit-Limit"), "3");
         assert!((1..=3600).contains(&r));
+        assert_eq!(violated, ["descriptor1"], "the sell limit, unnamed");
         assert_eq!(allowed(4, 0), ["10", "0"], "within the client's limit");
         assert!(matches!(
             check(&limits, &ratelimit, 1, 0),

@@ -22,8 +22,9 @@ use crate::files::Followed;
 use crate::health;
 use crate::idempotency::{self, Claim, Pending};
 use crate::kafka::{Kafka, MessageMeta, ProduceError};
-use crate::limits::{Limits, Verdict};
+use crate::limits::{LimitHeaders, Limits, Verdict};
 use crate::metrics::Metrics;
+use crate::problem::Style;
 use crate::request::{self, client_header, peer_id, read_body};
 pub use crate::request::{client_id, idempotency_key, is_json};
 
@@ -60,18 +61,26 @@ pub fn routes(
         .and(warp::ext::optional::<PeerCertificate>())
         .and(warp::body::stream())
         .then(
-            move |method, path: warp::path::FullPath, headers, peer, certificate, body| {
+            move |method,
+                  path: warp::path::FullPath,
+                  headers: HeaderMap,
+                  peer,
+                  certificate,
+                  body| {
                 let app = app.clone();
+                let style = Style::of(&headers);
                 async move {
                     // The work runs to its end even if the client goes away, so an
                     // acknowledged batch is always remembered for its idempotency key.
                     let task = tokio::spawn(async move {
                         let connection = Connection { peer, certificate };
-                        route(&app, &method, path.as_str(), &headers, connection, body).await
+                        let answer =
+                            route(&app, &method, path.as_str(), &headers, connection, body).await;
+                        answer.unwrap_or_else(|refusal| refusal.render(style))
                     });
                     task.await.unwrap_or_else(|error| {
                         tracing::error!(%error, "request handler failed");
-                        Failure::new(Kind::Internal, "internal error").into_reply()
+                        Failure::new(Kind::Internal, "internal error").render(style)
                     })
                 }
             },
@@ -84,7 +93,7 @@ pub fn routes(
         .unify()
 }
 
-/// The answer to one request.
+/// The answer to one request, or its refusal.
 async fn route<S, B>(
     app: &App,
     method: &Method,
@@ -92,12 +101,12 @@ async fn route<S, B>(
     headers: &HeaderMap,
     connection: Connection,
     body: S,
-) -> Reply
+) -> Result<Reply, Failure>
 where
     S: Stream<Item = Result<B, warp::Error>> + Unpin,
     B: Buf,
 {
-    let answer = match path {
+    match path {
         "/operations" if method == Method::POST => {
             let answer = post_operations(app, headers, connection, body).await;
             app.metrics.answered(
@@ -117,8 +126,7 @@ where
             Kind::NotFound,
             "no such route; the routes are POST /operations, GET /health, GET /health/live, GET /health/ready and GET /metrics",
         )),
-    };
-    answer.unwrap_or_else(Failure::into_reply)
+    }
 }
 
 fn metrics(app: &App) -> Reply {
@@ -326,19 +334,13 @@ async fn limit_and_produce(
         .await
     {
         Verdict::Allow(headers) => headers,
-        Verdict::Deny { headers, retry } => {
+        Verdict::Deny {
+            headers,
+            retry,
+            violated,
+        } => {
             app.metrics.limit_refusals.add(1);
-            let text = match retry {
-                Retry::After(_) => "rate limit exceeded; nothing was recorded",
-                Retry::Never => {
-                    "the batch holds more operations than a limit allows in a whole window; split it. Nothing was recorded"
-                }
-            };
-            let mut refusal = Failure::new(Kind::QuotaExceeded, text).with_limit_headers(headers);
-            if let Retry::After(seconds) = retry {
-                refusal = refusal.with_header(RETRY_AFTER, seconds.into());
-            }
-            return Err(refusal);
+            return Err(over_limit(headers, retry, violated));
         }
         Verdict::Unavailable => {
             return Err(Failure::new(
@@ -369,6 +371,23 @@ async fn limit_and_produce(
     });
     add_limit_headers(reply.headers_mut(), limit_headers);
     Ok(reply)
+}
+
+/// The 429 for a batch over the `violated` limits, with their headers.
+fn over_limit(headers: LimitHeaders, retry: Retry, violated: Vec<String>) -> Failure {
+    let text = match retry {
+        Retry::After(_) => "rate limit exceeded; nothing was recorded",
+        Retry::Never => {
+            "the batch holds more operations than a limit allows in a whole window; split it. Nothing was recorded"
+        }
+    };
+    let refusal = Failure::new(Kind::QuotaExceeded, text)
+        .with_limit_headers(headers)
+        .with_violated(violated);
+    match retry {
+        Retry::After(seconds) => refusal.with_header(RETRY_AFTER, seconds.into()),
+        Retry::Never => refusal,
+    }
 }
 
 /// The refusal for a batch `id` the broker did not acknowledge.
