@@ -2,13 +2,11 @@
 //! has none): name lengths and addends in requests, the memory backend's bytes, and the
 //! HTTP listeners' connections.
 
-use std::time::Duration;
-
 use clap::Args;
 use ratelimit_core::RequestBounds;
 
-use crate::serve::{ConnectionLimits, ConnectionSlots};
-use crate::settings::go_duration;
+// `pub` until the intake stands on the kit alone.
+pub use ratelimit_service_kit::serve::HttpLimitsSettings;
 
 /// Bounds on requests, memory and connections.
 #[derive(Clone, Debug, Args)]
@@ -38,37 +36,6 @@ pub struct BoundsSettings {
     /// Connection limits of the HTTP and debug listeners.
     #[command(flatten)]
     pub http: HttpLimitsSettings,
-}
-
-/// Connection limits of an HTTP listener (the intake uses them too).
-#[derive(Clone, Debug, Args)]
-pub struct HttpLimitsSettings {
-    /// Time a client has to send a request's headers, from the connection's start or
-    /// its previous response (so also how long a keep-alive connection may sit idle).
-    #[arg(long, env, default_value = "10s", value_parser = go_duration)]
-    pub http_header_read_timeout: Duration,
-    /// A connection that moves no byte for this long is closed (a stalled body).
-    #[arg(long, env, default_value = "60s", value_parser = go_duration)]
-    pub http_idle_timeout: Duration,
-    /// Open connections per listener at most (every worker's HTTP listener counts as one
-    /// listener); more wait in the listen backlog.
-    #[arg(long, env, default_value_t = 1024)]
-    pub http_max_connections: usize,
-}
-
-impl HttpLimitsSettings {
-    /// The limits for [`crate::serve::serve`].
-    pub fn connection_limits(&self) -> ConnectionLimits {
-        ConnectionLimits {
-            header_read_timeout: self.http_header_read_timeout,
-            idle_timeout: self.http_idle_timeout,
-        }
-    }
-
-    /// A new connection cap of HTTP_MAX_CONNECTIONS, for one listener.
-    pub fn connection_slots(&self) -> ConnectionSlots {
-        ConnectionSlots::new(self.http_max_connections)
-    }
 }
 
 impl BoundsSettings {

@@ -46,7 +46,7 @@ const LINES_PER_CHUNK: usize = 1024;
 /// A debug response body: whole, or streamed.
 pub type Body = BoxBody<Bytes, Infallible>;
 
-/// The debug routes as a service for [`crate::serve::serve`]: the decision service, and
+/// The debug routes as a service for [`ratelimit_service_kit::serve::serve`]: the decision service, and
 /// the largest `/explain` body (MAX_JSON_BODY_BYTES).
 #[derive(Clone, Debug)]
 pub struct Debug(pub Arc<Service>, pub u64);

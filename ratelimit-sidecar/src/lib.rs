@@ -13,19 +13,19 @@ pub mod health;
 pub mod http;
 pub mod json;
 pub mod listeners;
-pub mod logging;
 pub mod metadata;
 pub mod outage;
 pub mod provider;
 pub mod rlqs;
 pub mod runner;
-pub mod serve;
 pub mod service;
 pub mod settings;
 pub mod sinks;
 pub mod tls;
 pub mod traces;
 pub mod uds;
-pub mod watch;
 pub mod workers;
 pub mod xds;
+
+// The intake reaches these through the sidecar until it stands on the kit alone.
+pub use ratelimit_service_kit::{logging, serve, watch};

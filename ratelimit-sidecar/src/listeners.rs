@@ -18,12 +18,12 @@ use tonic_health::server::HealthService;
 
 use crate::grpc::Grpc;
 use crate::rlqs::Rlqs;
-use crate::serve::{self, ConnectionLimits, ConnectionSlots};
 use crate::service::Service;
 use crate::settings::ServerSettings;
-use crate::tls::{self, ServerTls};
+use crate::tls::ServerTls;
 use crate::uds::AuthorityFix;
 use crate::{http, workers};
+use ratelimit_service_kit::serve::{self, ConnectionLimits, ConnectionSlots};
 
 /// Where one worker's gRPC connections come from.
 pub enum GrpcSource {
@@ -186,7 +186,8 @@ pub async fn serve_worker(shared: Shared, listeners: WorkerListeners) {
     let served = match grpc_source {
         Registered::Tcp(listener) => match &shared.tls {
             Some(tls) => {
-                let incoming = tls::incoming(listener, Arc::clone(&tls.grpc));
+                let incoming =
+                    ratelimit_service_kit::tls::incoming(listener, Arc::clone(&tls.grpc));
                 grpc.serve_with_incoming_shutdown(incoming, shared.stopped())
                     .await
             }

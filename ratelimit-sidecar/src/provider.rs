@@ -10,11 +10,14 @@ use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
 use ratelimit_core::stats::names;
-use ratelimit_core::{Config, ConfigError, Limiter};
+use ratelimit_core::{Config, ConfigError};
+
+// `pub` until the intake stands on the kit alone.
+pub use ratelimit_service_kit::announce::{announce_loaded, announce_rejected};
 
 use crate::service::{LoadResult, Service, unix_now};
 use crate::settings::ConfigSettings;
-use crate::watch::Target;
+use ratelimit_service_kit::watch::Target;
 
 /// The YAML files of `RUNTIME_ROOT/RUNTIME_SUBDIRECTORY/RUNTIME_APPDIRECTORY`.
 #[derive(Clone, Debug)]
@@ -228,37 +231,6 @@ pub async fn apply_from(
             record(service, Err(error));
         }
     }
-}
-
-/// Logs a configuration just given to `limiter` (from `source`): its domains, warnings
-/// and rules, and a warning, with `why_empty`, when it has no domain. Returns the
-/// domains. Every service that reloads rules says the same.
-pub fn announce_loaded(
-    limiter: &Limiter,
-    config: &Config,
-    source: &str,
-    why_empty: &str,
-) -> Vec<String> {
-    let domains: Vec<String> = config.domains().iter().map(|d| d.domain.clone()).collect();
-    tracing::info!(domains = ?domains, "loaded rate limit configuration");
-    for warning in config.warnings() {
-        tracing::warn!("{warning}");
-    }
-    if domains.is_empty() {
-        tracing::warn!(
-            source,
-            "no rate limit domain loaded ({why_empty}): every request will be allowed"
-        );
-    }
-    for line in limiter.describe().lines() {
-        tracing::info!("rule {line}");
-    }
-    domains
-}
-
-/// Logs a configuration that was refused, with the error.
-pub fn announce_rejected(error: &str) {
-    tracing::error!(error = %error, "rate limit configuration rejected; the previous configuration stays in use");
 }
 
 fn record(service: &Service, outcome: Result<Vec<String>, String>) {

@@ -230,13 +230,16 @@ async fn service(
 
 /// Loads the rules, publishes health, and reloads on every change while the returned
 /// watcher lives (none when the directory cannot be watched: a warning says so).
-async fn load_rules(settings: &Settings, service: &Arc<Service>) -> Option<crate::watch::Watch> {
+async fn load_rules(
+    settings: &Settings,
+    service: &Arc<Service>,
+) -> Option<ratelimit_service_kit::watch::Watch> {
     let source = FileSource::new(&settings.config);
     tracing::info!(directory = %source.directory().display(), "loading rate limit configuration");
     provider::apply(service, source.directory(), source.load()).await;
     let targets = source.targets();
     let reloaded = Arc::clone(service);
-    let watch = crate::watch::follow("the configuration", targets, move || {
+    let watch = ratelimit_service_kit::watch::follow("the configuration", targets, move || {
         let (source, service) = (source.clone(), Arc::clone(&reloaded));
         async move { provider::reload(&source, &service).await }
     });

@@ -20,6 +20,11 @@ pub use nearest::{NEAREST_KEPT, Near, Nearest};
 pub use snapshot::{Deltas, Name, Sample, Snapshot, Value};
 pub use timer::{BUCKET_BOUNDS_US, Timer, TimerReading};
 
+/// The statistics as Prometheus names them: statsd_exporter's mapping format, giving the
+/// names, types and labels envoyproxy/ratelimit exports. Services render with it unless
+/// an operator gives a mapping of their own.
+pub const PROMETHEUS_MAPPING: &str = include_str!("prometheus-mapping.yaml");
+
 /// Distinct statistic names from request data a registry keeps by default (`MAX_STAT_KEYS`).
 pub const DEFAULT_MAX_STAT_KEYS: usize = 10_000;
 

@@ -2,7 +2,7 @@
 
 use clap::{ArgAction, Args};
 
-use super::values::go_bool;
+use ratelimit_service_kit::values::go_bool;
 
 /// Where the rules come from.
 #[derive(Clone, Debug, Args)]

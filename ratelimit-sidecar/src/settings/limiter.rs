@@ -2,7 +2,7 @@
 
 use clap::{ArgAction, Args};
 
-use super::values::{go_bool, ratio};
+use ratelimit_service_kit::values::{go_bool, ratio};
 
 /// Settings of the decision itself.
 #[derive(Clone, Debug, Args)]

@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use clap::{ArgAction, Args};
 
-use super::values::{go_bool, go_duration};
+use ratelimit_service_kit::values::{go_bool, go_duration};
 
 /// Where the memcached nodes are and how they are used.
 #[derive(Clone, Debug, Args)]

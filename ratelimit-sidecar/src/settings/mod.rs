@@ -1,6 +1,6 @@
 //! Every setting of envoyproxy/ratelimit, read from the same environment variables, each
 //! also a command-line flag (`--near-limit-ratio` for `NEAR_LIMIT_RATIO`), split by
-//! concern. Values are parsed the way that project parses them ([`values`]); a bad value
+//! concern. Values are parsed the way that project parses them ([`ratelimit_service_kit::values`]); a bad value
 //! stops start-up with a message naming the variable, and so do settings that contradict
 //! each other.
 
@@ -13,7 +13,7 @@ mod server;
 mod stats;
 mod tls;
 mod traces;
-pub mod values;
+
 mod xds;
 
 use clap::parser::ValueSource;
@@ -28,9 +28,9 @@ pub use self::server::{LogFormat, ServerSettings};
 pub use self::stats::{Outputs, StatsSettings};
 pub use self::tls::TlsSettings;
 pub use self::traces::TracingSettings;
-pub use self::values::{StringMap, go_bool, go_duration, go_map};
 pub use self::xds::XdsSettings;
 pub use crate::bounds::BoundsSettings;
+pub use ratelimit_service_kit::values::{StringMap, go_bool, go_duration, go_map};
 
 /// The sidecar's settings.
 #[derive(Clone, Debug, Parser)]

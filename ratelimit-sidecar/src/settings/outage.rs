@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use clap::Args;
 
-use super::values::go_duration;
+use ratelimit_service_kit::values::go_duration;
 
 /// Settings for surviving a backend outage and bounding work in flight.
 #[derive(Clone, Debug, Args)]

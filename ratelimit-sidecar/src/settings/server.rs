@@ -2,9 +2,11 @@
 
 use std::time::Duration;
 
-use clap::{Args, ValueEnum};
+use clap::Args;
 
-use super::values::go_duration;
+use ratelimit_service_kit::values::go_duration;
+
+pub use ratelimit_service_kit::logging::LogFormat;
 
 /// Listeners and logs.
 #[derive(Clone, Debug, Args)]
@@ -60,15 +62,6 @@ pub struct ServerSettings {
     /// Largest `/json` body accepted, in bytes (our addition).
     #[arg(long, env, default_value_t = 1 << 20)]
     pub max_json_body_bytes: u64,
-}
-
-/// Log line format.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-pub enum LogFormat {
-    /// `time=… level=… msg=…` lines.
-    Text,
-    /// JSON lines with `@timestamp`, `level` and `@message`.
-    Json,
 }
 
 fn log_level(value: &str) -> Result<String, String> {

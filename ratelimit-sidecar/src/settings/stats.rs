@@ -4,8 +4,8 @@ use std::time::Duration;
 
 use clap::{ArgAction, Args};
 
-use super::values::{StringMap, go_bool, go_duration, go_map};
 use crate::sinks::mogrifier::Mogrifier;
+use ratelimit_service_kit::values::{StringMap, go_bool, go_duration, go_map};
 
 /// Statistics outputs (envoyproxy/ratelimit's variables).
 #[derive(Clone, Debug, Args)]

@@ -3,7 +3,7 @@
 
 use clap::{ArgAction, Args};
 
-use super::values::go_bool;
+use ratelimit_service_kit::values::go_bool;
 
 /// Server TLS and client certificates.
 #[derive(Clone, Debug, Args)]

@@ -3,7 +3,7 @@
 
 use clap::{ArgAction, Args};
 
-use super::values::{go_bool, ratio};
+use ratelimit_service_kit::values::{go_bool, ratio};
 
 /// Trace export settings.
 #[derive(Clone, Debug, Args)]

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use clap::{ArgAction, Args};
 
-use super::values::{StringMap, go_bool, go_duration, go_map};
+use ratelimit_service_kit::values::{StringMap, go_bool, go_duration, go_map};
 
 /// Where rules come from over xDS, and how the client connects.
 #[derive(Clone, Debug, Args)]
@@ -82,7 +82,7 @@ pub struct XdsSettings {
     #[arg(long, env = "XDS_CLIENT_BACKOFF_MAX_INTERVAL", value_name = "XDS_CLIENT_BACKOFF_MAX_INTERVAL", default_value = "60s", value_parser = go_duration)]
     pub xds_backoff_max_interval: Duration,
     /// With jitter, each wait is spread by up to this share either way (0 to 1).
-    #[arg(long, env = "XDS_CLIENT_BACKOFF_RANDOM_FACTOR", value_name = "XDS_CLIENT_BACKOFF_RANDOM_FACTOR", default_value = "0.5", value_parser = super::values::ratio)]
+    #[arg(long, env = "XDS_CLIENT_BACKOFF_RANDOM_FACTOR", value_name = "XDS_CLIENT_BACKOFF_RANDOM_FACTOR", default_value = "0.5", value_parser = ratelimit_service_kit::values::ratio)]
     pub xds_backoff_random_factor: f32,
     /// Spread the waits at random.
     #[arg(long, env = "XDS_CLIENT_BACKOFF_JITTER", value_name = "XDS_CLIENT_BACKOFF_JITTER", default_value = "true", value_parser = go_bool, action = ArgAction::Set)]

@@ -2,7 +2,6 @@
 //! path: push outputs (statsd, DogStatsD, the log) on a thread of their own every
 //! STATS_FLUSH_INTERVAL, Prometheus when scraped. A new output is one module here.
 
-pub mod mapper;
 pub mod mogrifier;
 pub mod prometheus;
 pub mod statsd;
@@ -14,10 +13,12 @@ use std::time::Duration;
 
 use ratelimit_core::stats::{Deltas, Snapshot, Value};
 
-use self::mapper::Mapper;
+use ratelimit_service_kit::prometheus::mapper::Mapper;
+// Until the intake stands on the kit alone.
 use self::statsd::{Format, Protocol, Statsd};
 use crate::service::Service;
 use crate::settings::{Outputs, StatsSettings};
+pub use ratelimit_service_kit::prometheus::mapper;
 
 /// An output that receives every flush.
 pub trait Push: Send {

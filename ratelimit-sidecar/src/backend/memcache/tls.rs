@@ -40,7 +40,7 @@ impl Tls {
         let mut roots = rustls::RootCertStore::empty();
         roots.add_parsable_certificates(rustls_native_certs::load_native_certs().certs);
         if !settings.memcache_tls_cacert.is_empty() {
-            let extra = crate::tls::roots(
+            let extra = ratelimit_service_kit::tls::roots(
                 Path::new(&settings.memcache_tls_cacert),
                 "MEMCACHE_TLS_CACERT",
             )
@@ -68,9 +68,11 @@ impl Tls {
         ) {
             ("", "") => builder.with_no_client_auth(),
             (cert, key) if !cert.is_empty() && !key.is_empty() => {
-                let chain =
-                    crate::tls::read_certificates(Path::new(cert), "MEMCACHE_TLS_CLIENT_CERT")
-                        .map_err(bad)?;
+                let chain = ratelimit_service_kit::tls::read_certificates(
+                    Path::new(cert),
+                    "MEMCACHE_TLS_CLIENT_CERT",
+                )
+                .map_err(bad)?;
                 let key = PrivateKeyDer::from_pem_file(key)
                     .map_err(|e| bad(format!("MEMCACHE_TLS_CLIENT_KEY={key}: {e}")))?;
                 builder

@@ -17,6 +17,7 @@ use std::time::Duration;
 
 use std::net::SocketAddr;
 
+use clap::Args;
 use hyper::Request;
 use hyper::body::Incoming;
 use hyper::server::conn::http1;
@@ -28,6 +29,8 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 use tokio::time::Instant;
+
+use crate::values::go_duration;
 use warp::Filter;
 use warp::reply::Response;
 
@@ -330,5 +333,36 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Watched<S> {
 
     fn is_write_vectored(&self) -> bool {
         self.inner.is_write_vectored()
+    }
+}
+
+/// Connection limits of an HTTP listener (every service of the workspace).
+#[derive(Clone, Debug, Args)]
+pub struct HttpLimitsSettings {
+    /// Time a client has to send a request's headers, from the connection's start or
+    /// its previous response (so also how long a keep-alive connection may sit idle).
+    #[arg(long, env, default_value = "10s", value_parser = go_duration)]
+    pub http_header_read_timeout: Duration,
+    /// A connection that moves no byte for this long is closed (a stalled body).
+    #[arg(long, env, default_value = "60s", value_parser = go_duration)]
+    pub http_idle_timeout: Duration,
+    /// Open connections per listener at most (every worker's HTTP listener counts as one
+    /// listener); more wait in the listen backlog.
+    #[arg(long, env, default_value_t = 1024)]
+    pub http_max_connections: usize,
+}
+
+impl HttpLimitsSettings {
+    /// The limits for [`serve`].
+    pub fn connection_limits(&self) -> ConnectionLimits {
+        ConnectionLimits {
+            header_read_timeout: self.http_header_read_timeout,
+            idle_timeout: self.http_idle_timeout,
+        }
+    }
+
+    /// A new connection cap of HTTP_MAX_CONNECTIONS, for one listener.
+    pub fn connection_slots(&self) -> ConnectionSlots {
+        ConnectionSlots::new(self.http_max_connections)
     }
 }

@@ -1,6 +1,6 @@
-//! Server TLS for the gRPC listener (and, with HTTP_SERVER_USE_TLS, the HTTP one): the
-//! certificate is reloaded when its files change, and client certificates are checked
-//! against GRPC_CLIENT_TLS_CACERT (and GRPC_CLIENT_TLS_SAN) when mutual TLS is on.
+//! Server TLS: the certificate is reloaded when its files change, and client
+//! certificates are checked against a CA (and a subject alternative name) when mutual
+//! TLS is on.
 //!
 //! The certificate and key are read at start-up (a bad or missing file stops it, naming
 //! the file) and again whenever their directories change. A reload that fails is
@@ -23,62 +23,7 @@ use rustls::sign::CertifiedKey;
 use rustls::{RootCertStore, ServerConfig};
 
 pub use self::accept::incoming;
-use crate::settings::TlsSettings;
 use crate::watch::{Target, Watch};
-
-/// The listeners' TLS: one configuration per protocol, sharing the reloaded
-/// certificate and the client check.
-#[derive(Debug)]
-pub struct ServerTls {
-    /// For gRPC (ALPN `h2`).
-    pub grpc: Arc<ServerConfig>,
-    /// For the HTTP listener (ALPN `http/1.1`), when HTTP_SERVER_USE_TLS.
-    pub http: Option<Arc<ServerConfig>>,
-    _watch: Option<Watch>,
-}
-
-impl ServerTls {
-    /// The TLS the settings ask for, or nothing when GRPC_SERVER_USE_TLS is off.
-    pub fn load(settings: &TlsSettings) -> Result<Option<ServerTls>, String> {
-        if !settings.grpc_server_use_tls {
-            return Ok(None);
-        }
-        let files = CertificateFiles {
-            cert: (
-                Path::new(&settings.grpc_server_tls_cert),
-                "GRPC_SERVER_TLS_CERT",
-            ),
-            key: (
-                Path::new(&settings.grpc_server_tls_key),
-                "GRPC_SERVER_TLS_KEY",
-            ),
-            client_ca: (!settings.grpc_client_tls_cacert.is_empty()).then(|| {
-                (
-                    Path::new(&settings.grpc_client_tls_cacert),
-                    "GRPC_CLIENT_TLS_CACERT",
-                )
-            }),
-        };
-        let parts = Parts::new(files, &settings.grpc_client_tls_san)?;
-        let grpc = parts.config(b"h2")?;
-        let http = settings
-            .http_server_use_tls
-            .then(|| parts.config(b"http/1.1"))
-            .transpose()?;
-        let watcher = parts.watch();
-        tracing::warn!(
-            cert = %settings.grpc_server_tls_cert,
-            mutual = !settings.grpc_client_tls_cacert.is_empty(),
-            http = settings.http_server_use_tls,
-            "serving gRPC over TLS"
-        );
-        Ok(Some(ServerTls {
-            grpc,
-            http,
-            _watch: watcher,
-        }))
-    }
-}
 
 /// A server certificate's files and the settings that name them, for messages.
 #[derive(Clone, Copy, Debug)]
@@ -97,7 +42,7 @@ pub struct CertificateFiles<'a> {
 /// [`HttpTls`] lives; with a client CA, every client must present a certificate chaining to
 /// it. A bad file is an error naming its setting.
 pub fn http_server(files: CertificateFiles<'_>) -> Result<HttpTls, String> {
-    let parts = Parts::new(files, "")?;
+    let parts = ServerCertificate::new(files, "")?;
     Ok(HttpTls {
         config: parts.config(b"http/1.1")?,
         _watch: parts.watch(),
@@ -106,17 +51,17 @@ pub fn http_server(files: CertificateFiles<'_>) -> Result<HttpTls, String> {
 
 /// What every server configuration is made of: the reloaded certificate and the check
 /// of client certificates.
-struct Parts {
+pub struct ServerCertificate {
     provider: Arc<CryptoProvider>,
     files: KeyFiles,
     current: Arc<Current>,
     clients: Arc<dyn ClientCertVerifier>,
 }
 
-impl Parts {
+impl ServerCertificate {
     /// Reads the certificate and the client CA (whose certificates must carry `san`
     /// when it is not empty).
-    fn new(files: CertificateFiles<'_>, san: &str) -> Result<Parts, String> {
+    pub fn new(files: CertificateFiles<'_>, san: &str) -> Result<ServerCertificate, String> {
         let provider = Arc::new(rustls::crypto::ring::default_provider());
         let key_files = KeyFiles {
             cert: files.cert.0.to_path_buf(),
@@ -134,7 +79,7 @@ impl Parts {
                 client_auth::verifier((ca, setting), san, &provider)?
             }
         };
-        Ok(Parts {
+        Ok(ServerCertificate {
             provider,
             files: key_files,
             current,
@@ -143,7 +88,7 @@ impl Parts {
     }
 
     /// A configuration offering the ALPN protocol `alpn`.
-    fn config(&self, alpn: &[u8]) -> Result<Arc<ServerConfig>, String> {
+    pub fn config(&self, alpn: &[u8]) -> Result<Arc<ServerConfig>, String> {
         let mut config = ServerConfig::builder_with_provider(Arc::clone(&self.provider))
             .with_safe_default_protocol_versions()
             .map_err(|e| format!("TLS: {e}"))?
@@ -154,7 +99,7 @@ impl Parts {
     }
 
     /// Follows the certificate's files while the returned watch lives.
-    fn watch(self) -> Option<Watch> {
+    pub fn watch(self) -> Option<Watch> {
         self.files.watch(self.current)
     }
 }
@@ -233,7 +178,7 @@ impl KeyFiles {
 }
 
 /// Every certificate in a PEM file, at least one; `setting` names the file in errors.
-pub(crate) fn read_certificates(
+pub fn read_certificates(
     file: &Path,
     setting: &str,
 ) -> Result<Vec<CertificateDer<'static>>, String> {
@@ -249,7 +194,7 @@ pub(crate) fn read_certificates(
 }
 
 /// A store of the certificates in `file`.
-pub(crate) fn roots(file: &Path, setting: &str) -> Result<RootCertStore, String> {
+pub fn roots(file: &Path, setting: &str) -> Result<RootCertStore, String> {
     let mut store = RootCertStore::empty();
     for certificate in read_certificates(file, setting)? {
         store

@@ -12,7 +12,14 @@ use tracing_subscriber::fmt::format::Writer;
 use tracing_subscriber::fmt::{FmtContext, FormatEvent, FormatFields};
 use tracing_subscriber::registry::LookupSpan;
 
-use crate::settings::LogFormat;
+/// Log line format.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum LogFormat {
+    /// `time=… level=… msg=…` lines.
+    Text,
+    /// JSON lines with `@timestamp`, `level` and `@message`.
+    Json,
+}
 
 /// Installs the global subscriber for the sidecar. `level` is one of
 /// envoyproxy/ratelimit's level names.

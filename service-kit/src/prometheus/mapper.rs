@@ -1,15 +1,13 @@
 //! statsd_exporter's mapping format, read from YAML: which statistic becomes which
-//! Prometheus metric, with which labels. The default mapping is the one
-//! envoyproxy/ratelimit ships (`mapping.yaml` beside this file, written for this project).
+//! Prometheus metric, with which labels. The default mapping gives the rate-limit
+//! statistics the names and labels envoyproxy/ratelimit exports
+//! ([`ratelimit_core::stats::PROMETHEUS_MAPPING`]).
 
 use std::collections::BTreeMap;
 
 use regex::Regex;
 use serde::Deserialize;
 use serde::de::IgnoredAny;
-
-/// The default mapping.
-pub const DEFAULT_MAPPING: &str = include_str!("mapping.yaml");
 
 /// A parsed mapping file.
 #[derive(Debug)]
@@ -127,7 +125,8 @@ impl Mapper {
 
     /// The default mapping, with response times in seconds or, if asked, milliseconds.
     pub fn default_mapping(response_time_in_ms: bool) -> Mapper {
-        let mut mapper = Mapper::parse(DEFAULT_MAPPING).expect("the default mapping parses");
+        let mut mapper = Mapper::parse(ratelimit_core::stats::PROMETHEUS_MAPPING)
+            .expect("the default mapping parses");
         if response_time_in_ms {
             mapper.rules.iter_mut().for_each(|rule| rule.scale = 1.0);
         }
