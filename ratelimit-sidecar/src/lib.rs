@@ -1,31 +1,43 @@
 //! A drop-in replacement for envoyproxy/ratelimit: Envoy's RLS v3 over gRPC, the HTTP
-//! `/json` facade, health, a debug server and hot-reloaded YAML rules, deciding with
+//! `/json` facade, health, a debug server and hot-reloaded rules, deciding with
 //! [`ratelimit_core`].
+//!
+//! The folders are the seams: [`ingress`] is where requests come in (gRPC framing,
+//! `/json`, the unix socket, the workers and their listeners, TLS), [`rules`] where
+//! rules come from (files, xDS), [`service`] the decision service and its outage
+//! handling, [`backend`] where counters live, [`rlqs`] Envoy's quota service,
+//! [`observe`] what the service tells about itself (statistics sinks, traces, health,
+//! the debug server, the dashboard, explanations) and [`settings`] every setting.
+//! [`runner`] starts them in order. What the sidecar shares with the workspace's other
+//! services (the HTTP serve loop, TLS, the watcher, logging) is in
+//! `ratelimit_service_kit`.
 
 pub mod backend;
-pub mod bounds;
-pub mod cli;
-pub mod dashboard;
-pub mod debug;
-pub mod explain;
-pub mod grpc;
-pub mod health;
-pub mod http;
-pub mod json;
-pub mod listeners;
-pub mod metadata;
-pub mod outage;
-pub mod provider;
+pub mod ingress;
+pub mod observe;
 pub mod rlqs;
+pub mod rules;
 pub mod runner;
 pub mod service;
 pub mod settings;
-pub mod sinks;
-pub mod tls;
-pub mod traces;
-pub mod uds;
-pub mod workers;
-pub mod xds;
 
-// The intake reaches these through the sidecar until it stands on the kit alone.
+/// What the intake still reaches through the sidecar, at its old paths, until it
+/// stands on the kit alone.
 pub use ratelimit_service_kit::{logging, serve, watch};
+/// See [`serve`].
+pub mod bounds {
+    pub use ratelimit_service_kit::serve::HttpLimitsSettings;
+}
+/// See [`serve`].
+pub mod provider {
+    pub use ratelimit_service_kit::announce::{announce_loaded, announce_rejected};
+}
+/// See [`serve`].
+pub mod tls {
+    pub use ratelimit_service_kit::tls::{CertificateFiles, HttpTls, http_server};
+}
+/// See [`serve`].
+pub mod sinks {
+    pub use ratelimit_service_kit::prometheus;
+    pub use ratelimit_service_kit::prometheus::mapper;
+}

@@ -4,8 +4,8 @@ use std::sync::Arc;
 
 use ratelimit_core::{HeaderFormat, HeaderNames, Limiter};
 
-use crate::outage::Outage;
 use crate::rlqs::Rlqs;
+use crate::service::outage::Outage;
 use crate::settings::HeadersFormat;
 use tokio::signal::unix::{SignalKind, signal};
 use tokio::sync::{oneshot, watch};
@@ -14,17 +14,19 @@ use tonic_health::pb::health_server::HealthServer;
 use tonic_health::server::{HealthReporter, HealthService};
 
 use crate::backend::{self, Backend, BackendError};
-use crate::health::Health;
-use crate::listeners::{self, ListenError, Shared};
-use crate::provider::{self, FileSource};
+use crate::ingress::listeners::{self, ListenError, Shared};
+use crate::ingress::tls::ServerTls;
+use crate::ingress::workers::{self, Pool};
+use crate::observe::debug;
+use crate::observe::health::Health;
+use crate::observe::sinks::prometheus::Prometheus;
+use crate::observe::sinks::{self, Flusher};
+use crate::observe::traces::Traces;
+use crate::rules::files::{self, FileSource};
+use crate::rules::xds;
 use crate::service::Service;
 use crate::settings::{ConfigType, Settings};
-use crate::sinks::prometheus::Prometheus;
-use crate::sinks::{self, Flusher};
-use crate::tls::ServerTls;
-use crate::traces::Traces;
-use crate::workers::{self, Pool};
-use crate::{debug, serve, xds};
+use ratelimit_service_kit::serve;
 
 /// Why the server could not start.
 #[derive(Debug, thiserror::Error)]
@@ -236,12 +238,12 @@ async fn load_rules(
 ) -> Option<ratelimit_service_kit::watch::Watch> {
     let source = FileSource::new(&settings.config);
     tracing::info!(directory = %source.directory().display(), "loading rate limit configuration");
-    provider::apply(service, source.directory(), source.load()).await;
+    files::apply(service, source.directory(), source.load()).await;
     let targets = source.targets();
     let reloaded = Arc::clone(service);
     let watch = ratelimit_service_kit::watch::follow("the configuration", targets, move || {
         let (source, service) = (source.clone(), Arc::clone(&reloaded));
-        async move { provider::reload(&source, &service).await }
+        async move { files::reload(&source, &service).await }
     });
     service.health.publish().await;
     watch

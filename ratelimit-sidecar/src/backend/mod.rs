@@ -19,8 +19,8 @@ use ratelimit_core::{Increment, MemoryStore, MemoryUsage, Plan};
 use smallvec::SmallVec;
 
 use self::breaker::Breakers;
+use crate::ingress::workers::{PerWorker, Pool};
 use crate::settings::{BackendType, Settings};
-use crate::workers::{PerWorker, Pool};
 
 /// Why a store gave no answer.
 #[derive(Debug, thiserror::Error)]

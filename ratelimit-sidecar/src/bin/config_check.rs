@@ -10,8 +10,8 @@ use std::path::Path;
 use std::process::ExitCode;
 
 use ratelimit_core::{Config, ConfigError, ConfigErrorKind};
-use ratelimit_sidecar::cli::Flags;
-use ratelimit_sidecar::provider::yaml_files;
+use ratelimit_sidecar::rules::files::yaml_files;
+use ratelimit_sidecar::settings::cli::Flags;
 use ratelimit_sidecar::settings::go_bool;
 
 const USAGE: &str = "usage: ratelimit-config-check -config_dir DIR [-merge_domain_configs]

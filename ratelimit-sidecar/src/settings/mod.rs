@@ -4,6 +4,8 @@
 //! stops start-up with a message naming the variable, and so do settings that contradict
 //! each other.
 
+pub mod bounds;
+pub mod cli;
 mod config;
 mod limiter;
 mod memcache;
@@ -29,7 +31,7 @@ pub use self::stats::{Outputs, StatsSettings};
 pub use self::tls::TlsSettings;
 pub use self::traces::TracingSettings;
 pub use self::xds::XdsSettings;
-pub use crate::bounds::BoundsSettings;
+pub use crate::settings::bounds::BoundsSettings;
 pub use ratelimit_service_kit::values::{StringMap, go_bool, go_duration, go_map};
 
 /// The sidecar's settings.

@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use clap::{ArgAction, Args};
 
-use crate::sinks::mogrifier::Mogrifier;
+use crate::observe::sinks::mogrifier::Mogrifier;
 use ratelimit_service_kit::values::{StringMap, go_bool, go_duration, go_map};
 
 /// Statistics outputs (envoyproxy/ratelimit's variables).

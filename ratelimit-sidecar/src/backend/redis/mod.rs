@@ -29,8 +29,8 @@ use resp::{Arg, Reply};
 
 use super::breaker::Breakers;
 use super::{BackendError, PerWorkerStore, RemoteCounters};
+use crate::ingress::workers::{PerWorker, Pool};
 use crate::settings::{RedisSettings, RedisType, Settings};
-use crate::workers::{PerWorker, Pool};
 
 /// How many requests may wait on one of a single Redis's connections before the next
 /// connection of the pool takes new ones.

@@ -5,8 +5,7 @@
 use clap::Args;
 use ratelimit_core::RequestBounds;
 
-// `pub` until the intake stands on the kit alone.
-pub use ratelimit_service_kit::serve::HttpLimitsSettings;
+use ratelimit_service_kit::serve::HttpLimitsSettings;
 
 /// Bounds on requests, memory and connections.
 #[derive(Clone, Debug, Args)]

@@ -5,7 +5,7 @@ use ratelimit_core::{Code, Explanation, Response};
 use serde_json::{Map, Value, json};
 
 use crate::backend::BackendError;
-use crate::json::parse_request;
+use crate::ingress::json::parse_request;
 use crate::service::{Service, ServiceError};
 
 /// The explanation of `body` as JSON, or the status and message of why there is none.

@@ -9,8 +9,7 @@ use http_body_util::Full;
 use hyper::body::Incoming;
 use hyper::{Request, Response, StatusCode};
 use ratelimit_service_kit::prometheus::mapper::Mapper;
-// `pub` until the intake stands on the kit alone.
-pub use ratelimit_service_kit::prometheus::render;
+use ratelimit_service_kit::prometheus::render;
 
 use crate::service::Service;
 

@@ -23,7 +23,7 @@ use tokio::sync::{mpsc, oneshot};
 use tokio_stream::wrappers::ReceiverStream;
 
 pub use self::connect::Connection;
-use crate::provider;
+use crate::rules;
 use crate::service::Service;
 
 /// Why the rules can be empty, for the warning.
@@ -103,7 +103,7 @@ async fn session(
         };
         let accepted = loaded.is_ok();
         let source = format!("xDS {} version {}", connection.url, response.version_info);
-        provider::apply_from(service, &source, EMPTY, loaded).await;
+        rules::apply_from(service, &source, EMPTY, loaded).await;
         if accepted {
             state.accepted = response.version_info;
         }

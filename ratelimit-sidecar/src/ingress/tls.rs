@@ -6,14 +6,11 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use ratelimit_service_kit::tls::ServerCertificate;
+use ratelimit_service_kit::tls::{CertificateFiles, ServerCertificate};
 use ratelimit_service_kit::watch::Watch;
 use rustls::ServerConfig;
 
 use crate::settings::TlsSettings;
-
-// Until the intake stands on the kit alone.
-pub use ratelimit_service_kit::tls::{CertificateFiles, HttpTls, http_server};
 
 /// The listeners' TLS: one configuration per protocol, sharing the reloaded
 /// certificate and the client check.

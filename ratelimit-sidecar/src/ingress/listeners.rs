@@ -1,7 +1,7 @@
 //! The listeners: opening them (TCP ports shared by the workers, the unix socket, the
 //! debug port), and what each worker serves on them: gRPC (TCP, or connections handed
 //! over from the unix socket) and the HTTP front end, until the stop signal, then
-//! draining, over TLS when configured ([`crate::tls`]).
+//! draining, over TLS when configured ([`crate::ingress::tls`]).
 
 use std::future::Future;
 use std::net::TcpListener as StdTcpListener;
@@ -16,13 +16,13 @@ use tonic::transport::server::TcpIncoming;
 use tonic_health::pb::health_server::HealthServer;
 use tonic_health::server::HealthService;
 
-use crate::grpc::Grpc;
+use crate::ingress::grpc::Grpc;
+use crate::ingress::tls::ServerTls;
+use crate::ingress::uds::AuthorityFix;
+use crate::ingress::{http, workers};
 use crate::rlqs::Rlqs;
 use crate::service::Service;
 use crate::settings::ServerSettings;
-use crate::tls::ServerTls;
-use crate::uds::AuthorityFix;
-use crate::{http, workers};
 use ratelimit_service_kit::serve::{self, ConnectionLimits, ConnectionSlots};
 
 /// Where one worker's gRPC connections come from.

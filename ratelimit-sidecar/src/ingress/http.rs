@@ -10,7 +10,7 @@ use warp::reply::{Reply, Response, with_header, with_status};
 use warp::{Filter, Rejection};
 
 use crate::backend::BackendError;
-use crate::json::{parse_request, render_response};
+use crate::ingress::json::{parse_request, render_response};
 use crate::service::{Service, ServiceError};
 
 /// `/json` (any method) and `/healthcheck` (any method); everything else is 404.

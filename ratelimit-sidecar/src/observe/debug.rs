@@ -68,7 +68,7 @@ impl hyper::service::Service<Request<Incoming>> for Debug {
                 .and_then(|accept| accept.to_str().ok())
                 .is_some_and(|accept| accept.contains("text/html"));
             if request.uri().path() == "/" && browser {
-                return Ok(typed(HTML, crate::dashboard::PAGE.to_owned()));
+                return Ok(typed(HTML, crate::observe::dashboard::PAGE.to_owned()));
             }
             Ok(route(&service, request.uri().path()))
         })
@@ -93,7 +93,7 @@ async fn explain(service: &Service, request: Request<Incoming>, max_body: u64) -
             );
         }
     };
-    match crate::explain::explain(service, &body).await {
+    match crate::observe::explain::explain(service, &body).await {
         Ok(json) => typed(JSON, json),
         Err((status, message)) => text(
             StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR),
@@ -118,7 +118,7 @@ fn route(service: &Service, path: &str) -> Response<Body> {
         }
         "/rlconfig" => text(StatusCode::OK, service.limiter.describe()),
         "/stats" => stats(service),
-        "/dashboard.json" => typed(JSON, crate::dashboard::data(service)),
+        "/dashboard.json" => typed(JSON, crate::observe::dashboard::data(service)),
         _ if path == "/debug/pprof" || path.starts_with("/debug/pprof/") => text(
             StatusCode::OK,
             "No profiles are built into this server. For a CPU profile in pprof-compatible form, run\n\

@@ -1,4 +1,9 @@
-//! The decision service shared by the gRPC and HTTP front ends.
+//! The decision service shared by the gRPC and HTTP front ends, with what it does when
+//! its backend is away ([`outage`]) and the dynamic metadata of its answers
+//! ([`metadata`]).
+
+pub mod metadata;
+pub mod outage;
 
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -12,10 +17,10 @@ use ratelimit_core::{
 use ratelimit_proto::envoy::{InvalidRequest, request_from_pb, response_to_pb};
 
 use crate::backend::{Backend, BackendError};
-use crate::health::Health;
-use crate::metadata::dynamic_metadata;
-use crate::outage::{Outage, Overloaded};
-use crate::traces::{self, RequestSpan, Traces};
+use crate::observe::health::Health;
+use crate::observe::traces::{self, RequestSpan, Traces};
+use crate::service::metadata::dynamic_metadata;
+use crate::service::outage::{Outage, Overloaded};
 
 /// Why a request got no decision.
 #[derive(Debug, thiserror::Error)]

@@ -14,11 +14,10 @@ use std::time::Duration;
 use ratelimit_core::stats::{Deltas, Snapshot, Value};
 
 use ratelimit_service_kit::prometheus::mapper::Mapper;
-// Until the intake stands on the kit alone.
+
 use self::statsd::{Format, Protocol, Statsd};
 use crate::service::Service;
 use crate::settings::{Outputs, StatsSettings};
-pub use ratelimit_service_kit::prometheus::mapper;
 
 /// An output that receives every flush.
 pub trait Push: Send {

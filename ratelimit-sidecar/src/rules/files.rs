@@ -9,13 +9,9 @@ use std::collections::HashSet;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
-use ratelimit_core::stats::names;
 use ratelimit_core::{Config, ConfigError};
 
-// `pub` until the intake stands on the kit alone.
-pub use ratelimit_service_kit::announce::{announce_loaded, announce_rejected};
-
-use crate::service::{LoadResult, Service, unix_now};
+use crate::service::Service;
 use crate::settings::ConfigSettings;
 use ratelimit_service_kit::watch::Target;
 
@@ -202,46 +198,7 @@ pub async fn apply(service: &Service, directory: &Path, result: Result<Config, L
     };
     let source = directory.display().to_string();
     let result = result.map_err(|error| error.to_string());
-    apply_from(service, &source, why, result).await;
-}
-
-/// Applies a load result from `source` (files or xDS): swap the rules and count
-/// `config_load_success` (warning, with `why_empty`, when no domain was found: every
-/// request is then allowed), or keep the old rules, log the error and count
-/// `config_load_error`.
-pub async fn apply_from(
-    service: &Service,
-    source: &str,
-    why_empty: &str,
-    result: Result<Config, String>,
-) {
-    let stats = service.limiter.stats();
-    match result {
-        Ok(config) => {
-            service.limiter.set_config(&config);
-            stats.counter(names::CONFIG_LOAD_SUCCESS).add(1);
-            let loaded = announce_loaded(&service.limiter, &config, source, why_empty);
-            let count = loaded.len();
-            record(service, Ok(loaded));
-            service.health.config_loaded(count).await;
-        }
-        Err(error) => {
-            stats.counter(names::CONFIG_LOAD_ERROR).add(1);
-            announce_rejected(&error);
-            record(service, Err(error));
-        }
-    }
-}
-
-fn record(service: &Service, outcome: Result<Vec<String>, String>) {
-    let result = LoadResult {
-        at: unix_now(),
-        outcome,
-    };
-    *service
-        .last_load
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner()) = Some(result);
+    super::apply_from(service, &source, why, result).await;
 }
 
 /// Reads the files again (off the runtime's threads) and applies the result.
