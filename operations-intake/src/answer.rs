@@ -157,6 +157,8 @@ pub(crate) struct Refusal {
     pub(crate) message: String,
     pub(crate) id: Option<String>,
     pub(crate) errors: Vec<Problem>,
+    /// Problems found but not kept (beyond those `errors` holds).
+    pub(crate) omitted: usize,
     /// The names of the rate-limit policies a 429 is over.
     pub(crate) violated: Vec<String>,
     pub(crate) headers: HeaderMap,
@@ -170,6 +172,7 @@ impl Failure {
             message: message.into(),
             id: None,
             errors: Vec::new(),
+            omitted: 0,
             violated: Vec::new(),
             headers: HeaderMap::new(),
         }))
@@ -196,6 +199,12 @@ impl Failure {
     /// Adds a header to the answer.
     pub fn with_header(mut self, name: HeaderName, value: HeaderValue) -> Failure {
         self.0.headers.insert(name, value);
+        self
+    }
+
+    /// Counts `n` more problems that were found but not kept.
+    pub fn with_omitted(mut self, n: usize) -> Failure {
+        self.0.omitted += n;
         self
     }
 
@@ -239,7 +248,7 @@ impl Failure {
             #[serde(skip_serializing_if = "is_zero")]
             errors_omitted: usize,
         }
-        let (errors, errors_omitted) = listed(&refusal.errors);
+        let (errors, errors_omitted) = listed(&refusal);
         let mut reply = json_reply(
             refusal.kind.status(),
             &Body {
@@ -260,9 +269,10 @@ fn is_zero(n: &usize) -> bool {
 }
 
 /// The problems an answer lists, and how many more it leaves out.
-pub(crate) fn listed(problems: &[Problem]) -> (&[Problem], usize) {
+pub(crate) fn listed(refusal: &Refusal) -> (&[Problem], usize) {
+    let problems = &refusal.errors;
     let shown = problems.len().min(MAX_LISTED_PROBLEMS);
-    (&problems[..shown], problems.len() - shown)
+    (&problems[..shown], problems.len() - shown + refusal.omitted)
 }
 
 /// Adds rate-limit headers (name, value) to `headers`, skipping any that is not valid.
@@ -334,6 +344,9 @@ mod tests {
         );
         assert_eq!(json["errors"][99]["field"], "h99");
         assert_eq!(json["errors_omitted"], 150);
+        let kept = (0..100).map(|i| Problem::header(&format!("h{i}"), "bad"));
+        let counted = Failure::invalid(kept.collect(), false).with_omitted(7);
+        assert_eq!(body(&counted.into_reply())["errors_omitted"], 7);
         let exactly = (0..100).map(|i| Problem::header(&format!("h{i}"), "bad"));
         let json = body(&Failure::invalid(exactly.collect(), false).into_reply());
         assert_eq!(json["errors"].as_array().unwrap().len(), 100);

@@ -144,7 +144,7 @@ pub(crate) fn reply(refusal: Refusal) -> Reply {
         )]
         violated: &'a [String],
     }
-    let (shown, errors_omitted) = listed(&refusal.errors);
+    let (shown, errors_omitted) = listed(&refusal);
     let status = refusal.kind.status();
     let mut reply = json_reply(
         status,

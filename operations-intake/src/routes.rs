@@ -15,7 +15,10 @@ use warp::Filter;
 use warp::http::header::{ALLOW, CONTENT_TYPE, RETRY_AFTER, WWW_AUTHENTICATE};
 use warp::http::{HeaderMap, HeaderValue, Method, Response};
 
-use crate::answer::{self, ACCEPTED, Accepted, Failure, Kind, Reply, add_limit_headers, json_type};
+use crate::answer::{
+    self, ACCEPTED, Accepted, Failure, Kind, MAX_LISTED_PROBLEMS, Reply, add_limit_headers,
+    json_type,
+};
 use crate::auth::{self, Auth, Caller, Client, Scopes};
 use crate::batch::{self, Batch, Rejection};
 use crate::files::Followed;
@@ -238,15 +241,17 @@ fn validate(
     let parsed = if request::is_empty_array(body) {
         Ok(Batch::default())
     } else {
-        batch::parse(body, app.max_operations)
+        batch::parse_capped(body, app.max_operations, MAX_LISTED_PROBLEMS)
     };
+    let mut omitted = 0;
     let batch = match parsed {
         Ok(batch) => Some(batch),
-        Err(Rejection::Invalid(found)) => {
+        Err((Rejection::Invalid(found), more)) => {
             problems.extend(found);
+            omitted = more;
             None
         }
-        Err(Rejection::TooMany { count, max }) => {
+        Err((Rejection::TooMany { count, max }, _)) => {
             return Err(Failure::new(
                 Kind::TooLarge,
                 format!("{count} operations in one request; MAX_OPERATIONS is {max}"),
@@ -255,7 +260,10 @@ fn validate(
     };
     match (batch, client, problems.is_empty()) {
         (Some(batch), Some(client), true) => Ok(Valid { client, key, batch }),
-        _ => Err(Failure::invalid(problems, request::is_malformed_json(body))),
+        _ => {
+            let malformed = request::is_malformed_json(body);
+            Err(Failure::invalid(problems, malformed).with_omitted(omitted))
+        }
     }
 }
 
