@@ -29,11 +29,17 @@ async fn main() -> std::process::ExitCode {
             }
         };
     }
-    // The sidecar's log format and level names.
+    // The sidecar's log format and level names. The service kit logs the file watcher,
+    // TLS reloads and the rules' load announcements (`loaded rate limit configuration`).
     logging::init_for(
         &settings.log_level,
         settings.log_format,
-        &["operations_intake", "ratelimit_core", "ratelimit_sidecar"],
+        &[
+            "operations_intake",
+            "ratelimit_core",
+            "ratelimit_sidecar",
+            "ratelimit_service_kit",
+        ],
     );
     match run(settings).await {
         Ok(()) => std::process::ExitCode::SUCCESS,
