@@ -155,6 +155,17 @@ pub enum Retry {
 }
 
 impl Response {
+    /// The answer to `request` when no limit could be checked and the caller's failure
+    /// mode allows it (`allow`): `Ok`, with every descriptor `Ok` and no limit.
+    pub fn allowed_without_limits(request: &Request) -> Response {
+        Response {
+            overall_code: Code::Ok,
+            statuses: Statuses::from_elem(DescriptorStatus::NO_LIMIT, request.descriptors.len()),
+            headers: None,
+            policies: Vec::new(),
+        }
+    }
+
     /// `None` when `request` was allowed; otherwise when it may be retried (the
     /// `Retry-After` of an HTTP 429).
     pub fn retry(&self, request: &Request) -> Option<Retry> {

@@ -36,6 +36,25 @@ pub const MEMORY_BYTES: &str = "ratelimit.memory.bytes";
 /// Counters the memory backend dropped to stay within its bound.
 pub const MEMORY_EVICTIONS: &str = "ratelimit.memory.evictions";
 
+/// Requests answered OK because the store was unavailable (failure mode `allow`).
+pub const FALLBACK_ALLOWED: &str = "ratelimit.service.backend_fallback_allowed";
+/// Requests decided in process because the store was unavailable (failure mode `local`).
+pub const FALLBACK_LOCAL: &str = "ratelimit.service.backend_fallback_local";
+/// Requests refused because MAX_INFLIGHT_REQUESTS were being decided.
+pub const INFLIGHT_REJECTED: &str = "ratelimit.service.inflight_rejected";
+
+/// `ratelimit.<store>.breaker_<event>`: a node breaker of a store (`redis`, `memcache`)
+/// `opened`, `closed` or `refused` a call.
+pub fn breaker(store: &str, event: &str) -> String {
+    format!("ratelimit.{store}.breaker_{event}")
+}
+
+/// `ratelimit.rlqs.<event>`: the Rate Limit Quota Service's counters (`streams`,
+/// `usage_reports`, `assignments`, ...).
+pub fn rlqs(event: &str) -> String {
+    format!("ratelimit.rlqs.{event}")
+}
+
 /// The statistic of a rule key that counts what a rule decided.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum RuleStat {

@@ -33,7 +33,7 @@ const MAX_NODES: usize = 4096;
 
 /// Statistics of the breakers of store `name`: `ratelimit.<name>.breaker_opened`, ...
 fn stat(name: &str, event: &str) -> String {
-    format!("ratelimit.{name}.breaker_{event}")
+    ratelimit_core::stats::names::breaker(name, event)
 }
 
 /// The breakers of one store's nodes, made as nodes are first named.

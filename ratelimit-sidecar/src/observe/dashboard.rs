@@ -4,7 +4,9 @@
 use ratelimit_core::stats::{Name, RuleStat, Value as Stat};
 use serde_json::{Map, Value, json};
 
-use crate::service::{Service, unix_now};
+use ratelimit_service_kit::clock::unix_now;
+
+use crate::service::Service;
 
 /// The page.
 pub const PAGE: &str = include_str!("dashboard.html");

@@ -20,7 +20,7 @@ use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_serv
 use envoy_types::pb::envoy::service::rate_limit_quota::v3::{
     RateLimitQuotaResponse, RateLimitQuotaUsageReports,
 };
-use ratelimit_core::stats::{Counter, StatsRegistry};
+use ratelimit_core::stats::{Counter, StatsRegistry, names};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
@@ -62,7 +62,7 @@ struct Stats {
 
 impl Stats {
     fn new(stats: &StatsRegistry) -> Stats {
-        let counter = |name: &str| stats.counter(&format!("ratelimit.rlqs.{name}"));
+        let counter = |name: &str| stats.counter(&names::rlqs(name));
         Stats {
             streams: counter("streams"),
             reports: counter("usage_reports"),

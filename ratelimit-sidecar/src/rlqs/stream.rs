@@ -19,7 +19,7 @@ use tonic::{Status, Streaming};
 
 use super::Shared;
 use super::assign::{Assignment, Grant, abandon, actions};
-use crate::service::unix_now_ms;
+use ratelimit_service_kit::clock::unix_now_ms;
 
 /// How often windows are checked for their end, and the rules for a reload.
 const TICK: Duration = Duration::from_millis(100);

@@ -10,7 +10,9 @@ use ratelimit_core::Config;
 use ratelimit_core::stats::names;
 use ratelimit_service_kit::announce::{announce_loaded, announce_rejected};
 
-use crate::service::{LoadResult, Service, unix_now};
+use ratelimit_service_kit::clock::unix_now;
+
+use crate::service::{LoadResult, Service};
 
 /// Applies a load result from `source` (files or xDS): swap the rules and count
 /// `config_load_success` (warning, with `why_empty`, when no domain was found: every

@@ -6,7 +6,9 @@ pub mod metadata;
 pub mod outage;
 
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime};
+
+use ratelimit_service_kit::clock::{unix_ms, unix_now_ms};
 
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use http::HeaderMap;
@@ -282,20 +284,4 @@ fn grpc_timeout(headers: &HeaderMap) -> Option<Duration> {
         "n" => Duration::from_nanos(amount),
         _ => return None,
     })
-}
-
-/// The current unix time in seconds.
-pub fn unix_now() -> u64 {
-    unix_now_ms() / 1_000
-}
-
-/// The current unix time in milliseconds (what sliding windows and buckets count in).
-pub fn unix_now_ms() -> u64 {
-    unix_ms(SystemTime::now())
-}
-
-/// `time` in unix milliseconds.
-fn unix_ms(time: SystemTime) -> u64 {
-    time.duration_since(UNIX_EPOCH)
-        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }

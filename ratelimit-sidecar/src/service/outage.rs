@@ -6,19 +6,13 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use arc_swap::ArcSwap;
+use ratelimit_core::stats::names::{FALLBACK_ALLOWED, FALLBACK_LOCAL, INFLIGHT_REJECTED};
 use ratelimit_core::stats::{Counter, StatsRegistry};
-use ratelimit_core::{Code, DescriptorStatus, Limiter, MemoryStore, Request, Response, Statuses};
+use ratelimit_core::{Limiter, MemoryStore, Request, Response};
 use tokio::sync::{Semaphore, SemaphorePermit};
 
 use crate::backend::BackendError;
 use crate::settings::{FailureMode, OutageSettings};
-
-/// Statistic of requests answered OK because the store was unavailable (`allow`).
-pub const FALLBACK_ALLOWED: &str = "ratelimit.service.backend_fallback_allowed";
-/// Statistic of requests decided in process because the store was unavailable (`local`).
-pub const FALLBACK_LOCAL: &str = "ratelimit.service.backend_fallback_local";
-/// Statistic of requests refused because MAX_INFLIGHT_REQUESTS were being decided.
-pub const INFLIGHT_REJECTED: &str = "ratelimit.service.inflight_rejected";
 
 /// Counters of the `local` fallback: at most this many (a bounded store).
 const LOCAL_COUNTERS: usize = 1 << 16;
@@ -80,15 +74,7 @@ impl Outage {
             FailureMode::Error => Err(error),
             FailureMode::Allow => {
                 self.allowed.add(1);
-                Ok(Response {
-                    overall_code: Code::Ok,
-                    statuses: Statuses::from_elem(
-                        DescriptorStatus::NO_LIMIT,
-                        request.descriptors.len(),
-                    ),
-                    headers: None,
-                    policies: Vec::new(),
-                })
+                Ok(Response::allowed_without_limits(request))
             }
             FailureMode::Local => {
                 self.decided_locally.add(1);

@@ -4,9 +4,9 @@
 //! another client changed it in between.
 
 use std::io;
-use std::time::{SystemTime, UNIX_EPOCH};
 
 use ratelimit_core::{Bucket, CounterOp, Increment};
+use ratelimit_service_kit::clock::unix_now;
 
 use super::protocol::{Added, Connection, Incremented};
 use super::{LONGEST_RELATIVE_EXPIRY, RACE_ATTEMPTS};
@@ -203,10 +203,4 @@ pub(super) fn expiry(seconds: u64, now: u64) -> u64 {
     } else {
         seconds
     }
-}
-
-fn unix_now() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs())
 }
