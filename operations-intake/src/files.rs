@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex};
 use std::time::SystemTime;
 
 use ratelimit_core::stats::Counter;
-use ratelimit_sidecar::watch::{self, Target, Watch};
+use ratelimit_service_kit::watch::{self, Target, Watch};
 use serde::Serialize;
 
 /// Applies a file's text: `Ok` once in use, `Err` (and nothing changed) when refused.

@@ -15,6 +15,7 @@ pub mod idempotency;
 pub mod kafka;
 pub mod limits;
 pub mod metrics;
+pub mod names;
 pub mod problem;
 pub mod request;
 pub mod routes;

@@ -6,7 +6,7 @@
 //! count, so a configuration can cap sells apart from buys.
 
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
 use ratelimit_core::stats::StatsRegistry;
@@ -15,7 +15,8 @@ use ratelimit_core::{
     Settings,
 };
 use ratelimit_proto::envoy::client::{request_to_pb, response_from_pb};
-use ratelimit_sidecar::provider;
+use ratelimit_service_kit::announce;
+use ratelimit_service_kit::clock::unix_now_ms;
 use tonic::transport::{Channel, Endpoint};
 
 use crate::batch::Batch;
@@ -134,11 +135,11 @@ impl Limits {
         match config {
             Ok(config) => {
                 limiter.set_config(&config);
-                provider::announce_loaded(limiter, &config, source, "");
+                announce::announce_loaded(limiter, &config, source, "");
                 Ok(())
             }
             Err(error) => {
-                provider::announce_rejected(&error);
+                announce::announce_rejected(&error);
                 Err(error)
             }
         }
@@ -315,13 +316,6 @@ fn remote_failed(deny: bool, why: &str) -> Verdict {
         tracing::warn!(error = why, "rate-limit service failed; allowing the batch");
         Verdict::Allow(Vec::new())
     }
-}
-
-/// Unix milliseconds: sliding windows and token buckets count in them.
-fn unix_now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
 
 #[cfg(test)]

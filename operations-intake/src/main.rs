@@ -7,7 +7,7 @@ use clap::Parser;
 use operations_intake::auth::keys::generate;
 use operations_intake::run::run;
 use operations_intake::settings::{Command, Settings};
-use ratelimit_sidecar::logging;
+use ratelimit_service_kit::logging;
 
 #[tokio::main]
 async fn main() -> std::process::ExitCode {
@@ -37,7 +37,6 @@ async fn main() -> std::process::ExitCode {
         &[
             "operations_intake",
             "ratelimit_core",
-            "ratelimit_sidecar",
             "ratelimit_service_kit",
         ],
     );

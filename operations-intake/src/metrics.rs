@@ -7,8 +7,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ratelimit_core::stats::{Counter, Gauge, StatsRegistry, Timer};
-use ratelimit_sidecar::sinks::mapper::Mapper;
-use ratelimit_sidecar::sinks::prometheus::render;
+use ratelimit_service_kit::prometheus::mapper::Mapper;
+use ratelimit_service_kit::prometheus::render;
+
+use crate::names;
 use warp::http::StatusCode;
 
 /// The statuses the service answers with; any other is counted as `other`.
@@ -39,20 +41,14 @@ impl Metrics {
         let registry = Arc::new(StatsRegistry::new(0));
         let requests = STATUSES
             .iter()
-            .map(|&status| {
-                let name = match status {
-                    0 => "intake.requests.other".to_owned(),
-                    _ => format!("intake.requests.{status}"),
-                };
-                (status, registry.counter(&name))
-            })
+            .map(|&status| (status, registry.counter(&names::requests(status))))
             .collect();
         Metrics {
-            operations_produced: registry.counter("intake.operations_produced"),
-            batches_produced: registry.counter("intake.batches_produced"),
-            produce_latency: registry.timer("intake.produce_latency"),
-            idempotent_replays: registry.counter("intake.idempotent_replays"),
-            limit_refusals: registry.counter("intake.limit_refusals"),
+            operations_produced: registry.counter(names::OPERATIONS_PRODUCED),
+            batches_produced: registry.counter(names::BATCHES_PRODUCED),
+            produce_latency: registry.timer(names::PRODUCE_LATENCY),
+            idempotent_replays: registry.counter(names::IDEMPOTENT_REPLAYS),
+            limit_refusals: registry.counter(names::LIMIT_REFUSALS),
             requests,
             mapper: Mapper::parse(include_str!("mapping.yaml")).expect("the mapping parses"),
             registry,
@@ -62,15 +58,14 @@ impl Metrics {
     /// The load counters of a followed file: `intake.<file>.load_success` and `_error`.
     pub fn loads(&self, file: &str) -> (Arc<Counter>, Arc<Counter>) {
         (
-            self.registry
-                .counter(&format!("intake.{file}.load_success")),
-            self.registry.counter(&format!("intake.{file}.load_error")),
+            self.registry.counter(&names::load(file, true)),
+            self.registry.counter(&names::load(file, false)),
         )
     }
 
     /// Registers `intake.kafka_up`, 1 while the broker is known to be up.
     pub fn kafka_up(&self, read: Gauge) {
-        self.registry.gauge("intake.kafka_up", read);
+        self.registry.gauge(names::KAFKA_UP, read);
     }
 
     /// Counts an answer to `POST /operations`.

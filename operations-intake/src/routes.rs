@@ -10,7 +10,7 @@ use std::time::{Instant, SystemTime};
 use bytes::{Buf, Bytes};
 use futures_util::Stream;
 use ratelimit_core::{HeaderFormat, Retry};
-use ratelimit_sidecar::serve::{Peer, PeerCertificate};
+use ratelimit_service_kit::serve::{Peer, PeerCertificate};
 use warp::Filter;
 use warp::http::header::{ALLOW, CONTENT_TYPE, RETRY_AFTER, WWW_AUTHENTICATE};
 use warp::http::{HeaderMap, HeaderValue, Method, Response};

@@ -6,9 +6,9 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Instant;
 
-use ratelimit_sidecar::serve;
-use ratelimit_sidecar::tls::{CertificateFiles, HttpTls};
-use ratelimit_sidecar::watch::Watch;
+use ratelimit_service_kit::serve;
+use ratelimit_service_kit::tls::{CertificateFiles, HttpTls};
+use ratelimit_service_kit::watch::Watch;
 use rdkafka::mocking::MockCluster;
 use tokio::net::TcpListener;
 
@@ -279,7 +279,7 @@ fn tls(settings: &Settings) -> Result<Option<HttpTls>, StartError> {
             .as_deref()
             .map(|ca| (ca, "TLS_CLIENT_CA")),
     };
-    let tls = ratelimit_sidecar::tls::http_server(files).map_err(StartError::Setting)?;
+    let tls = ratelimit_service_kit::tls::http_server(files).map_err(StartError::Setting)?;
     tracing::warn!(cert = %cert.display(), mutual = settings.tls_client_ca.is_some(), "serving HTTPS");
     Ok(Some(tls))
 }

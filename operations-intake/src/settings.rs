@@ -31,7 +31,7 @@ pub struct Settings {
     pub max_operations: usize,
     /// `HTTP_HEADER_READ_TIMEOUT`, `HTTP_IDLE_TIMEOUT` and `HTTP_MAX_CONNECTIONS`.
     #[command(flatten)]
-    pub http: ratelimit_sidecar::bounds::HttpLimitsSettings,
+    pub http: ratelimit_service_kit::serve::HttpLimitsSettings,
 
     /// How clients authenticate: api-keys (Authorization: Bearer, keys in API_KEYS_FILE),
     /// mtls (the client certificate's name; needs TLS_CLIENT_CA) or none (X-Client-Id
@@ -140,7 +140,7 @@ pub struct Settings {
     pub log_format: LogFormat,
 }
 
-pub use ratelimit_sidecar::settings::LogFormat;
+pub use ratelimit_service_kit::logging::LogFormat;
 
 pub use crate::auth::Mode as AuthMode;
 

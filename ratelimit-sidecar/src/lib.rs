@@ -20,24 +20,3 @@ pub mod rules;
 pub mod runner;
 pub mod service;
 pub mod settings;
-
-/// What the intake still reaches through the sidecar, at its old paths, until it
-/// stands on the kit alone.
-pub use ratelimit_service_kit::{logging, serve, watch};
-/// See [`serve`].
-pub mod bounds {
-    pub use ratelimit_service_kit::serve::HttpLimitsSettings;
-}
-/// See [`serve`].
-pub mod provider {
-    pub use ratelimit_service_kit::announce::{announce_loaded, announce_rejected};
-}
-/// See [`serve`].
-pub mod tls {
-    pub use ratelimit_service_kit::tls::{CertificateFiles, HttpTls, http_server};
-}
-/// See [`serve`].
-pub mod sinks {
-    pub use ratelimit_service_kit::prometheus;
-    pub use ratelimit_service_kit::prometheus::mapper;
-}

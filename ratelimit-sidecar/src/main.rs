@@ -2,8 +2,9 @@
 
 use std::process::ExitCode;
 
+use ratelimit_service_kit::logging;
+use ratelimit_sidecar::runner;
 use ratelimit_sidecar::settings::{LoadError, Settings};
-use ratelimit_sidecar::{logging, runner};
 
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;

@@ -12,7 +12,7 @@ use std::sync::Arc;
 
 use arc_swap::ArcSwap;
 use clap::ValueEnum;
-use ratelimit_sidecar::serve::PeerCertificate;
+use ratelimit_service_kit::serve::PeerCertificate;
 use warp::http::header::AUTHORIZATION;
 use warp::http::{HeaderMap, HeaderValue};
 use x509_parser::prelude::{FromDer, GeneralName, X509Certificate};
