@@ -4,7 +4,7 @@
 
 use std::fmt::Write as _;
 
-use crate::response::{Code, DescriptorStatus, HeaderNames, Response};
+use crate::response::{HeaderNames, Response};
 
 /// Which headers a host adds (`LIMIT_RESPONSE_HEADERS_FORMAT`).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -25,49 +25,6 @@ impl HeaderFormat {
             "ietf-draft-11" => Some(HeaderFormat::IetfDraft11),
             _ => None,
         }
-    }
-}
-
-/// One limit that applied to a request, for `RateLimit-Policy`.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Policy {
-    /// The limit's `name`, or its rule's statistics key.
-    pub name: String,
-    /// `requests_per_unit`.
-    pub quota: u64,
-    /// The window, in seconds.
-    pub window: u64,
-    /// Hits (or tokens) left.
-    pub remaining: u64,
-    /// Seconds until the count goes down or one more request fits.
-    pub reset: u64,
-    /// It was over its limit.
-    pub over: bool,
-}
-
-impl Policy {
-    /// One policy per limited status, for a response that only has statuses (one read
-    /// back from another rate-limit service): each descriptor's deciding limit, named
-    /// by its `name` or its position, with a window of one unit.
-    pub fn from_statuses(statuses: &[DescriptorStatus]) -> Vec<Policy> {
-        statuses
-            .iter()
-            .enumerate()
-            .filter_map(|(i, status)| {
-                let limit = status.current_limit.as_ref()?;
-                Some(Policy {
-                    name: limit
-                        .name
-                        .as_deref()
-                        .map_or_else(|| format!("descriptor{i}"), str::to_owned),
-                    quota: u64::from(limit.requests_per_unit),
-                    window: limit.unit.seconds(),
-                    remaining: u64::from(status.limit_remaining),
-                    reset: status.duration_until_reset.unwrap_or(0),
-                    over: status.code == Code::OverLimit,
-                })
-            })
-            .collect()
     }
 }
 
@@ -130,6 +87,7 @@ fn push_sf_string(out: &mut String, text: &str) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::response::{Code, Policy};
 
     fn policy(name: &str, remaining: u64, over: bool) -> Policy {
         Policy {

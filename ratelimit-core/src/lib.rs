@@ -58,7 +58,7 @@ pub use config::{Algorithm, Config, ConfigError, ConfigErrorKind};
 pub use counter_key::CounterKey;
 pub use counting::CounterOp;
 pub use gcra::Bucket;
-pub use headers::{HeaderFormat, Policy};
+pub use headers::HeaderFormat;
 pub use limiter::Limiter;
 pub use local_cache::OverLimitCache;
 pub use memory::{DEFAULT_MAX_BYTES, MemoryStore, MemoryUsage};
@@ -68,7 +68,8 @@ pub use plan::{
 };
 pub use request::{Descriptor, Entry, LimitOverride, Request, RequestBounds, RequestError};
 pub use response::{
-    Code, CurrentLimit, DescriptorStatus, HeaderNames, RateLimitHeaders, Response, Retry, Statuses,
+    Code, CurrentLimit, DescriptorStatus, HeaderNames, Policy, RateLimitHeaders, Response, Retry,
+    Statuses,
 };
 pub use rules::{MatchKind, RuleView};
 pub use settings::Settings;

@@ -112,6 +112,49 @@ impl RateLimitHeaders {
     }
 }
 
+/// One limit that applied to a request, for `RateLimit-Policy`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Policy {
+    /// The limit's `name`, or its rule's statistics key.
+    pub name: String,
+    /// `requests_per_unit`.
+    pub quota: u64,
+    /// The window, in seconds.
+    pub window: u64,
+    /// Hits (or tokens) left.
+    pub remaining: u64,
+    /// Seconds until the count goes down or one more request fits.
+    pub reset: u64,
+    /// It was over its limit.
+    pub over: bool,
+}
+
+impl Policy {
+    /// One policy per limited status, for a response that only has statuses (one read
+    /// back from another rate-limit service): each descriptor's deciding limit, named
+    /// by its `name` or its position, with a window of one unit.
+    pub fn from_statuses(statuses: &[DescriptorStatus]) -> Vec<Policy> {
+        statuses
+            .iter()
+            .enumerate()
+            .filter_map(|(i, status)| {
+                let limit = status.current_limit.as_ref()?;
+                Some(Policy {
+                    name: limit
+                        .name
+                        .as_deref()
+                        .map_or_else(|| format!("descriptor{i}"), str::to_owned),
+                    quota: u64::from(limit.requests_per_unit),
+                    window: limit.unit.seconds(),
+                    remaining: u64::from(status.limit_remaining),
+                    reset: status.duration_until_reset.unwrap_or(0),
+                    over: status.code == Code::OverLimit,
+                })
+            })
+            .collect()
+    }
+}
+
 /// Names of the `RateLimit-*` headers (`LIMIT_LIMIT_HEADER`, `LIMIT_REMAINING_HEADER`,
 /// `LIMIT_RESET_HEADER`).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -204,7 +247,7 @@ pub struct Response {
     pub headers: Option<RateLimitHeaders>,
     /// Every limit that applied, when the limiter reports them
     /// ([`crate::Settings::report_policies`]); empty otherwise.
-    pub policies: Vec<crate::headers::Policy>,
+    pub policies: Vec<Policy>,
 }
 
 #[cfg(test)]

@@ -159,7 +159,7 @@ fn statistics(settings: &Settings, shared: &Shared) -> Result<Option<Flusher>, S
         let address = &stats.prometheus_addr;
         let listener = listeners::single("Prometheus", &address.host, address.port)?;
         let endpoint = Prometheus {
-            service: Arc::clone(&shared.service),
+            stats: Arc::clone(shared.service.limiter.stats()),
             mapper: Arc::new(mapper),
             labels: Arc::new(stats.extra_tags.clone().into_iter().collect()),
             path: stats.prometheus_path.as_str().into(),
@@ -175,7 +175,7 @@ fn statistics(settings: &Settings, shared: &Shared) -> Result<Option<Flusher>, S
     }
     let push = sinks::push_outputs(stats, outputs);
     Ok(Flusher::start(
-        Arc::clone(&shared.service),
+        Arc::clone(shared.service.limiter.stats()),
         push,
         stats.stats_flush_interval,
     ))

@@ -6,8 +6,8 @@ use smallvec::SmallVec;
 use super::{Applied, Increment, Item, Limited, PlanBody, Source};
 use crate::counting::{Assessed, Counting};
 use crate::engine::Engine;
-use crate::headers::Policy;
 use crate::local_cache::OverLimitCache;
+use crate::response::Policy;
 use crate::response::{Code, DescriptorStatus, RateLimitHeaders, Response, Statuses};
 
 impl PlanBody {

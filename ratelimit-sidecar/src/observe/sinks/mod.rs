@@ -11,12 +11,11 @@ use std::sync::mpsc::{self, RecvTimeoutError};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use ratelimit_core::stats::{Deltas, Snapshot, Value};
+use ratelimit_core::stats::{Deltas, Snapshot, StatsRegistry, Value};
 
 use ratelimit_service_kit::prometheus::mapper::Mapper;
 
 use self::statsd::{Format, Protocol, Statsd};
-use crate::service::Service;
 use crate::settings::{Outputs, StatsSettings};
 
 /// An output that receives every flush.
@@ -89,7 +88,7 @@ pub struct Flusher {
 impl Flusher {
     /// Starts flushing `outputs` every `interval`; `None` when there are none.
     pub fn start(
-        service: Arc<Service>,
+        stats: Arc<StatsRegistry>,
         mut outputs: Vec<Box<dyn Push>>,
         interval: Duration,
     ) -> Option<Flusher> {
@@ -105,7 +104,7 @@ impl Flusher {
                         stopped.recv_timeout(interval),
                         Err(RecvTimeoutError::Timeout)
                     );
-                    let snapshot = service.limiter.stats().snapshot();
+                    let snapshot = stats.snapshot();
                     outputs
                         .iter_mut()
                         .for_each(|output| output.flush(&snapshot));

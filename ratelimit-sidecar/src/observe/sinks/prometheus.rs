@@ -8,16 +8,15 @@ use bytes::Bytes;
 use http_body_util::Full;
 use hyper::body::Incoming;
 use hyper::{Request, Response, StatusCode};
+use ratelimit_core::stats::StatsRegistry;
 use ratelimit_service_kit::prometheus::mapper::Mapper;
 use ratelimit_service_kit::prometheus::render;
-
-use crate::service::Service;
 
 /// The endpoint: the mapping, the extra labels and the path it answers on.
 #[derive(Clone, Debug)]
 pub struct Prometheus {
-    /// The service whose statistics are exported.
-    pub service: Arc<Service>,
+    /// The statistics exported.
+    pub stats: Arc<StatsRegistry>,
     /// The mapping.
     pub mapper: Arc<Mapper>,
     /// EXTRA_TAGS, as labels on every series.
@@ -33,7 +32,7 @@ impl hyper::service::Service<Request<Incoming>> for Prometheus {
 
     fn call(&self, request: Request<Incoming>) -> Self::Future {
         let (status, body) = if request.uri().path() == &*self.path {
-            let snapshot = self.service.limiter.stats().snapshot();
+            let snapshot = self.stats.snapshot();
             (
                 StatusCode::OK,
                 render(&snapshot, &self.mapper, &self.labels),
