@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
-# Runs the README's command blocks marked `<!-- test: NAME -->`, as written, so that they
-# cannot rot: the sidecar and its client, the sidecar following the example xDS control
-# plane, the intake with the mock broker and its curl examples, and the Envoy and wasm
-# walkthroughs (their `--demo` lines) up to the 429.
+# Runs the command blocks marked `<!-- test: NAME -->` in README.md and in docs/*.md, as
+# written, so that they cannot rot: the sidecar and its client (README.md), the sidecar
+# following the example xDS control plane (docs/xds.md), the intake with the mock broker
+# and its curl examples (docs/intake.md), and the Envoy and wasm walkthroughs (their
+# `--demo` lines, docs/envoy.md) up to the 429. A marked block this script does not name
+# below is run once, after those, and must succeed; every name marks one block.
 #
-# They use the README's default ports (8080, 8081, 6070, 3000, 10000, 9901, 18000), which
-# must be free. scripts/test.sh runs this after the tests, with ENVOY_BIN set.
+# They use the documented default ports (8080, 8081, 6070, 3000, 10000, 9901, 18000),
+# which must be free. scripts/test.sh runs this after the tests, with ENVOY_BIN set.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 WORK="$(mktemp -d)"
@@ -21,21 +23,43 @@ trap 'stop; rm -rf "$WORK"' EXIT
 
 log() { printf '== readme: %s\n' "$*" >&2; }
 
-# The body of the sh block that follows `<!-- test: NAME -->`.
+shopt -s nullglob
+MARKED=(README.md docs/*.md)
+shopt -u nullglob
+
+# The body of the sh block that follows `<!-- test: NAME -->`, in whichever page has it.
 block() {
-	python3 - "$1" <<'PY'
+	python3 - "$1" "${MARKED[@]}" <<'PY'
 import re, sys
-text = open("README.md").read()
-match = re.search(r"<!-- test: %s -->\n```sh\n(.*?)```" % re.escape(sys.argv[1]), text, re.S)
-if not match:
-    sys.exit("README.md has no block marked 'test: %s'" % sys.argv[1])
-print(match.group(1), end="")
+name, pages = sys.argv[1], sys.argv[2:]
+found = [(page, match.group(1)) for page in pages for match in re.finditer(
+    r"<!-- test: %s -->\n```sh\n(.*?)```" % re.escape(name), open(page).read(), re.S)]
+if len(found) != 1:
+    sys.exit("%d sh blocks marked 'test: %s' in %s: there must be one"
+             % (len(found), name, " ".join(pages)))
+print(found[0][1], end="")
 PY
 }
 
+# Every name marked in the pages (a line of its own), in page order; a name marked twice
+# is an error.
+marked() {
+	python3 - "${MARKED[@]}" <<'PY'
+import re, sys
+seen = {}
+for page in sys.argv[1:]:
+    for name in re.findall(r"^<!-- test: (\S+) -->$", open(page).read(), re.M):
+        if name in seen:
+            sys.exit("'test: %s' marks a block in %s and in %s" % (name, seen[name], page))
+        seen[name] = page
+        print(name)
+PY
+}
+NAMES="$(marked)"
+
 for port in 8080 8081 6070 3000 10000 9901 18000; do
 	if (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
-		echo "port $port is in use: the README's commands need it free" >&2
+		echo "port $port is in use: the documented commands need it free" >&2
 		exit 1
 	fi
 done
@@ -67,7 +91,7 @@ expect() { # what output pattern
 # `cargo run -p X` builds X with only X's features, which differ from the workspace's test
 # build: on a fresh clone the first run compiles for minutes. Build first, untimed, so the
 # port waits below time the servers, not the compiler.
-log "building what the README's commands run"
+log "building what the documented commands run"
 cargo build -p ratelimit-sidecar --bins
 cargo build -p operations-intake
 cargo build -p ratelimit-xds-example
@@ -101,4 +125,18 @@ stop
 log "the Envoy walkthroughs up to the 429"
 out=$(bash -euo pipefail -c "$(block envoy)")
 expect "envoy" "$out" 'request 4 as alice: 429'
-log "every README block ran as written"
+
+# The blocks above, by name; any other marked block is run once and must succeed.
+RAN=" sidecar sidecar-client xds-server xds-sidecar xds-client intake intake-client envoy "
+count=8
+for name in $NAMES; do
+	case "$RAN" in *" $name "*) continue ;; esac
+	log "the block marked '$name'"
+	timeout 600 bash -euo pipefail -c "$(block "$name")" >"$WORK/$name.log" 2>&1 || {
+		echo "the block marked '$name' failed; its output:" >&2
+		cat "$WORK/$name.log" >&2
+		exit 1
+	}
+	count=$((count + 1))
+done
+log "every marked block of README.md and docs/ ran as written ($count)"

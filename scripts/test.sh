@@ -6,7 +6,8 @@
 # ~/.cache/ratelimit-rs), runs the unit, property and end-to-end tests (which start the
 # real binaries, Redis, a tansu Kafka broker and a real Envoy on free loopback ports and
 # stop them), then the public conformance suite against the sidecar, on the memory and
-# the Redis backends, then the README's commands (scripts/readme.sh).
+# the Redis backends, then the documented commands (scripts/readme.sh: the marked blocks of
+# README.md and docs/).
 #
 # `scripts/test.sh --deps-only` installs and stops there (CI runs it before clippy,
 # which needs cmake and the curl headers to build librdkafka).
@@ -96,7 +97,7 @@ ensure_apt redis-cli redis-tools
 ensure_apt memcached memcached
 ensure_apt dnsmasq dnsmasq-base
 ensure_apt openssl openssl
-# The README's commands (scripts/readme.sh) use curl, and setsid to stop what they start.
+# The documented commands (scripts/readme.sh) use curl, and setsid to stop what they start.
 ensure_apt curl curl
 ensure_apt setsid util-linux
 ensure_apt chromium chromium
@@ -137,5 +138,5 @@ else
 	log "no conformance suite at $CONFORMANCE: skipped"
 fi
 
-log "running the README's commands as written (sidecar, intake, Envoy and wasm walkthroughs)"
+log "running the documented commands as written (README.md and docs/: sidecar, xDS, intake, Envoy and wasm walkthroughs)"
 bash scripts/readme.sh
