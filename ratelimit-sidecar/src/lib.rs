@@ -14,9 +14,9 @@
 
 pub mod backend;
 pub mod ingress;
-pub mod observe;
-pub mod rlqs;
+pub(crate) mod observe;
+pub(crate) mod rlqs;
 pub mod rules;
 pub mod runner;
-pub mod service;
+pub(crate) mod service;
 pub mod settings;

@@ -23,7 +23,7 @@ pub enum QuotaRule {
     /// `requests_per_unit: 0`: every request is denied.
     Denied,
     /// A counted limit.
-    Limited(QuotaLimit),
+    Limited(Box<QuotaLimit>),
 }
 
 /// A bucket's limit in the window that contains the time it was asked at.
@@ -134,7 +134,7 @@ impl Engine {
         let stats = limited.stats.clone().or_else(|| limit.stats.clone());
         let [descriptor] =
             <[Descriptor; 1]>::try_from(request.descriptors).expect("one descriptor was planned");
-        QuotaRule::Limited(QuotaLimit {
+        QuotaRule::Limited(Box::new(QuotaLimit {
             descriptor,
             requests_per_unit,
             window,
@@ -142,6 +142,6 @@ impl Engine {
             shadow: applied.shadow,
             counter,
             stats,
-        })
+        }))
     }
 }

@@ -2,10 +2,10 @@
 //! `ShouldRateLimit` framed by hand ([`grpc`]), the HTTP routes ([`http`]) with `/json`
 //! ([`json`]), gRPC over a unix socket ([`uds`]) and the listeners' TLS ([`tls`]).
 
-pub mod grpc;
-pub mod http;
+pub(crate) mod grpc;
+pub(crate) mod http;
 pub mod json;
-pub mod listeners;
-pub mod tls;
-pub mod uds;
+pub(crate) mod listeners;
+pub(crate) mod tls;
+pub(crate) mod uds;
 pub mod workers;

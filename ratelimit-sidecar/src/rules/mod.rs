@@ -4,7 +4,7 @@
 //! rules reach the limiter: the swap, the load statistics, the log and the health.
 
 pub mod files;
-pub mod xds;
+pub(crate) mod xds;
 
 use ratelimit_core::Config;
 use ratelimit_core::stats::names;
