@@ -4,13 +4,14 @@
 use std::collections::HashMap;
 
 use proptest::prelude::*;
-use ratelimit_core::{Code, Config, Descriptor, Limiter, MemoryStore, Request, Settings};
+use ratelimit_core::{Code, Config, Descriptor, Limiter, MemoryStore, Request};
 
-fn limiter(rules: &str) -> Limiter {
-    Limiter::new(
-        &Config::from_yaml("r.yaml", rules).unwrap(),
-        Settings::default(),
-    )
+mod support;
+use support::{limiter, rules};
+
+/// A limiter on domain `d` with one descriptor `k` of `fields`.
+fn on_k(fields: &str) -> Limiter {
+    limiter(&rules("d", &[("k", fields)]))
 }
 
 fn one(key: &str, hits: u64) -> Request {
@@ -58,20 +59,23 @@ fn each_new_field_is_checked_and_errors_name_file_path_and_problem() {
 
 #[test]
 fn plain_rules_keep_upstream_keys_and_new_limits_get_keys_of_their_own() {
-    let limiter = limiter(
-        "domain: d
-descriptors:
-  - key: plain
-    rate_limit: {unit: minute, requests_per_unit: 5}
-  - key: ten
-    rate_limit: {unit: minute, unit_multiplier: 10, requests_per_unit: 5}
-  - key: many
-    rate_limits:
-      - {unit: minute, requests_per_unit: 5}
-      - {unit: minute, requests_per_unit: 50, algorithm: sliding_window}
-      - {unit: second, requests_per_unit: 1, algorithm: token_bucket}
-",
-    );
+    let limiter = limiter(&rules(
+        "d",
+        &[
+            ("plain", "rate_limit: {unit: minute, requests_per_unit: 5}"),
+            (
+                "ten",
+                "rate_limit: {unit: minute, unit_multiplier: 10, requests_per_unit: 5}",
+            ),
+            (
+                "many",
+                "rate_limits: [
+                    {unit: minute, requests_per_unit: 5},
+                    {unit: minute, requests_per_unit: 50, algorithm: sliding_window},
+                    {unit: second, requests_per_unit: 1, algorithm: token_bucket}]",
+            ),
+        ],
+    ));
     let keys = |key: &str| -> Vec<String> {
         let plan = limiter.plan(&one(key, 1), 1_000_030).unwrap();
         plan.increments().iter().map(|i| i.key.clone()).collect()
@@ -91,14 +95,10 @@ descriptors:
 
 #[test]
 fn every_window_limit_counts_every_hit_and_the_status_reports_the_one_that_decided() {
-    let limiter = limiter(
-        "domain: d
-descriptors:
-  - key: k
-    rate_limits:
-      - {name: burst, unit: second, requests_per_unit: 2}
-      - {name: daily, unit: day, requests_per_unit: 3}
-",
+    let limiter = on_k(
+        "rate_limits: [
+                {name: burst, unit: second, requests_per_unit: 2},
+                {name: daily, unit: day, requests_per_unit: 3}]",
     );
     let store = MemoryStore::default();
     let at = |ms: u64| {
@@ -132,15 +132,9 @@ descriptors:
 
 #[test]
 fn a_token_bucket_in_a_list_spends_only_what_it_admits() {
-    let limiter = limiter(
-        "domain: d
-descriptors:
-  - key: k
-    rate_limits:
-      - {name: window, unit: minute, requests_per_unit: 100}
-      - {name: bucket, unit: second, requests_per_unit: 1, algorithm: token_bucket, burst: 2}
-",
-    );
+    let limiter = on_k("rate_limits: [
+                {name: window, unit: minute, requests_per_unit: 100},
+                {name: bucket, unit: second, requests_per_unit: 1, algorithm: token_bucket, burst: 2}]");
     let store = MemoryStore::default();
     let code = |ms: u64| {
         limiter
@@ -158,9 +152,7 @@ descriptors:
 
 #[test]
 fn unit_multiplier_windows_report_their_unit_and_the_real_reset() {
-    let limiter = limiter(
-        "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: minute, unit_multiplier: 10, requests_per_unit: 2}\n",
-    );
+    let limiter = on_k("rate_limit: {unit: minute, unit_multiplier: 10, requests_per_unit: 2}");
     let store = MemoryStore::default();
     let now = 1_200 * 1_000 + 30; // 30 s past a 10-minute boundary
     for _ in 0..2 {
@@ -192,6 +184,11 @@ fn unit_multiplier_windows_report_their_unit_and_the_real_reset() {
     assert_eq!(next.overall_code, Code::Ok);
 }
 
+/// A reference model of an algorithm: whether it admits `hits` at `now_ms`.
+trait Model {
+    fn admit(&mut self, now_ms: u64, hits: u64) -> bool;
+}
+
 /// A sliding window as its definition reads: every hit is counted in its window, and a
 /// request is admitted when the current count plus the previous window's count weighted
 /// by what is left of the current window, plus its hits, stays within the limit.
@@ -201,7 +198,7 @@ struct SlidingModel {
     counts: HashMap<u64, u64>,
 }
 
-impl SlidingModel {
+impl Model for SlidingModel {
     fn admit(&mut self, now_ms: u64, hits: u64) -> bool {
         let window = now_ms / self.length_ms;
         let current = self.counts.get(&window).copied().unwrap_or(0) + hits;
@@ -226,7 +223,7 @@ struct BucketModel {
     tat: u64,
 }
 
-impl BucketModel {
+impl Model for BucketModel {
     fn admit(&mut self, now_ms: u64, cost: u64) -> bool {
         let start = self.tat.max(now_ms);
         let admitted = start + cost * self.interval_ms - now_ms <= self.burst * self.interval_ms;
@@ -235,6 +232,26 @@ impl BucketModel {
         }
         admitted
     }
+}
+
+/// Plays `steps` (time since the last step, hits) on descriptor `k` of `limiter` and on
+/// `model`: the `(time, hits)` admitted, or a failure at the first step they disagree on.
+fn play(
+    limiter: &Limiter,
+    model: &mut dyn Model,
+    steps: Vec<(u64, u64)>,
+) -> Result<Vec<(u64, u64)>, TestCaseError> {
+    let store = MemoryStore::default();
+    let mut admitted = Vec::new();
+    for (now, hits) in times(steps) {
+        let response = limiter.should_rate_limit_millis(&one("k", hits), &store, now);
+        let ok = response.unwrap().overall_code == Code::Ok;
+        prop_assert_eq!(ok, model.admit(now, hits), "at {} with {} hits", now, hits);
+        if ok {
+            admitted.push((now, hits));
+        }
+    }
+    Ok(admitted)
 }
 
 fn times(steps: Vec<(u64, u64)>) -> Vec<(u64, u64)> {
@@ -256,17 +273,9 @@ proptest! {
     /// worth before it has slid past them).
     #[test]
     fn sliding_window_matches_its_model(steps in proptest::collection::vec((0u64..400, 1u64..3), 1..300)) {
-        let limiter = limiter("domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 6, algorithm: sliding_window}\n");
-        let store = MemoryStore::default();
+        let limiter = on_k("rate_limit: {unit: second, requests_per_unit: 6, algorithm: sliding_window}");
         let mut model = SlidingModel { limit: 6, length_ms: 1_000, counts: HashMap::new() };
-        let mut admitted = Vec::new();
-        for (now, hits) in times(steps) {
-            let code = limiter.should_rate_limit_millis(&one("k", hits), &store, now).unwrap().overall_code;
-            prop_assert_eq!(code == Code::Ok, model.admit(now, hits), "at {} with {} hits", now, hits);
-            if code == Code::Ok {
-                admitted.push((now, hits));
-            }
-        }
+        let admitted = play(&limiter, &mut model, steps)?;
         let mut per_window: HashMap<u64, u64> = HashMap::new();
         for &(now, hits) in &admitted {
             *per_window.entry(now / 1_000).or_default() += hits;
@@ -282,17 +291,9 @@ proptest! {
     /// `burst + t / interval` tokens in any interval of length t.
     #[test]
     fn token_bucket_matches_gcra(steps in proptest::collection::vec((0u64..150, 1u64..3), 1..300)) {
-        let limiter = limiter("domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 10, algorithm: token_bucket, burst: 4}\n");
-        let store = MemoryStore::default();
+        let limiter = on_k("rate_limit: {unit: second, requests_per_unit: 10, algorithm: token_bucket, burst: 4}");
         let mut model = BucketModel { interval_ms: 100, burst: 4, tat: 0 };
-        let mut admitted = Vec::new();
-        for (now, cost) in times(steps) {
-            let code = limiter.should_rate_limit_millis(&one("k", cost), &store, now).unwrap().overall_code;
-            prop_assert_eq!(code == Code::Ok, model.admit(now, cost), "at {} costing {}", now, cost);
-            if code == Code::Ok {
-                admitted.push((now, cost));
-            }
-        }
+        let admitted = play(&limiter, &mut model, steps)?;
         for (i, &(from, _)) in admitted.iter().enumerate() {
             for &(to, _) in &admitted[i..] {
                 let tokens: u64 = admitted.iter().filter(|(t, _)| (from..=to).contains(t)).map(|(_, c)| c).sum();

@@ -17,6 +17,15 @@ fn limiter(bounds: RequestBounds) -> Limiter {
     Limiter::new(&Config::from_yaml("b.yaml", RULES).unwrap(), settings)
 }
 
+/// A limiter whose bounds allow addends up to `max`, and an empty store.
+fn with_max_addend(max: u64) -> (Limiter, MemoryStore) {
+    let bounds = RequestBounds {
+        max_hits_addend: max,
+        ..RequestBounds::default()
+    };
+    (limiter(bounds), MemoryStore::default())
+}
+
 fn user(hits: u64) -> Request {
     Request::new(
         "b",
@@ -41,11 +50,7 @@ fn a_huge_addend_is_over_the_limit_and_cannot_reset_a_counter() {
 
 #[test]
 fn an_operator_bound_on_addends_is_refused_with_the_field() {
-    let bounds = RequestBounds {
-        max_hits_addend: 1_000,
-        ..RequestBounds::default()
-    };
-    let (limiter, store) = (limiter(bounds), MemoryStore::default());
+    let (limiter, store) = with_max_addend(1_000);
     let error = limiter
         .should_rate_limit(&user(5_000), &store, NOW)
         .unwrap_err();
@@ -69,11 +74,7 @@ fn an_operator_bound_on_addends_is_refused_with_the_field() {
 
 #[test]
 fn addends_at_the_bound_saturate_the_counter_instead_of_wrapping() {
-    let bounds = RequestBounds {
-        max_hits_addend: 1 << 63,
-        ..RequestBounds::default()
-    };
-    let (limiter, store) = (limiter(bounds), MemoryStore::default());
+    let (limiter, store) = with_max_addend(1 << 63);
     for _ in 0..3 {
         let response = limiter
             .should_rate_limit(&user(1 << 63), &store, NOW)
@@ -136,11 +137,7 @@ fn names_past_their_bound_are_refused_with_the_field() {
 
 #[test]
 fn a_request_wide_addend_past_the_bound_is_refused() {
-    let bounds = RequestBounds {
-        max_hits_addend: 10,
-        ..RequestBounds::default()
-    };
-    let (limiter, store) = (limiter(bounds), MemoryStore::default());
+    let (limiter, store) = with_max_addend(10);
     let mut request = Request::new("b", vec![Descriptor::new([("user", "mallory")])]);
     request.hits_addend = 11;
     assert_eq!(

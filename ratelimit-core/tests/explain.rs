@@ -1,40 +1,13 @@
 //! Explanations: which rule each descriptor meets and how, its counter, and the answer
 //! the current counts would give, without counting anything.
 
-use ratelimit_core::{
-    Code, Config, Descriptor, Limiter, MatchKind, MemoryStore, Outcome, Request, Settings,
-};
+use ratelimit_core::{Code, MatchKind, MemoryStore, Outcome, Request};
 
-const NOW: u64 = 1_700_000_000;
-const RULES: &str = r#"
-domain: x
-descriptors:
-  - key: user
-    rate_limit: {unit: minute, requests_per_unit: 2}
-    descriptors:
-      - key: path
-        value: "/api/*"
-        shadow_mode: true
-        rate_limit: {unit: hour, requests_per_unit: 1}
-  - key: open
-  - key: free
-    rate_limit: {unlimited: true}
-  - key: old
-    rate_limit: {name: old, unit: second, requests_per_unit: 5}
-  - key: new
-    rate_limit: {replaces: [{name: old}], unit: second, requests_per_unit: 9}
-"#;
-
-fn d(entries: &[(&str, &str)]) -> Descriptor {
-    Descriptor::new(entries.iter().copied())
-}
-
+mod support;
+use support::{NOW, d, fixture};
 #[test]
 fn explanations_name_the_rule_and_count_nothing() {
-    let limiter = Limiter::new(
-        &Config::from_yaml("x.yaml", RULES).unwrap(),
-        Settings::default(),
-    );
+    let limiter = support::limiter(&fixture("explain"));
     let store = MemoryStore::default();
     let user = Request::new("x", vec![d(&[("user", "a")])]);
     limiter.should_rate_limit(&user, &store, NOW).unwrap();
@@ -112,10 +85,7 @@ fn explanations_name_the_rule_and_count_nothing() {
 
 #[test]
 fn an_unknown_domain_is_explained_without_a_statistic() {
-    let limiter = Limiter::new(
-        &Config::from_yaml("x.yaml", RULES).unwrap(),
-        Settings::default(),
-    );
+    let limiter = support::limiter(&fixture("explain"));
     let explanation = limiter
         .explain(&Request::new("nowhere", vec![d(&[("user", "a")])]), NOW)
         .unwrap();

@@ -6,32 +6,11 @@ use ratelimit_core::{
     Code, Config, Descriptor, Limiter, MemoryStore, RateLimitHeaders, Request, Response, Settings,
 };
 
-const NOW: u64 = 1_700_000_000; // 20 seconds into a minute.
-
-const RULES: &str = "
-domain: p
-descriptors:
-  - key: quota
-    quota_mode: true
-    rate_limit: {unit: minute, requests_per_unit: 1}
-  - key: plain
-    rate_limit: {unit: minute, requests_per_unit: 5}
-  - key: free
-    metadata: {team: free}
-    rate_limit: {unlimited: true}
-  - key: tagged
-    metadata: {team: tagged}
-    rate_limit: {unit: minute, requests_per_unit: 1}
-  - key: window
-    rate_limit: {unit: minute, requests_per_unit: 3}
-  - key: sliding
-    rate_limit: {unit: minute, requests_per_unit: 3, algorithm: sliding_window}
-  - key: bucket
-    rate_limit: {unit: minute, requests_per_unit: 3, algorithm: token_bucket}
-";
+mod support;
+use support::{NOW, fixture};
 
 fn limiter_with(settings: Settings) -> Limiter {
-    Limiter::new(&Config::from_yaml("p.yaml", RULES).unwrap(), settings)
+    support::limiter_with(&fixture("parity"), settings)
 }
 
 fn limiter() -> Limiter {
@@ -43,18 +22,11 @@ fn d(key: &str, value: &str) -> Descriptor {
 }
 
 fn ask(limiter: &Limiter, store: &MemoryStore, descriptors: Vec<Descriptor>) -> Response {
-    limiter
-        .should_rate_limit(&Request::new("p", descriptors), store, NOW)
-        .unwrap()
+    support::ask(limiter, store, "p", descriptors)
 }
 
 fn stat(limiter: &Limiter, name: &str) -> u64 {
-    let name = format!("ratelimit.service.rate_limit.p.{name}");
-    let counters = limiter.stats().snapshot().counters();
-    counters
-        .iter()
-        .find(|(n, _)| *n == name)
-        .map_or(0, |(_, v)| *v)
+    support::counter(limiter, &format!("ratelimit.service.rate_limit.p.{name}")).unwrap_or(0)
 }
 
 #[test]

@@ -5,21 +5,12 @@ use std::collections::HashMap;
 use proptest::prelude::*;
 use ratelimit_core::{Code, Config, Descriptor, Limiter, MemoryStore, Request, Response, Settings};
 
-const RULES: &str = "
-domain: p
-descriptors:
-  - key: user
-    rate_limit: {unit: minute, requests_per_unit: 7}
-  - key: path
-    value: /a/*/b*
-    rate_limit: {unit: second, requests_per_unit: 3}
-";
+mod support;
+use support::fixture;
 
+/// A limiter on `fixtures/rules/properties.yaml`.
 fn limiter() -> Limiter {
-    Limiter::new(
-        &Config::from_yaml("p.yaml", RULES).unwrap(),
-        Settings::default(),
-    )
+    support::limiter(&fixture("properties"))
 }
 
 proptest! {
@@ -122,7 +113,7 @@ proptest! {
         ),
     ) {
         let settings = Settings { stop_cache_key_increment_when_overlimit: stop, ..Settings::default() };
-        let config = Config::from_yaml("p.yaml", RULES).unwrap();
+        let config = Config::from_yaml("p.yaml", &fixture("properties")).unwrap();
         let (direct, planned) = (Limiter::new(&config, settings.clone()), Limiter::new(&config, settings));
         let (a, b) = (MemoryStore::default(), MemoryStore::default());
         let mut calls = calls;
@@ -141,21 +132,6 @@ proptest! {
     }
 }
 
-const EVERY_KIND: &str = "
-domain: m
-descriptors:
-  - key: user
-    rate_limit: {unit: minute, requests_per_unit: 5}
-  - key: path
-    value: /a/*
-    share_threshold: true
-    rate_limit: {unit: minute, requests_per_unit: 4}
-  - key: slide
-    rate_limit: {unit: second, requests_per_unit: 3, algorithm: sliding_window}
-  - key: bucket
-    rate_limit: {unit: second, requests_per_unit: 2, algorithm: token_bucket, burst: 3}
-";
-
 proptest! {
     /// A plan's counters are the ones the in-process decision counts in, for every kind
     /// of limit (fixed, shared across a wildcard, overridden, sliding, bucket): decisions
@@ -164,7 +140,7 @@ proptest! {
     fn planned_and_in_process_decisions_count_in_the_same_counters(
         calls in proptest::collection::vec((0usize..5, 0u8..3, 0u64..200, any::<bool>()), 1..150),
     ) {
-        let config = Config::from_yaml("m.yaml", EVERY_KIND).unwrap();
+        let config = Config::from_yaml("m.yaml", &fixture("every_kind")).unwrap();
         let limiter = Limiter::new(&config, Settings::default());
         let (mixed, reference) = (MemoryStore::default(), MemoryStore::default());
         let mut calls = calls;
@@ -191,48 +167,7 @@ proptest! {
     }
 }
 
-/// Rules that a request is decided in one pass on (one plain limit per matched rule, of
-/// every algorithm, with shadow and quota modes, metadata and a whitelist), next to rules
-/// that send it through the plan (several `rate_limits`, `replaces`, a shared wildcard,
-/// `detailed_metric`).
-const ONE_PASS_AND_PLANNED: &str = "
-domain: o
-descriptors:
-  - key: user
-    metadata: {team: core}
-    rate_limit: {unit: minute, requests_per_unit: 5}
-  - key: route
-    value: /api
-    descriptors:
-      - key: user
-        quota_mode: true
-        rate_limit: {unit: second, requests_per_unit: 2}
-  - key: slide
-    rate_limit: {unit: second, requests_per_unit: 3, algorithm: sliding_window}
-  - key: free
-  - key: bucket
-    rate_limit: {unit: second, requests_per_unit: 2, algorithm: token_bucket, burst: 3}
-  - key: shadow
-    shadow_mode: true
-    rate_limit: {unit: minute, requests_per_unit: 1}
-  - key: ten
-    rate_limit: {unit: second, unit_multiplier: 10, requests_per_unit: 4}
-  - key: both
-    rate_limits:
-      - {name: burst, unit: second, requests_per_unit: 2}
-      - {name: daily, unit: day, requests_per_unit: 6}
-  - key: vip
-    rate_limit: {name: vip, unit: minute, requests_per_unit: 9, replaces: [{name: burst}]}
-  - key: path
-    value: /a/*
-    share_threshold: true
-    rate_limit: {unit: minute, requests_per_unit: 4}
-  - key: detail
-    detailed_metric: true
-    rate_limit: {unit: minute, requests_per_unit: 3}
-";
-
-/// One descriptor of [`ONE_PASS_AND_PLANNED`]'s domain, by `kind`, with a value from `value`.
+/// One descriptor of `fixtures/rules/one_pass_and_planned.yaml`'s domain, by `kind`, with a value from `value`.
 fn any_rule(kind: usize, value: u8) -> Descriptor {
     let v = format!("v{value}");
     let single = |key: &str| Descriptor::new([(key.to_owned(), v.clone())]);
@@ -267,7 +202,7 @@ proptest! {
         ),
     ) {
         let settings = Settings { shadow_mode: shadow, quota_mode: quota, ..Settings::default() };
-        let config = Config::from_yaml("o.yaml", ONE_PASS_AND_PLANNED).unwrap();
+        let config = Config::from_yaml("o.yaml", &fixture("one_pass_and_planned")).unwrap();
         let (in_process, planned) = (Limiter::new(&config, settings.clone()), Limiter::new(&config, settings));
         let (a, b) = (MemoryStore::default(), MemoryStore::default());
         let mut calls = calls;

@@ -1,42 +1,15 @@
 //! Rate Limit Quota Service buckets on the ShouldRateLimit rules: a bucket id maps to the
 //! descriptor its entries form when the rule tree is walked, with the same matching.
 
-use ratelimit_core::{Config, Entry, Limiter, QuotaRule, Settings, Unit};
+use ratelimit_core::{Entry, QuotaRule, Unit};
 
-const RULES: &str = "
-domain: q
-descriptors:
-  - key: tenant
-    value: acme
-    descriptors:
-      - key: user
-        rate_limit: {unit: minute, requests_per_unit: 20}
-  - key: tenant
-    descriptors:
-      - key: user
-        rate_limit: {unit: hour, requests_per_unit: 7}
-  - key: path
-    value: /api/*
-    rate_limit: {unit: second, requests_per_unit: 3}
-  - key: internal
-    rate_limit: {unlimited: true}
-  - key: blocked
-    rate_limit: {unit: minute, requests_per_unit: 0}
-  - key: watched
-    shadow_mode: true
-    rate_limit: {unit: minute, requests_per_unit: 0}
-  - key: client
-    rate_limits:
-      - {name: burst, unit: second, requests_per_unit: 2, algorithm: token_bucket, burst: 4}
-";
+mod support;
+use support::{fixture, limiter};
 
 const NOW_MS: u64 = 1_700_000_010_500;
 
 fn rule(bucket: &[(&str, &str)]) -> QuotaRule {
-    let limiter = Limiter::new(
-        &Config::from_yaml("q.yaml", RULES).unwrap(),
-        Settings::default(),
-    );
+    let limiter = limiter(&fixture("quota"));
     let entries: Vec<Entry> = bucket
         .iter()
         .map(|(k, v)| Entry {

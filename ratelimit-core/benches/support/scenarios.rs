@@ -4,26 +4,7 @@ use ratelimit_core::{Config, Descriptor, Limiter, MemoryStore, Request, Settings
 
 /// Rules large enough that no workload ever goes over its limit: every iteration takes
 /// the full decision path.
-pub const RULES: &str = "
-domain: bench
-descriptors:
-  - key: user
-    rate_limit: {unit: minute, requests_per_unit: 4000000000}
-  - key: route
-    value: /api
-    descriptors:
-      - key: user
-        rate_limit: {unit: minute, requests_per_unit: 4000000000}
-  - key: path
-    value: /api/v1/users/*
-    rate_limit: {unit: minute, requests_per_unit: 4000000000}
-  - key: client
-    rate_limit: {unit: minute, requests_per_unit: 4000000000}
-  - key: bucket
-    rate_limit: {unit: minute, requests_per_unit: 4000000000, algorithm: token_bucket}
-  - key: sliding
-    rate_limit: {unit: minute, requests_per_unit: 4000000000, algorithm: sliding_window}
-";
+pub const RULES: &str = include_str!("rules.yaml");
 
 /// A fixed clock: 20 seconds into a minute.
 pub const NOW: u64 = 1_700_000_000;
