@@ -20,13 +20,7 @@ use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::Streaming;
 
-const RULES: &str = "domain: q
-descriptors:
-  - {key: user, rate_limit: {unit: hour, requests_per_unit: 10}}
-  - {key: free, rate_limit: {unlimited: true}}
-  - {key: blocked, rate_limit: {unit: hour, requests_per_unit: 0}}
-  - {key: watched, shadow_mode: true, rate_limit: {unit: hour, requests_per_unit: 1}}
-";
+const RULES: &str = include_str!("fixtures/rlqs.yaml");
 
 fn usage(key: &str, value: &str, allowed: u64) -> BucketQuotaUsage {
     BucketQuotaUsage {
@@ -248,4 +242,34 @@ async fn streams_beyond_the_bound_are_refused_until_one_ends() {
     };
     send(&again, "q", vec![usage("free", "y", 1)]).await;
     assert_eq!(next(&mut answers).await, pairs(&[("free=y", "ALLOW_ALL")]));
+}
+
+/// Reported counts are bounded as ShouldRateLimit's addends are, and the statistics they
+/// feed saturate instead of wrapping.
+#[tokio::test]
+async fn huge_usage_reports_are_bounded_and_never_wrap_a_statistic() {
+    let mut options = Options::default();
+    options.files.push(("rules.yaml", RULES.to_owned()));
+    options.env.push(("MAX_HITS_ADDEND", "1000".to_owned()));
+    let bounded = Server::start_with(options);
+    let (reports, mut answers) = open(&bounded).await;
+    send(&reports, "q", vec![usage("watched", "x", u64::MAX)]).await;
+    let refused = answers.message().await.unwrap_err();
+    assert_eq!(refused.code(), tonic::Code::InvalidArgument);
+    assert!(refused.message().contains("MAX_HITS_ADDEND"), "{refused:?}");
+    assert_eq!(bounded.stat("ratelimit.rlqs.usage_refused").await, Some(1));
+
+    // Unbounded (the default, as upstream's uint64): counted, saturating.
+    let server = Server::start(&[("rules.yaml", RULES)]);
+    let (reports, mut answers) = open(&server).await;
+    for _ in 0..2 {
+        send(&reports, "q", vec![usage("watched", "y", u64::MAX - 1)]).await;
+        next(&mut answers).await;
+    }
+    let total = "ratelimit.service.rate_limit.q.watched.total_hits";
+    assert_eq!(
+        server.stat(total).await,
+        Some(u64::MAX),
+        "saturated, not wrapped"
+    );
 }

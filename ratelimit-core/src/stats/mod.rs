@@ -38,10 +38,14 @@ impl Counter {
         Counter(AtomicU64::new(0))
     }
 
-    /// Adds `n`.
+    /// Adds `n`, saturating: a counter never wraps back to a small value (an addend may
+    /// be as large as 2^64 - 1), so a collector never mistakes it for a restart.
     pub fn add(&self, n: u64) {
         if n != 0 {
-            self.0.fetch_add(n, Ordering::Relaxed);
+            let before = self.0.fetch_add(n, Ordering::Relaxed);
+            if before.checked_add(n).is_none() {
+                self.0.store(u64::MAX, Ordering::Relaxed);
+            }
         }
     }
 
@@ -97,7 +101,7 @@ impl RuleStats {
     pub fn total_hits(&self) -> u64 {
         self.within_limit
             .value()
-            .wrapping_add(self.not_within.value())
+            .saturating_add(self.not_within.value())
     }
 
     /// The value of `stat` now.
@@ -318,6 +322,17 @@ fn get_or_insert<T: Default>(map: &Map<T>, key: &str) -> Arc<T> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn counters_saturate_instead_of_wrapping() {
+        let stats = RuleStats::new();
+        stats.over_limit.add(u64::MAX - 10);
+        stats.over_limit.add(u64::MAX - 10);
+        assert_eq!(stats.over_limit.value(), u64::MAX);
+        stats.within_limit.add(u64::MAX);
+        stats.add_not_within(5);
+        assert_eq!(stats.total_hits(), u64::MAX);
+    }
 
     #[test]
     fn registry_shares_counters_by_name_and_snapshots_them() {

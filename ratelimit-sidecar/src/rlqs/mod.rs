@@ -58,6 +58,7 @@ struct Stats {
     buckets_refused: Arc<Counter>,
     streams_refused: Arc<Counter>,
     reserve_failed: Arc<Counter>,
+    usage_refused: Arc<Counter>,
 }
 
 impl Stats {
@@ -71,6 +72,7 @@ impl Stats {
             buckets_refused: counter("buckets_refused"),
             streams_refused: counter("streams_refused"),
             reserve_failed: counter("reserve_failed"),
+            usage_refused: counter("usage_refused"),
         }
     }
 }

@@ -114,6 +114,7 @@ impl EnvoyStream {
             let Some((key, entries)) = canonical(usage.bucket_id.as_ref())? else {
                 continue;
             };
+            self.check_counts(&usage)?;
             let known = self.buckets.contains_key(&key);
             let requests = usage.num_requests_allowed + usage.num_requests_denied;
             let elapsed = usage
@@ -145,6 +146,28 @@ impl EnvoyStream {
             out.extend(self.assign(&key, Some(&usage)).await);
         }
         Ok(out)
+    }
+
+    /// Refuses a usage whose counts are past MAX_HITS_ADDEND, as `ShouldRateLimit` refuses
+    /// such an addend: a report cannot count more hits at once than a request may.
+    fn check_counts(&self, usage: &BucketQuotaUsage) -> Result<(), Status> {
+        let bound = self
+            .shared
+            .service
+            .limiter
+            .settings()
+            .bounds
+            .max_hits_addend;
+        let counts = [usage.num_requests_allowed, usage.num_requests_denied];
+        if counts.iter().all(|&count| count <= bound) {
+            return Ok(());
+        }
+        self.shared.stats.usage_refused.add(1);
+        Err(Status::invalid_argument(format!(
+            "a bucket usage reports {} allowed and {} denied requests; at most {bound} \
+             (MAX_HITS_ADDEND) are accepted",
+            counts[0], counts[1]
+        )))
     }
 
     /// Windows that ended, and every bucket again after a reload.
@@ -332,7 +355,11 @@ impl EnvoyStream {
                 let before = total.saturating_sub(allowed);
                 allowed - allowed.min(u64::from(limit.requests_per_unit).saturating_sub(before))
             }
-            Err(_) => 0,
+            Err(error) => {
+                self.shared.stats.reserve_failed.add(1);
+                tracing::warn!(%error, "RLQS shadow-mode usage could not be counted");
+                0
+            }
         };
         limit.count_usage(allowed, denied, over);
     }
