@@ -273,3 +273,29 @@ async fn huge_usage_reports_are_bounded_and_never_wrap_a_statistic() {
         "saturated, not wrapped"
     );
 }
+
+/// A stream that stops reporting is ended after four assignment TTLs, so idle streams
+/// cannot hold every place under RLQS_MAX_STREAMS.
+#[tokio::test]
+async fn an_idle_stream_is_ended_and_frees_its_place() {
+    let mut options = Options::default();
+    options.files.push(("rules.yaml", RULES.to_owned()));
+    options.env.push(("RLQS_MAX_STREAMS", "1".to_owned()));
+    options.env.push(("RLQS_ASSIGNMENT_TTL", "1s".to_owned()));
+    let server = Server::start_with(options);
+    let (silent, mut silent_answers) = open(&server).await;
+    send(&silent, "q", vec![usage("free", "x", 1)]).await;
+    // (Not `next`: it checks the default assignment TTL.)
+    assert!(silent_answers.message().await.unwrap().is_some());
+    assert_eq!(
+        try_open(&server).await.unwrap_err().code(),
+        tonic::Code::ResourceExhausted
+    );
+    let ended = tokio::time::timeout(Duration::from_secs(10), silent_answers.message()).await;
+    assert!(matches!(ended, Ok(Ok(None))), "{ended:?}");
+    assert_eq!(server.stat("ratelimit.rlqs.streams_idle").await, Some(1));
+    let (again, mut answers) = open(&server).await;
+    send(&again, "q", vec![usage("free", "y", 1)]).await;
+    assert!(answers.message().await.unwrap().is_some());
+    drop(silent);
+}

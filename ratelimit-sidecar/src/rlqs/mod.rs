@@ -59,6 +59,7 @@ struct Stats {
     streams_refused: Arc<Counter>,
     reserve_failed: Arc<Counter>,
     usage_refused: Arc<Counter>,
+    streams_idle: Arc<Counter>,
 }
 
 impl Stats {
@@ -73,6 +74,7 @@ impl Stats {
             streams_refused: counter("streams_refused"),
             reserve_failed: counter("reserve_failed"),
             usage_refused: counter("usage_refused"),
+            streams_idle: counter("streams_idle"),
         }
     }
 }

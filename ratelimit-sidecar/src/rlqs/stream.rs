@@ -28,6 +28,10 @@ const MAX_BUCKETS_PER_STREAM: usize = 10_000;
 /// Entries of a bucket id, and bytes of each key or value.
 const MAX_BUCKET_ENTRIES: usize = 32;
 const MAX_BUCKET_TEXT: usize = 1_024;
+/// A stream that reports nothing for this many assignment TTLs is ended (every
+/// assignment it was sent has expired in its Envoy by then): idle streams do not hold
+/// places under RLQS_MAX_STREAMS. Envoy opens a new one with its next report.
+const IDLE_TTLS: u32 = 4;
 /// What Envoy's report interval is taken to be when a report does not say.
 const DEFAULT_ELAPSED: Duration = Duration::from_secs(5);
 
@@ -67,17 +71,28 @@ impl EnvoyStream {
     ) {
         let mut tick = tokio::time::interval(TICK);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+        let idle = self.shared.ttl * IDLE_TTLS;
+        let mut last_report = tokio::time::Instant::now();
         loop {
             let answer = tokio::select! {
                 report = reports.message() => match report {
-                    Ok(Some(report)) => self.on_report(report).await,
+                    Ok(Some(report)) => {
+                        last_report = tokio::time::Instant::now();
+                        self.on_report(report).await
+                    }
                     Ok(None) => break,
                     Err(status) => {
                         tracing::debug!(%status, stream = self.id, "RLQS stream ended");
                         break;
                     }
                 },
-                _ = tick.tick() => Ok(self.on_tick().await),
+                // Only a stream with buckets has windows and reloads to follow.
+                _ = tick.tick(), if !self.buckets.is_empty() => Ok(self.on_tick().await),
+                () = tokio::time::sleep_until(last_report + idle) => {
+                    tracing::debug!(stream = self.id, "RLQS stream ended: no report for {idle:?}");
+                    self.shared.stats.streams_idle.add(1);
+                    break;
+                }
                 () = out.closed() => break,
             };
             let sent = match answer {
