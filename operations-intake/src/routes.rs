@@ -370,7 +370,11 @@ async fn limit_and_produce(
     if produced.is_ok() {
         app.metrics.produced(started.elapsed(), batch.count);
     }
-    let ack = produced.map_err(|error| produce_failure(error, id))?;
+    // The limits counted the batch: a refusal now still says where they stand.
+    let ack = match produced {
+        Ok(ack) => ack,
+        Err(error) => return Err(produce_failure(error, id).with_limit_headers(limit_headers)),
+    };
     let mut reply = answer::accepted(&Accepted {
         id,
         count: batch.count,

@@ -350,6 +350,82 @@ async fn draft_11_headers_list_every_limit_that_applied() {
     assert_eq!(current[0].1[0], ("r".to_owned(), 0));
 }
 
+/// A `RateLimit-Policy` member: its name, `q` and `w`.
+type Policy = (String, i64, i64);
+
+/// The draft-11 fields of an answer, parsed as Structured Field lists: each policy's
+/// name with `q` and `w`, and the deciding one's name with `r` (what remains).
+fn draft_11(answer: &support::Answer) -> (Vec<Policy>, (String, i64)) {
+    let param = |params: &[(String, i64)], name: &str| {
+        let found = params.iter().find(|(k, _)| k == name);
+        found.unwrap_or_else(|| panic!("no {name} in {params:?}")).1
+    };
+    let fields = || format!("{} {:?}: {}", answer.status, answer.headers, answer.body);
+    let policy = answer
+        .header("ratelimit-policy")
+        .unwrap_or_else(|| panic!("no RateLimit-Policy: {}", fields()));
+    let current = answer
+        .header("ratelimit")
+        .unwrap_or_else(|| panic!("no RateLimit: {}", fields()));
+    let policies = sf_list(policy)
+        .into_iter()
+        .map(|(name, params)| {
+            let (q, w) = (param(&params, "q"), param(&params, "w"));
+            (name, q, w)
+        })
+        .collect();
+    let mut current = sf_list(current);
+    assert_eq!(current.len(), 1, "one limit decides: {}", fields());
+    let (name, params) = current.remove(0);
+    assert!(param(&params, "t") > 0, "{}", fields());
+    (policies, (name.clone(), param(&params, "r")))
+}
+
+/// Once the limits counted a batch, the answer says where they stand, whatever comes of
+/// the batch after: accepted, refused by the broker as too large (413) or not
+/// acknowledged (503), in the service's JSON and in problem details alike.
+#[tokio::test(flavor = "multi_thread")]
+async fn draft_11_headers_ride_every_answer_the_limits_decided() {
+    let env = [
+        ("LIMIT_RESPONSE_HEADERS_FORMAT", "ietf-draft-11"),
+        // The producer refuses a message over 2000 bytes; the body limit is far above.
+        ("KAFKA_PROPERTIES", "message.max.bytes=2000"),
+        ("KAFKA_DELIVERY_TIMEOUT", "3s"),
+    ];
+    let (tansu, _rules, service) = limited_intake("decided", "hour", &env).await;
+    let client = [("x-client-id", "e")];
+    let padded = format!("[{}{}]", operation("buy", "1", 1), " ".repeat(3000));
+    let problem = [("x-client-id", "e"), ("accept", "application/problem+json")];
+
+    let accepted = post(&service, &batch("buy", 1), &client).await;
+    assert_eq!(accepted.status, 202, "{}", accepted.body);
+    let (policies, decided) = draft_11(&accepted);
+    assert_eq!(policies.len(), 1, "{policies:?}");
+    assert_eq!((policies[0].1, policies[0].2), (10, 3600));
+    assert_eq!(decided, (policies[0].0.clone(), 9));
+
+    let too_large = post(&service, &padded, &client).await;
+    assert_eq!(too_large.status, 413, "{}", too_large.body);
+    assert_eq!(too_large.body["error"], "Request too large.");
+    assert_eq!(draft_11(&too_large).1.1, 8, "the batch was counted");
+
+    let as_problem = post(&service, &padded, &problem).await;
+    assert_eq!(as_problem.status, 413, "{}", as_problem.body);
+    assert_eq!(
+        as_problem.header("content-type"),
+        Some("application/problem+json")
+    );
+    assert_eq!(draft_11(&as_problem).1.1, 7);
+
+    // A frozen broker: the batch goes out before the probe notices, and times out.
+    tansu.pause();
+    let unacknowledged = post(&service, &batch("buy", 1), &client).await;
+    tansu.resume();
+    assert_eq!(unacknowledged.status, 503, "{}", unacknowledged.body);
+    assert_eq!(unacknowledged.body["error"], "Operations not acknowledged.");
+    assert_eq!(draft_11(&unacknowledged).1.1, 6);
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn idempotent_retries_produce_once() {
     let tansu = broker_with_topic("idem", 1).await;
