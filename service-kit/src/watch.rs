@@ -1,8 +1,11 @@
 //! Following files on disk, for every reloadable file of both services: the sidecar's
 //! rules and TLS certificate, the intake's rules and API keys. One implementation: a
 //! watcher turns each relevant change into a signal, and a task runs the reload once per
-//! burst of signals (editors and `cp` write in steps; a Kubernetes ConfigMap swaps a
-//! symbolic link).
+//! burst of signals, once the files have been quiet for [`SETTLE`] (editors and `cp`
+//! write in steps, and a slow rewrite in place can leave a half-written file that is
+//! still valid YAML for a moment; a Kubernetes ConfigMap swaps a symbolic link, at once).
+//! Writing by rename is always safe; a file rewritten in place is read once it has been
+//! still for [`SETTLE`], or after [`LONGEST_WAIT`] of constant writing.
 
 use std::future::Future;
 use std::path::{Path, PathBuf};
@@ -11,8 +14,10 @@ use std::time::Duration;
 use notify::{EventKind, RecommendedWatcher, RecursiveMode, Watcher};
 use tokio::sync::mpsc;
 
-/// Changes arriving within this window cause one reload.
-pub const SETTLE: Duration = Duration::from_millis(100);
+/// A reload waits until no change has arrived for this long.
+pub const SETTLE: Duration = Duration::from_millis(500);
+/// ... but no longer than this after the first change of a burst.
+pub const LONGEST_WAIT: Duration = Duration::from_secs(5);
 
 /// What to follow.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -122,8 +127,17 @@ where
     Fut: Future<Output = ()>,
 {
     while changes.recv().await.is_some() {
-        tokio::time::sleep(SETTLE).await;
-        while changes.try_recv().is_ok() {}
+        let first = tokio::time::Instant::now();
+        loop {
+            tokio::time::sleep(SETTLE).await;
+            let mut more = false;
+            while changes.try_recv().is_ok() {
+                more = true;
+            }
+            if !more || first.elapsed() >= LONGEST_WAIT {
+                break;
+            }
+        }
         reload().await;
     }
 }
@@ -169,6 +183,31 @@ mod tests {
         std::fs::rename(&aside, &file).unwrap();
         assert!(eventually(|| reloads.load(Ordering::SeqCst) == 2).await);
         drop(watch);
+    }
+
+    #[tokio::test]
+    async fn a_slow_rewrite_in_place_is_read_once_it_is_whole() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("rules.yaml");
+        std::fs::write(&file, "whole: yes\n").unwrap();
+        let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let reads = Arc::clone(&seen);
+        let path = file.clone();
+        let _watch = follow("the file", vec![Target::directory_of(&file)], move || {
+            reads
+                .lock()
+                .unwrap()
+                .push(std::fs::read_to_string(&path).unwrap());
+            async {}
+        })
+        .unwrap();
+        // Two halves 300 ms apart, each a valid YAML file on its own.
+        std::fs::write(&file, "first: half\n").unwrap();
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        std::fs::write(&file, "first: half\nsecond: half\n").unwrap();
+        assert!(eventually(|| !seen.lock().unwrap().is_empty()).await);
+        tokio::time::sleep(SETTLE * 2).await;
+        assert_eq!(*seen.lock().unwrap(), ["first: half\nsecond: half\n"]);
     }
 
     #[tokio::test]
