@@ -47,6 +47,8 @@ pub struct App {
     pub max_body_bytes: usize,
     /// `MAX_OPERATIONS`.
     pub max_operations: usize,
+    /// The domain checks: `MAX_UNIT_COST_DECIMALS` and `REJECT_OVERSELL`.
+    pub rules: batch::Rules,
     /// Statistics.
     pub metrics: Metrics,
     /// The followed files, by the name `/health` gives them.
@@ -241,7 +243,7 @@ fn validate(
     let parsed = if request::is_empty_array(body) {
         Ok(Batch::default())
     } else {
-        batch::parse_capped(body, app.max_operations, MAX_LISTED_PROBLEMS)
+        batch::parse_capped(body, app.max_operations, &app.rules, MAX_LISTED_PROBLEMS)
     };
     let mut omitted = 0;
     let batch = match parsed {

@@ -201,6 +201,10 @@ pub async fn run(settings: Settings) -> Result<(), StartError> {
         idempotency,
         max_body_bytes: settings.max_body_bytes,
         max_operations: settings.max_operations,
+        rules: crate::batch::Rules {
+            max_unit_cost_decimals: settings.max_unit_cost_decimals,
+            reject_oversell: settings.reject_oversell,
+        },
         metrics,
         files,
     });

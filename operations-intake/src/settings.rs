@@ -29,6 +29,16 @@ pub struct Settings {
     /// Most operations in one request (413 above it).
     #[arg(long, env = "MAX_OPERATIONS", default_value_t = 10_000)]
     pub max_operations: usize,
+    /// Refuse (400, at the operation's unit-cost) a unit cost with more decimal places
+    /// than this, counted on the value: trailing zeros do not count (10.10 has one, 1.5e-3
+    /// has four). Unset: any, within the schema's bounds.
+    #[arg(long, env = "MAX_UNIT_COST_DECIMALS")]
+    pub max_unit_cost_decimals: Option<u32>,
+    /// Refuse (400, at the operation's quantity) a batch that sells more than it bought:
+    /// walking it in order from a position of zero, plus the quantity of a buy and minus
+    /// that of a sell, the first operation that takes the position below zero.
+    #[arg(long, env = "REJECT_OVERSELL", default_value_t = false, action = ArgAction::Set)]
+    pub reject_oversell: bool,
     /// `HTTP_HEADER_READ_TIMEOUT`, `HTTP_IDLE_TIMEOUT` and `HTTP_MAX_CONNECTIONS`.
     #[command(flatten)]
     pub http: ratelimit_service_kit::serve::HttpLimitsSettings,
@@ -220,6 +230,8 @@ mod tests {
         assert_eq!(s.auth, AuthMode::ApiKeys);
         assert_eq!(s.idempotency_store, IdempotencyStore::Memory);
         assert_eq!(s.idempotency_claim_ttl, Duration::from_secs(60));
+        assert_eq!(s.max_unit_cost_decimals, None);
+        assert!(!s.reject_oversell);
     }
 
     #[test]

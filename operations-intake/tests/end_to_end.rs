@@ -426,6 +426,88 @@ async fn draft_11_headers_ride_every_answer_the_limits_decided() {
     assert_eq!(draft_11(&unacknowledged).1.1, 6);
 }
 
+/// MAX_UNIT_COST_DECIMALS and REJECT_OVERSELL refuse a batch (400) at the field at
+/// fault, before it counts against any limit; nothing is produced.
+#[tokio::test(flavor = "multi_thread")]
+async fn domain_checks_refuse_at_the_field_at_fault() {
+    let env = [
+        ("MAX_UNIT_COST_DECIMALS", "2"),
+        ("REJECT_OVERSELL", "true"),
+        ("LIMIT_RESPONSE_HEADERS_FORMAT", "ietf-draft-11"),
+    ];
+    let (tansu, _rules, service) = limited_intake("checked", "hour", &env).await;
+    let client = ("x-client-id", "f");
+    let problem = ("accept", "application/problem+json");
+    let located = |answer: &support::Answer| -> Vec<(u64, String, String)> {
+        assert_eq!(answer.status, 400, "{}", answer.body);
+        assert_eq!(answer.body["error"], "Invalid request.");
+        let errors = answer.body["errors"].as_array().unwrap();
+        errors
+            .iter()
+            .map(|e| {
+                let text = |name: &str| e[name].as_str().unwrap().to_owned();
+                (e["index"].as_u64().unwrap(), text("field"), text("message"))
+            })
+            .collect()
+    };
+
+    let fine = format!("[{}]", operation("buy", "10.125", 1));
+    let found = located(&post(&service, &fine, &[client]).await);
+    assert_eq!(found.len(), 1, "{found:?}");
+    assert_eq!((found[0].0, found[0].1.as_str()), (0, "unit-cost"));
+    assert!(found[0].2.contains("at most 2 decimal places"), "{found:?}");
+    let as_problem = post(&service, &fine, &[client, problem]).await;
+    assert_eq!(as_problem.status, 400, "{}", as_problem.body);
+    assert_eq!(as_problem.body["errors"][0]["pointer"], "#/0/unit-cost");
+
+    let short = format!(
+        "[{},{},{},{}]",
+        operation("buy", "10.10", 5),
+        operation("sell", "10.100", 3),
+        operation("sell", "11", 3),
+        operation("sell", "12", 9)
+    );
+    let found = located(&post(&service, &short, &[client]).await);
+    assert_eq!(found.len(), 1, "only the first short sale: {found:?}");
+    assert_eq!((found[0].0, found[0].1.as_str()), (2, "quantity"));
+    assert!(
+        found[0].2.contains("sells 3 units when the batch holds 2"),
+        "{found:?}"
+    );
+    let as_problem = post(&service, &short, &[client, problem]).await;
+    assert_eq!(as_problem.body["errors"][0]["pointer"], "#/2/quantity");
+    let alone = post(
+        &service,
+        &format!("[{}]", operation("sell", "1", 1)),
+        &[client, problem],
+    )
+    .await;
+    assert_eq!(
+        alone.body["errors"][0]["pointer"], "#/0/quantity",
+        "a position starts at zero: {}",
+        alone.body
+    );
+
+    // Refused before the limits: both sells of the limit of 2 an hour are still there.
+    let even = format!(
+        "[{},{},{}]",
+        operation("buy", "12.5e-1", 2),
+        operation("sell", "100e-3", 1),
+        operation("sell", "1", 1)
+    );
+    let good = post(&service, &even, &[client]).await;
+    assert_eq!(good.status, 202, "{}", good.body);
+    let (policies, (decided, remaining)) = draft_11(&good);
+    let sells = policies
+        .iter()
+        .find(|(name, _, _)| *name == decided)
+        .unwrap();
+    assert_eq!((sells.1, remaining), (2, 0), "{policies:?}");
+    let records = read_topic(&tansu.bootstrap(), "checked");
+    assert_eq!(records.len(), 1);
+    assert_eq!(records[0].value, even.as_bytes());
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn idempotent_retries_produce_once() {
     let tansu = broker_with_topic("idem", 1).await;

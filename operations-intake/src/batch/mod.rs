@@ -106,17 +106,38 @@ pub enum Rejection {
 
 const FIELDS: [&str; 3] = ["operation", "unit-cost", "quantity"];
 
-/// Validates `body` as a batch of at most `max_operations` operations.
-pub fn parse(body: &[u8], max_operations: usize) -> Result<Batch, Rejection> {
-    parse_capped(body, max_operations, usize::MAX).map_err(|(rejection, _)| rejection)
+/// The domain checks a batch must pass besides its shape; each is off unless configured.
+/// A batch that fails one is refused (400) with the problem at the field at fault, like
+/// any other validation problem.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Rules {
+    /// `MAX_UNIT_COST_DECIMALS`: most decimal places of a `unit-cost`'s value (trailing
+    /// zeros do not count: `1.50` has one, `1.5e-3` has four).
+    pub max_unit_cost_decimals: Option<u32>,
+    /// `REJECT_OVERSELL`: walking the batch in order from a position of zero (`+quantity`
+    /// for a buy, `-quantity` for a sell), the first operation that takes the position
+    /// below zero is refused at its `quantity`.
+    pub reject_oversell: bool,
 }
 
-/// As [`parse`], keeping only the first `max_problems` problems (at least one) and
+/// Validates `body` as a batch of at most `max_operations` operations, with no domain
+/// check ([`Rules::default`]).
+pub fn parse(body: &[u8], max_operations: usize) -> Result<Batch, Rejection> {
+    parse_with(body, max_operations, &Rules::default())
+}
+
+/// Validates `body` as a batch of at most `max_operations` operations that passes `rules`.
+pub fn parse_with(body: &[u8], max_operations: usize, rules: &Rules) -> Result<Batch, Rejection> {
+    parse_capped(body, max_operations, rules, usize::MAX).map_err(|(rejection, _)| rejection)
+}
+
+/// As [`parse_with`], keeping only the first `max_problems` problems (at least one) and
 /// counting the others, the number beside the rejection: a 1 MiB body of 110 000 unknown
 /// fields then holds 100 problems in memory, not 110 000.
 pub fn parse_capped(
     body: &[u8],
     max_operations: usize,
+    rules: &Rules,
     max_problems: usize,
 ) -> Result<Batch, (Rejection, usize)> {
     let invalid = |problem| (Rejection::Invalid(vec![problem]), 0);
@@ -136,20 +157,24 @@ pub fn parse_capped(
     }
     let mut problems = Found::new(max_problems);
     let mut batch = Batch::default();
+    let mut position = rules.reject_oversell.then(Position::default);
     for (index, item) in items.iter().enumerate() {
-        match item {
-            Item::Object(fields) => {
-                if let Some(kind) = check_operation(index, fields, &mut problems) {
-                    batch.count += 1;
-                    match kind {
-                        Kind::Buy => batch.buys += 1,
-                        Kind::Sell => batch.sells += 1,
-                    }
-                }
-            }
+        let checked = match item {
+            Item::Object(fields) => check_operation(index, fields, rules, &mut problems),
             Item::Other => {
-                problems.add(|| Problem::at(index, None, "each operation must be a JSON object"))
+                problems.add(|| Problem::at(index, None, "each operation must be a JSON object"));
+                Checked::default()
             }
+        };
+        if let Some(kind) = checked.valid {
+            batch.count += 1;
+            match kind {
+                Kind::Buy => batch.buys += 1,
+                Kind::Sell => batch.sells += 1,
+            }
+        }
+        if let Some(walk) = &mut position {
+            walk.step(index, &checked, &mut problems);
         }
     }
     if problems.count() == 0 {
@@ -189,16 +214,79 @@ impl Found {
     }
 }
 
-/// Checks one operation object, recording its problems; its kind when it is valid.
+/// What one operation turned out to be.
+#[derive(Clone, Copy, Debug, Default)]
+struct Checked {
+    /// Its kind, when `operation` is valid.
+    kind: Option<Kind>,
+    /// Its quantity, when `quantity` is valid.
+    quantity: Option<u64>,
+    /// Its kind, when the whole operation is valid.
+    valid: Option<Kind>,
+}
+
+/// `REJECT_OVERSELL`: the batch's running position, from zero, while every operation so
+/// far has a known kind and quantity.
+#[derive(Debug)]
+enum Position {
+    /// Units held after the operations so far (at most 2^64-1 units times a usize of
+    /// operations: an i128 holds it).
+    Held(i128),
+    /// An operation had no known kind or quantity, so the position is unknown from
+    /// there, or one sold short already (only the first is reported).
+    Done,
+}
+
+impl Default for Position {
+    fn default() -> Position {
+        Position::Held(0)
+    }
+}
+
+impl Position {
+    /// Applies the operation at `index`, recording a problem if it sells short.
+    fn step(&mut self, index: usize, checked: &Checked, problems: &mut Found) {
+        let Position::Held(held) = *self else {
+            return;
+        };
+        let (Some(kind), Some(quantity)) = (checked.kind, checked.quantity) else {
+            *self = Position::Done;
+            return;
+        };
+        let after = match kind {
+            Kind::Buy => held + i128::from(quantity),
+            Kind::Sell => held - i128::from(quantity),
+        };
+        *self = if after < 0 {
+            problems.add(|| {
+                Problem::at(
+                    index,
+                    Some("quantity"),
+                    format!(
+                        "sells {quantity} units when the batch holds {held}: a batch may not sell more than it bought before it (its position starts at zero)"
+                    ),
+                )
+            });
+            Position::Done
+        } else {
+            Position::Held(after)
+        };
+    }
+}
+
+/// Checks one operation object against the schema and the unit-cost rule of `rules`,
+/// recording its problems.
 fn check_operation(
     index: usize,
     fields: &[(String, &RawValue)],
+    rules: &Rules,
     problems: &mut Found,
-) -> Option<Kind> {
+) -> Checked {
     let before = problems.count();
     // Duplicates are only looked for among the known fields: a set of three, so a body
     // of 50 000 unknown fields then 50 000 `quantity` costs no 50 000² comparisons.
     let mut seen = [false; FIELDS.len()];
+    let mut duplicated = [false; FIELDS.len()];
     for (name, _) in fields {
         match FIELDS.iter().position(|known| known == name) {
             None => problems.add(|| {
@@ -209,6 +297,7 @@ fn check_operation(
                 )
             }),
             Some(k) if seen[k] => {
+                duplicated[k] = true;
                 problems.add(|| Problem::at(index, Some(name), "duplicate field"));
             }
             Some(k) => seen[k] = true,
@@ -227,25 +316,56 @@ fn check_operation(
     }
     match field("unit-cost") {
         None => problems.add(|| Problem::at(index, Some("unit-cost"), "missing field")),
-        Some(raw) => {
-            if let Err(message) = check_unit_cost(raw) {
-                problems.add(|| Problem::at(index, Some("unit-cost"), message));
-            }
-        }
+        Some(raw) => match check_unit_cost(raw) {
+            Err(message) => problems.add(|| Problem::at(index, Some("unit-cost"), message)),
+            Ok(()) => match rules.max_unit_cost_decimals {
+                Some(max) if decimal_places(raw) > u64::from(max) => problems.add(|| {
+                    Problem::at(
+                        index,
+                        Some("unit-cost"),
+                        format!(
+                            "must have at most {max} decimal places; it has {}",
+                            decimal_places(raw)
+                        ),
+                    )
+                }),
+                _ => {}
+            },
+        },
     }
+    let mut quantity = None;
     match field("quantity") {
         None => problems.add(|| Problem::at(index, Some("quantity"), "missing field")),
-        Some(raw) => {
-            if let Err(message) = check_quantity(raw) {
-                problems.add(|| Problem::at(index, Some("quantity"), message));
-            }
-        }
+        Some(raw) => match check_quantity(raw) {
+            Ok(n) => quantity = Some(n),
+            Err(message) => problems.add(|| Problem::at(index, Some("quantity"), message)),
+        },
     }
-    if problems.count() == before {
-        kind
-    } else {
-        None
+    // A field given twice has no one value: the position cannot follow it.
+    Checked {
+        kind: kind.filter(|_| !duplicated[0]),
+        quantity: quantity.filter(|_| !duplicated[2]),
+        valid: kind.filter(|_| problems.count() == before),
     }
+}
+
+/// The decimal places of a unit cost's value, `raw` having passed [`check_unit_cost`]:
+/// the digits after the point once the exponent is applied and trailing zeros dropped
+/// (`10.10` has 1, `1.5e-3` has 4, `2.5E+3` and `0.000` have none).
+fn decimal_places(raw: &str) -> u64 {
+    let (mantissa, exponent) = match raw.split_once(['e', 'E']) {
+        Some((mantissa, exponent)) => (mantissa, bounded_exponent(exponent).unwrap_or(0)),
+        None => (raw, 0),
+    };
+    let mantissa = mantissa.trim_start_matches('-');
+    let (integer, fraction) = mantissa.split_once('.').unwrap_or((mantissa, ""));
+    let digits = || integer.bytes().chain(fraction.bytes());
+    if digits().all(|b| b == b'0') {
+        return 0;
+    }
+    let trailing_zeros = digits().rev().take_while(|&b| b == b'0').count() as i64;
+    let scale = fraction.len() as i64 - exponent - trailing_zeros;
+    u64::try_from(scale).unwrap_or(0)
 }
 
 /// Most digits a unit cost may be written with, integer and fraction digits together.
@@ -323,7 +443,7 @@ fn magnitude(mantissa: &str, exponent: i64) -> Option<i64> {
 }
 
 /// A quantity is a whole number written without fraction or exponent, from 1 to 2^64-1.
-fn check_quantity(raw: &str) -> Result<(), &'static str> {
+fn check_quantity(raw: &str) -> Result<u64, &'static str> {
     if !is_number(raw) {
         return Err("must be a JSON number");
     }
@@ -335,7 +455,7 @@ fn check_quantity(raw: &str) -> Result<(), &'static str> {
     }
     match raw.parse::<u64>() {
         Ok(0) => Err("must be greater than zero"),
-        Ok(_) => Ok(()),
+        Ok(n) => Ok(n),
         Err(_) => Err("must fit in 64 bits (at most 18446744073709551615)"),
     }
 }
@@ -550,7 +670,8 @@ mod tests {
     fn problems_past_the_cap_are_only_counted() {
         let fields: Vec<String> = (0..110_000).map(|i| format!("\"{i:x}\":0")).collect();
         let body = format!("[{{{}}}]", fields.join(","));
-        let Err((Rejection::Invalid(kept), omitted)) = parse_capped(body.as_bytes(), 10, 100)
+        let Err((Rejection::Invalid(kept), omitted)) =
+            parse_capped(body.as_bytes(), 10, &Rules::default(), 100)
         else {
             panic!("refused")
         };
@@ -577,6 +698,140 @@ mod tests {
             50_000 + 49_999 + 2,
             "and no operation or unit-cost"
         );
+    }
+
+    fn with_rules(body: &str, rules: Rules) -> Vec<(Option<usize>, Option<String>, String)> {
+        match parse_with(body.as_bytes(), 10, &rules) {
+            Ok(_) => Vec::new(),
+            Err(Rejection::Invalid(found)) => found
+                .into_iter()
+                .map(|p| (p.index, p.field, p.message))
+                .collect(),
+            Err(other) => panic!("{body}: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn decimal_places_are_counted_on_the_value() {
+        let cases = [
+            ("10", 0),
+            ("10.10", 1),
+            ("10.100", 1),
+            ("0.015", 3),
+            ("1.5e-3", 4),
+            ("100e-3", 1),
+            ("2.5E+3", 0),
+            ("1234.5e2", 0),
+            ("0.000", 0),
+            ("-0.0e5", 0),
+            ("0e-38", 0),
+            ("1e-38", 38),
+            ("0.12e-36", 38),
+        ];
+        for (cost, places) in cases {
+            assert_eq!(decimal_places(cost), places, "{cost}");
+        }
+    }
+
+    #[test]
+    fn max_unit_cost_decimals_refuses_finer_costs_at_their_unit_cost() {
+        let body = r#"[{"operation":"buy","unit-cost":10.125,"quantity":1},
+                       {"operation":"buy","unit-cost":10.120,"quantity":1},
+                       {"operation":"buy","unit-cost":1e-2,"quantity":1},
+                       {"operation":"buy","unit-cost":5e-3,"quantity":1}]"#;
+        assert!(
+            with_rules(body, Rules::default()).is_empty(),
+            "off by default"
+        );
+        let two = Rules {
+            max_unit_cost_decimals: Some(2),
+            ..Rules::default()
+        };
+        let found = with_rules(body, two);
+        let at: Vec<_> = found.iter().map(|(i, f, _)| (*i, f.as_deref())).collect();
+        assert_eq!(
+            at,
+            [(Some(0), Some("unit-cost")), (Some(3), Some("unit-cost"))]
+        );
+        assert_eq!(found[0].2, "must have at most 2 decimal places; it has 3");
+        let zero = Rules {
+            max_unit_cost_decimals: Some(0),
+            ..Rules::default()
+        };
+        let whole = r#"[{"operation":"buy","unit-cost":1.0e3,"quantity":1}]"#;
+        assert!(with_rules(whole, zero).is_empty());
+        // A cost outside the schema's bounds gets that problem alone.
+        let out = r#"[{"operation":"buy","unit-cost":1e-39,"quantity":1}]"#;
+        assert_eq!(with_rules(out, two).len(), 1);
+    }
+
+    #[test]
+    fn reject_oversell_refuses_the_first_operation_that_sells_short() {
+        let op = |kind: &str, quantity: &str| {
+            format!(r#"{{"operation":"{kind}","unit-cost":1,"quantity":{quantity}}}"#)
+        };
+        let on = Rules {
+            reject_oversell: true,
+            ..Rules::default()
+        };
+        let body = |ops: &[String]| format!("[{}]", ops.join(","));
+        let even = body(&[op("buy", "5"), op("sell", "3"), op("sell", "2")]);
+        assert!(with_rules(&even, on).is_empty(), "back to zero is fine");
+        let short = body(&[
+            op("buy", "5"),
+            op("sell", "3"),
+            op("sell", "3"),
+            op("sell", "9"),
+        ]);
+        assert!(
+            with_rules(&short, Rules::default()).is_empty(),
+            "off by default"
+        );
+        let found = with_rules(&short, on);
+        assert_eq!(found.len(), 1, "only the first: {found:?}");
+        assert_eq!(
+            (found[0].0, found[0].1.as_deref()),
+            (Some(2), Some("quantity"))
+        );
+        assert!(
+            found[0].2.contains("sells 3 units when the batch holds 2"),
+            "{}",
+            found[0].2
+        );
+        assert_eq!(
+            with_rules(&body(&[op("sell", "1")]), on)[0].0,
+            Some(0),
+            "a position starts at zero"
+        );
+        // Quantities up to 2^64-1 neither overflow nor wrap.
+        let max = "18446744073709551615";
+        let big = body(&[
+            op("buy", max),
+            op("buy", max),
+            op("sell", max),
+            op("sell", max),
+        ]);
+        assert!(with_rules(&big, on).is_empty());
+        let big_short = body(&[op("buy", max), op("sell", max), op("sell", "1")]);
+        assert_eq!(with_rules(&big_short, on)[0].0, Some(2));
+        // An operation whose kind or quantity is unknown ends the walk: its own problem
+        // is reported, and nothing after it is judged.
+        let unknown = body(&[op("buy", "1"), op("hold", "1"), op("sell", "5")]);
+        let found = with_rules(&unknown, on);
+        assert_eq!(found.len(), 1, "{found:?}");
+        assert_eq!(found[0].1.as_deref(), Some("operation"));
+        // A short sale before a bad operation is reported with it.
+        let both = body(&[op("sell", "1"), op("buy", "1.5")]);
+        let found = with_rules(&both, on);
+        let at: Vec<_> = found.iter().map(|(i, f, _)| (*i, f.as_deref())).collect();
+        assert_eq!(
+            at,
+            [(Some(0), Some("quantity")), (Some(1), Some("quantity"))]
+        );
+        let twice = r#"[{"operation":"sell","unit-cost":1,"quantity":1,"quantity":5}]"#;
+        let found = with_rules(twice, on);
+        assert_eq!(found.len(), 1, "the duplicate only, no walk: {found:?}");
+        assert_eq!(found[0].2, "duplicate field");
     }
 
     #[test]
