@@ -101,7 +101,7 @@ impl FileSource {
         if self.watch_root {
             vec![Target::Entry(self.root.clone())]
         } else {
-            tracing::info!(
+            tracing::warn!(
                 settle = ?ratelimit_service_kit::watch::SETTLE,
                 "RUNTIME_WATCH_ROOT=false: a rule file is read once it has been still for a moment; write files by rename (a rewrite in place slower than that can be read half-written)"
             );
