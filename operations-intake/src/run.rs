@@ -93,6 +93,13 @@ pub async fn run(settings: Settings) -> Result<(), StartError> {
     let auth = Arc::new(Auth::new(settings.auth));
     // Held until the end of the run: the certificate is followed while it lives.
     let tls = tls(&settings)?;
+    let answer_within = settings.ratelimit_timeout + settings.kafka_delivery_timeout;
+    if settings.http.http_request_timeout <= answer_within {
+        return Err(StartError::Setting(format!(
+            "HTTP_REQUEST_TIMEOUT ({:?}) must be longer than RATELIMIT_TIMEOUT + KAFKA_DELIVERY_TIMEOUT ({answer_within:?}): a batch waiting for its acknowledgement would be cut off",
+            settings.http.http_request_timeout
+        )));
+    }
     match (settings.auth, &settings.api_keys_file) {
         (AuthMode::ApiKeys, Some(path)) => {
             let keys = Arc::clone(&auth);

@@ -42,6 +42,9 @@ pub struct ConnectionLimits {
     pub header_read_timeout: Duration,
     /// A connection that neither sends nor receives a byte for this long is closed.
     pub idle_timeout: Duration,
+    /// Time a request may take from its first byte to the first byte of its answer: a
+    /// body trickled a byte at a time cannot hold a connection past it.
+    pub request_timeout: Duration,
 }
 
 /// The connection cap (`max_connections`), shared by every listener of one server.
@@ -231,33 +234,59 @@ where
         result = connection => if let Err(error) = result {
             tracing::debug!(%error, "HTTP connection ended with an error");
         },
-        () = activity.stalled(limits.idle_timeout) => {
-            tracing::debug!(timeout = ?limits.idle_timeout, "closing an HTTP connection that made no progress");
+        () = activity.stalled(limits.idle_timeout, limits.request_timeout) => {
+            tracing::debug!(
+                idle = ?limits.idle_timeout,
+                request = ?limits.request_timeout,
+                "closing an HTTP connection that made no progress or took too long over a request"
+            );
         }
     }
 }
 
-/// When a connection last moved a byte, in milliseconds since it opened.
+/// No request is being read: the connection last wrote, or has read nothing yet.
+const ANSWERED: u64 = u64::MAX;
+
+/// When a connection last moved a byte, and since when it has been reading a request
+/// without answering it, in milliseconds since it opened.
 struct Activity {
     opened: Instant,
     last_ms: AtomicU64,
+    reading_since_ms: AtomicU64,
 }
 
 impl Activity {
-    fn touch(&self) {
-        let ms = u64::try_from(self.opened.elapsed().as_millis()).unwrap_or(u64::MAX);
-        self.last_ms.store(ms, Ordering::Relaxed);
+    fn now_ms(&self) -> u64 {
+        u64::try_from(self.opened.elapsed().as_millis()).unwrap_or(u64::MAX - 1)
     }
 
-    /// Completes once no byte has moved for `timeout`.
-    async fn stalled(&self, timeout: Duration) {
+    /// A byte moved: read (a request being received) or written (an answer).
+    fn touch(&self, read: bool) {
+        let ms = self.now_ms();
+        self.last_ms.store(ms, Ordering::Relaxed);
+        if !read {
+            self.reading_since_ms.store(ANSWERED, Ordering::Relaxed);
+        } else if self.reading_since_ms.load(Ordering::Relaxed) == ANSWERED {
+            self.reading_since_ms.store(ms, Ordering::Relaxed);
+        }
+    }
+
+    /// Completes once no byte has moved for `idle`, or a request has been read for
+    /// `request` without a byte of its answer.
+    async fn stalled(&self, idle: Duration, request: Duration) {
         loop {
-            let last = self.opened + Duration::from_millis(self.last_ms.load(Ordering::Relaxed));
-            let deadline = last + timeout;
+            let at = |ms: u64| self.opened + Duration::from_millis(ms);
+            let mut deadline = at(self.last_ms.load(Ordering::Relaxed)) + idle;
+            let reading = self.reading_since_ms.load(Ordering::Relaxed);
+            if reading != ANSWERED {
+                deadline = deadline.min(at(reading) + request);
+            }
             if Instant::now() >= deadline {
                 return;
             }
-            tokio::time::sleep_until(deadline).await;
+            // Woken at least every second, so a request that starts later is timed too.
+            let wake = deadline.min(Instant::now() + Duration::from_secs(1));
+            tokio::time::sleep_until(wake).await;
         }
     }
 }
@@ -273,6 +302,7 @@ impl<S> Watched<S> {
         let activity = Arc::new(Activity {
             opened: Instant::now(),
             last_ms: AtomicU64::new(0),
+            reading_since_ms: AtomicU64::new(ANSWERED),
         });
         let watched = Watched {
             inner,
@@ -281,9 +311,14 @@ impl<S> Watched<S> {
         (watched, activity)
     }
 
-    fn progress<T>(&self, poll: Poll<io::Result<T>>, moved: bool) -> Poll<io::Result<T>> {
+    fn progress<T>(
+        &self,
+        poll: Poll<io::Result<T>>,
+        moved: bool,
+        read: bool,
+    ) -> Poll<io::Result<T>> {
         if moved && matches!(poll, Poll::Ready(Ok(_))) {
-            self.activity.touch();
+            self.activity.touch(read);
         }
         poll
     }
@@ -298,7 +333,7 @@ impl<S: AsyncRead + Unpin> AsyncRead for Watched<S> {
         let before = buf.filled().len();
         let poll = Pin::new(&mut self.inner).poll_read(cx, buf);
         let moved = buf.filled().len() > before;
-        self.progress(poll, moved)
+        self.progress(poll, moved, true)
     }
 }
 
@@ -310,7 +345,7 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Watched<S> {
     ) -> Poll<io::Result<usize>> {
         let poll = Pin::new(&mut self.inner).poll_write(cx, buf);
         let moved = matches!(poll, Poll::Ready(Ok(n)) if n > 0);
-        self.progress(poll, moved)
+        self.progress(poll, moved, false)
     }
 
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
@@ -328,7 +363,7 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Watched<S> {
     ) -> Poll<io::Result<usize>> {
         let poll = Pin::new(&mut self.inner).poll_write_vectored(cx, bufs);
         let moved = matches!(poll, Poll::Ready(Ok(n)) if n > 0);
-        self.progress(poll, moved)
+        self.progress(poll, moved, false)
     }
 
     fn is_write_vectored(&self) -> bool {
@@ -346,6 +381,10 @@ pub struct HttpLimitsSettings {
     /// A connection that moves no byte for this long is closed (a stalled body).
     #[arg(long, env, default_value = "60s", value_parser = go_duration)]
     pub http_idle_timeout: Duration,
+    /// Time a request may take from its first byte to the first byte of its answer; a
+    /// connection past it is closed (a body trickled a byte at a time).
+    #[arg(long, env, default_value = "30s", value_parser = go_duration)]
+    pub http_request_timeout: Duration,
     /// Open connections per listener at most (every worker's HTTP listener counts as one
     /// listener); more wait in the listen backlog.
     #[arg(long, env, default_value_t = 1024)]
@@ -358,6 +397,7 @@ impl HttpLimitsSettings {
         ConnectionLimits {
             header_read_timeout: self.http_header_read_timeout,
             idle_timeout: self.http_idle_timeout,
+            request_timeout: self.http_request_timeout,
         }
     }
 
