@@ -14,7 +14,6 @@ use warp::http::{HeaderMap, HeaderName, HeaderValue, Response, StatusCode};
 
 use crate::batch::Problem;
 use crate::limits::LimitHeaders;
-use crate::problem::{self, Style};
 
 /// An HTTP answer.
 pub type Reply = Response<Bytes>;
@@ -214,14 +213,6 @@ impl Failure {
         self
     }
 
-    /// The answer in `style`.
-    pub fn render(self, style: Style) -> Reply {
-        match style {
-            Style::Json => self.into_reply(),
-            Style::Problem => problem::reply(*self.0),
-        }
-    }
-
     /// Adds rate-limit headers to the answer.
     pub fn with_limit_headers(mut self, pairs: LimitHeaders) -> Failure {
         add_limit_headers(&mut self.0.headers, pairs);
@@ -235,6 +226,11 @@ impl Failure {
 
     /// The answer: JSON with `error`, `message`, and `id`, `errors` (at most
     /// [`MAX_LISTED_PROBLEMS`]) and `errors_omitted` where they apply.
+    pub(crate) fn into_refusal(self) -> Refusal {
+        *self.0
+    }
+
+    /// The answer as today's JSON.
     pub fn into_reply(self) -> Reply {
         let refusal = *self.0;
         #[derive(Serialize)]

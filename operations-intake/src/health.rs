@@ -13,9 +13,9 @@ use serde_json::json;
 use warp::http::StatusCode;
 
 use crate::answer::{Reply, json_reply};
+use crate::app::App;
 use crate::files::LastLoad;
 use crate::kafka::BrokerHealth;
-use crate::routes::App;
 
 /// The application's name, as the original service reported it.
 pub const APP: &str = "operations-service";

@@ -7,6 +7,7 @@
 //! answer waits for `acks=all`) and never recorded twice by a retry (`Idempotency-Key`).
 
 pub mod answer;
+pub mod app;
 pub mod auth;
 pub mod batch;
 pub mod files;

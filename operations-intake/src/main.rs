@@ -1,4 +1,4 @@
-//! `operations-intake`: see the README's section on the service for every setting.
+//! `operations-intake`: the service; docs/intake.md describes it and every setting.
 
 use std::io::Write as _;
 use std::path::Path;

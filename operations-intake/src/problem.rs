@@ -9,7 +9,7 @@ use serde::Serialize;
 use warp::http::header::{ACCEPT, CONTENT_TYPE};
 use warp::http::{HeaderMap, HeaderValue};
 
-use crate::answer::{Kind, Refusal, Reply, json_reply, listed};
+use crate::answer::{Failure, Kind, Refusal, Reply, json_reply, listed};
 use crate::batch::Problem;
 
 /// The media type of a problem.
@@ -124,6 +124,14 @@ fn fragment(name: &str) -> String {
 }
 
 /// The problem details of `refusal`, with its headers.
+/// `failure` in `style`: today's JSON, or problem details.
+pub fn render(failure: Failure, style: Style) -> Reply {
+    match style {
+        Style::Json => failure.into_reply(),
+        Style::Problem => reply(failure.into_refusal()),
+    }
+}
+
 pub(crate) fn reply(refusal: Refusal) -> Reply {
     #[derive(Serialize)]
     struct Body<'a> {
@@ -213,7 +221,7 @@ mod tests {
             Problem::header("Idempotency-Key", "bad key"),
             Problem::body("not an array"),
         ];
-        let reply = Failure::invalid(problems, false).render(Style::Problem);
+        let reply = render(Failure::invalid(problems, false), Style::Problem);
         assert_eq!(reply.headers()[CONTENT_TYPE], PROBLEM_JSON);
         let body: serde_json::Value = serde_json::from_slice(reply.body()).unwrap();
         assert_eq!(

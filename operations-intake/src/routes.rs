@@ -9,7 +9,7 @@ use std::time::{Instant, SystemTime};
 
 use bytes::{Buf, Bytes};
 use futures_util::Stream;
-use ratelimit_core::{HeaderFormat, Retry};
+use ratelimit_core::Retry;
 use ratelimit_service_kit::serve::{Peer, PeerCertificate};
 use warp::Filter;
 use warp::http::header::{ALLOW, CONTENT_TYPE, RETRY_AFTER, WWW_AUTHENTICATE};
@@ -19,41 +19,16 @@ use crate::answer::{
     self, ACCEPTED, Accepted, Failure, Kind, MAX_LISTED_PROBLEMS, Reply, add_limit_headers,
     json_type,
 };
-use crate::auth::{self, Auth, Caller, Client, Scopes};
+pub use crate::app::App;
+use crate::auth::{self, Caller, Client, Scopes};
 use crate::batch::{self, Batch, Rejection};
-use crate::files::Followed;
 use crate::health;
 use crate::idempotency::{self, Claim, Pending};
-use crate::kafka::{Kafka, MessageMeta, ProduceError};
-use crate::limits::{LimitHeaders, Limits, Verdict};
-use crate::metrics::Metrics;
-use crate::problem::Style;
+use crate::kafka::{MessageMeta, ProduceError};
+use crate::limits::{LimitHeaders, Verdict};
+use crate::problem::{self, Style};
 use crate::request::{self, client_header, peer_id, read_body};
 pub use crate::request::{client_id, idempotency_key, is_json};
-
-/// Everything a request needs.
-pub struct App {
-    /// Who may send.
-    pub auth: Arc<Auth>,
-    /// Rate limits.
-    pub limits: Arc<Limits>,
-    /// LIMIT_RESPONSE_HEADERS_FORMAT.
-    pub headers_format: HeaderFormat,
-    /// The producer.
-    pub kafka: Arc<Kafka>,
-    /// Remembered answers for `Idempotency-Key`.
-    pub idempotency: idempotency::Store,
-    /// `MAX_BODY_BYTES`.
-    pub max_body_bytes: usize,
-    /// `MAX_OPERATIONS`.
-    pub max_operations: usize,
-    /// The domain checks: `MAX_UNIT_COST_DECIMALS` and `REJECT_OVERSELL`.
-    pub rules: batch::Rules,
-    /// Statistics.
-    pub metrics: Metrics,
-    /// The followed files, by the name `/health` gives them.
-    pub files: Vec<(&'static str, Arc<Followed>)>,
-}
 
 /// The service as one warp filter.
 pub fn routes(
@@ -81,11 +56,11 @@ pub fn routes(
                         let connection = Connection { peer, certificate };
                         let answer =
                             route(&app, &method, path.as_str(), &headers, connection, body).await;
-                        answer.unwrap_or_else(|refusal| refusal.render(style))
+                        answer.unwrap_or_else(|refusal| problem::render(refusal, style))
                     });
                     task.await.unwrap_or_else(|error| {
                         tracing::error!(%error, "request handler failed");
-                        Failure::new(Kind::Internal, "internal error").render(style)
+                        problem::render(Failure::new(Kind::Internal, "internal error"), style)
                     })
                 }
             },
