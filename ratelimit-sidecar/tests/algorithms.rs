@@ -13,19 +13,7 @@ use ratelimit_tests::memcached::Memcached;
 use ratelimit_tests::sidecar::Redis;
 use ratelimit_wasm::slots::{MemoryShared, SlotCounters};
 
-const RULES: &str = "
-domain: a
-descriptors:
-  - key: sliding
-    rate_limit: {unit: second, requests_per_unit: 5, algorithm: sliding_window}
-  - key: bucket
-    rate_limit: {unit: second, requests_per_unit: 10, algorithm: token_bucket, burst: 4}
-  - key: both
-    rate_limits:
-      - {name: burst, unit: second, requests_per_unit: 3}
-      - {name: slow, unit: second, unit_multiplier: 2, requests_per_unit: 5, algorithm: sliding_window}
-      - {name: smooth, unit: second, requests_per_unit: 4, algorithm: token_bucket, burst: 2}
-";
+const RULES: &str = include_str!("fixtures/algorithms.yaml");
 
 fn limiter() -> Limiter {
     Limiter::new(

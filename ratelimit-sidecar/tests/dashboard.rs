@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use ratelimit_tests::sidecar as support;
 use serde_json::Value;
-use support::{Server, request};
+use support::{Server, ask, get_text, request};
 
 const RULES: &str = "domain: dash\ndescriptors:\n  - key: user\n    rate_limit: {unit: hour, requests_per_unit: 4}\n    descriptors:\n      - key: method\n        value: POST\n        shadow_mode: true\n        rate_limit: {unit: minute, requests_per_unit: 100}\n  - key: open\n";
 
@@ -16,10 +16,7 @@ const RULES: &str = "domain: dash\ndescriptors:\n  - key: user\n    rate_limit: 
 async fn traffic(server: &Server, n: usize) {
     let mut client = server.client().await;
     for _ in 0..n {
-        client
-            .should_rate_limit(request("dash", &[&[("user", "carol")]]))
-            .await
-            .unwrap();
+        ask(&mut client, "dash", &[&[("user", "carol")]]).await;
     }
 }
 
@@ -85,12 +82,7 @@ async fn the_dashboard_data_shows_rules_counters_and_the_nearest_keys() {
             .starts_with("text/html")
     );
     assert!(page.text().await.unwrap().contains("dashboard.json"));
-    let list = reqwest::get(server.debug_url("/"))
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let list = get_text(&server.debug_url("/")).await;
     assert!(
         list.contains("/rlconfig:"),
         "scripts still get the list: {list}"

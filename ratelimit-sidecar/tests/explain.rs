@@ -5,31 +5,21 @@ use ratelimit_tests::on_every_backend;
 use ratelimit_tests::sidecar as support;
 
 use serde_json::Value;
-use support::{Options, Server, Store, request};
+use support::{Options, Server, Store, ask, post, run_ok};
 
 const RULES: &str = "domain: ex\ndescriptors:\n  - key: user\n    rate_limit: {unit: hour, requests_per_unit: 3}\n    descriptors:\n      - key: path\n        value: \"/api/*\"\n        rate_limit: {unit: minute, requests_per_unit: 1}\n  - key: open\n";
 
 async fn explain(server: &Server, body: &str) -> (u16, String) {
-    let response = reqwest::Client::new()
-        .post(server.debug_url("/explain"))
-        .body(body.to_owned())
-        .send()
-        .await
-        .unwrap();
-    (response.status().as_u16(), response.text().await.unwrap())
+    post(&server.debug_url("/explain"), body).await
 }
 
 async fn explanations_read_counters_without_counting(store: &Store) {
     let server = Server::start_with(Options {
-        files: vec![("rules.yaml", RULES.to_owned())],
         env: store.env(),
-        ..Options::default()
+        ..Options::rules(RULES)
     });
     let mut client = server.client().await;
-    client
-        .should_rate_limit(request("ex", &[&[("user", "a"), ("path", "/api/x")]]))
-        .await
-        .unwrap();
+    ask(&mut client, "ex", &[&[("user", "a"), ("path", "/api/x")]]).await;
     let body = r#"{"domain":"ex","descriptors":[
         {"entries":[{"key":"user","value":"a"},{"key":"path","value":"/api/x"}]},
         {"entries":[{"key":"open","value":"1"}]},
@@ -68,26 +58,16 @@ on_every_backend!(explanations_read_counters_without_counting);
 #[tokio::test]
 async fn the_client_explains_through_the_debug_server() {
     let server = Server::start(&[("rules.yaml", RULES)]);
-    let output = std::process::Command::new(env!("CARGO_BIN_EXE_ratelimit-client"))
-        .args(["-domain", "ex", "-descriptors", "user=b", "-explain"])
-        .arg("-debug_address")
-        .arg(format!("127.0.0.1:{}", server.debug))
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    assert!(
-        output.status.success(),
-        "{stdout}{}",
-        String::from_utf8_lossy(&output.stderr)
+    let stdout = run_ok(
+        std::process::Command::new(env!("CARGO_BIN_EXE_ratelimit-client"))
+            .args(["-domain", "ex", "-descriptors", "user=b", "-explain"])
+            .arg("-debug_address")
+            .arg(format!("127.0.0.1:{}", server.debug)),
     );
     assert!(
         stdout.contains("\"outcome\": \"limited\"") && stdout.contains("\"current\": 0"),
         "{stdout}"
     );
-    assert_eq!(
-        server
-            .stat("ratelimit.service.rate_limit.ex.user.total_hits")
-            .await,
-        Some(0)
-    );
+    let stats = server.stats().await;
+    assert_eq!(stats["ratelimit.service.rate_limit.ex.user.total_hits"], 0);
 }

@@ -12,10 +12,14 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use bytes::{Buf, BufMut};
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
 use envoy_types::pb::google::protobuf::UInt64Value;
-use support::{Options, Redis, Server, Store, binary, codes, eventually, redis_env, request};
+use support::{
+    Options, Redis, Server, Store, ask, binary, codes, eventually, post, redis_env, request,
+};
 use tonic::Code;
 use tonic::codec::{Codec, DecodeBuf, Decoder, EncodeBuf, Encoder};
+use tonic::transport::Channel;
 
 const OK: i32 = 1;
 const OVER: i32 = 2;
@@ -28,8 +32,7 @@ const RULES: &str = "domain: h\ndescriptors:
 
 fn start(backend: Vec<(&'static str, String)>, env: &[(&'static str, &str)]) -> Server {
     let mut options = Options {
-        files: vec![("rules.yaml", RULES.to_owned())],
-        ..Options::default()
+        ..Options::rules(RULES)
     };
     options
         .env
@@ -57,6 +60,23 @@ fn with_hits(mut request: RateLimitRequest, hits: u64) -> RateLimitRequest {
 
 on_every_backend!(a_huge_addend_is_over_the_limit_and_cannot_reset_a_counter);
 
+/// Asks `request` with each addend of `hits` in turn: every answer is over the limit
+/// with nothing left.
+async fn all_over(
+    client: &mut RateLimitServiceClient<Channel>,
+    request: &RateLimitRequest,
+    hits: &[u64],
+) {
+    for &hits in hits {
+        let response = client
+            .should_rate_limit(with_hits(request.clone(), hits))
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(codes(&response), [(OVER, 0)], "{hits}");
+    }
+}
+
 /// `hits_addend` is a uint64, as upstream takes it: the whole range is accepted, and a
 /// counter saturates instead of wrapping back under its limit.
 async fn a_huge_addend_is_over_the_limit_and_cannot_reset_a_counter(store: &Store) {
@@ -71,25 +91,14 @@ async fn a_huge_addend_is_over_the_limit_and_cannot_reset_a_counter(store: &Stor
     assert_eq!(codes(&over), [(OVER, 0)]);
 
     // 2^64 - 151 wraps a counter to 0; 2^63 twice does the same; 2^32 + 5 is past u32.
-    for hits in [u64::MAX - 150, 1 << 63, 1 << 63, (1 << 32) + 5, u64::MAX] {
-        let response = client
-            .should_rate_limit(with_hits(mallory.clone(), hits))
-            .await
-            .unwrap()
-            .into_inner();
-        assert_eq!(codes(&response), [(OVER, 0)], "{hits}");
-    }
+    let huge = [u64::MAX - 150, 1 << 63, 1 << 63, (1 << 32) + 5, u64::MAX];
+    all_over(&mut client, &mallory, &huge).await;
     let body = format!(
         r#"{{"domain":"h","descriptors":[{{"entries":[{{"key":"user","value":"mallory"}}],"hitsAddend":"{}"}}]}}"#,
         u64::MAX - 150
     );
-    let response = reqwest::Client::new()
-        .post(server.http_url("/json"))
-        .body(body)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(response.status(), 429);
+    let (status, _) = post(&server.http_url("/json"), &body).await;
+    assert_eq!(status, 429);
 
     let still = client
         .should_rate_limit(mallory)
@@ -100,14 +109,7 @@ async fn a_huge_addend_is_over_the_limit_and_cannot_reset_a_counter(store: &Stor
 
     // A fresh counter given the largest addend stays over: one more hit does not wrap it.
     let trudy = request("h", &[&[("user", "trudy")]]);
-    for hits in [u64::MAX, u64::MAX, 1] {
-        let response = client
-            .should_rate_limit(with_hits(trudy.clone(), hits))
-            .await
-            .unwrap()
-            .into_inner();
-        assert_eq!(codes(&response), [(OVER, 0)], "{hits}");
-    }
+    all_over(&mut client, &trudy, &[u64::MAX, u64::MAX, 1]).await;
 }
 
 #[tokio::test]
@@ -134,11 +136,10 @@ async fn a_redis_counter_past_i64_is_over_the_limit_not_a_backend_failure() {
         .unwrap()
         .into_inner();
     assert_eq!(codes(&response), [(OVER, 0)]);
+    let stats = server.stats().await;
     assert_eq!(
-        server
-            .stat("ratelimit.service.call.should_rate_limit.redis_error")
-            .await,
-        Some(0)
+        stats["ratelimit.service.call.should_rate_limit.redis_error"],
+        0
     );
 }
 
@@ -254,10 +255,7 @@ async fn the_memory_backend_is_bounded_in_bytes_and_stats_stream() {
     let big = "x".repeat(4000);
     for i in 0..300 {
         let value = format!("{big}{i}");
-        client
-            .should_rate_limit(request("h", &[&[("user", &value)]]))
-            .await
-            .unwrap();
+        ask(&mut client, "h", &[&[("user", &value)]]).await;
     }
     let bytes = server.stat("ratelimit.memory.bytes").await.unwrap();
     assert!(bytes <= 262_144, "{bytes} bytes held");
@@ -265,14 +263,8 @@ async fn the_memory_backend_is_bounded_in_bytes_and_stats_stream() {
 
     // 300 detailed_metric keys and 300 unknown domains: every line, sorted, streamed.
     for i in 0..300 {
-        client
-            .should_rate_limit(request("h", &[&[("value", &format!("v{i:03}"))]]))
-            .await
-            .unwrap();
-        client
-            .should_rate_limit(request(&format!("nope{i:03}"), &[&[("user", "a")]]))
-            .await
-            .unwrap();
+        ask(&mut client, "h", &[&[("value", &format!("v{i:03}"))]]).await;
+        ask(&mut client, &format!("nope{i:03}"), &[&[("user", "a")]]).await;
     }
     let response = reqwest::get(server.debug_url("/stats")).await.unwrap();
     assert!(
@@ -300,9 +292,8 @@ async fn the_memory_backend_is_bounded_in_bytes_and_stats_stream() {
 #[tokio::test]
 async fn idle_and_slow_connections_cannot_starve_the_http_listeners() {
     let mut options = Options {
-        files: vec![("rules.yaml", RULES.to_owned())],
         nofile: Some(128),
-        ..Options::default()
+        ..Options::rules(RULES)
     };
     options.env.extend([
         ("HTTP_MAX_CONNECTIONS", "16".to_owned()),
@@ -368,13 +359,7 @@ async fn symbolic_link_loops_are_refused_not_followed_forever() {
     })
     .await;
     assert!(refused, "{}", server.log());
-    let response = server
-        .client()
-        .await
-        .should_rate_limit(request("h", &[&[("user", "a")]]))
-        .await
-        .unwrap()
-        .into_inner();
+    let response = server.ask("h", &[&[("user", "a")]]).await;
     assert_eq!(codes(&response), [(OK, 99)]);
 }
 
@@ -388,10 +373,9 @@ fn the_watcher_does_not_follow_chains_of_directory_links() {
         }
     }
     let mut options = Options {
-        files: vec![("rules.yaml", RULES.to_owned())],
         watch_root: false,
         links,
-        ..Options::default()
+        ..Options::rules(RULES)
     };
     options.env.push(("LOG_LEVEL", "info".to_owned()));
     let server = Server::start_with(options);
@@ -406,10 +390,8 @@ fn the_watcher_does_not_follow_chains_of_directory_links() {
 fn an_addend_bound_of_zero_stops_start_up() {
     let mut options = Options::default();
     options.env.push(("MAX_HITS_ADDEND", "0".to_owned()));
-    let mut server = Server::spawn(options);
-    let status = server.wait_exit(Duration::from_secs(15)).expect("exits");
-    assert!(!status.success());
-    assert!(server.log().contains("MAX_HITS_ADDEND"), "{}", server.log());
+    let log = Server::refused(options);
+    assert!(log.contains("MAX_HITS_ADDEND"), "{log}");
 }
 
 #[tokio::test]

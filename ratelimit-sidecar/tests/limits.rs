@@ -7,45 +7,25 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitResponse;
 use ratelimit_tests::sidecar as support;
 use ratelimit_tests::{on_every_backend, sf_list};
-use support::{Options, Server, Store, request};
+use support::{Options, Server, Store, ask, post};
 
 const OK: i32 = 1;
 const OVER: i32 = 2;
 
-const RULES: &str = "
-domain: n
-descriptors:
-  - key: fixed
-    rate_limit: {unit: second, requests_per_unit: 4}
-  - key: sliding
-    rate_limit: {unit: second, requests_per_unit: 4, algorithm: sliding_window}
-  - key: bucket
-    rate_limit: {unit: second, requests_per_unit: 2, algorithm: token_bucket, burst: 3}
-  - key: both
-    rate_limits:
-      - {name: burst, unit: second, requests_per_unit: 2}
-      - {name: daily, unit: day, requests_per_unit: 3}
-  - key: ten
-    rate_limit: {unit: minute, unit_multiplier: 10, requests_per_unit: 2}
-";
+const RULES: &str = include_str!("fixtures/limits.yaml");
 
 fn start(store: &Store, extra: &[(&'static str, &str)]) -> Server {
     let mut env = store.env();
     env.extend(extra.iter().map(|(k, v)| (*k, (*v).to_owned())));
     Server::start_with(Options {
-        files: vec![("rules.yaml", RULES.to_owned())],
         env,
-        ..Options::default()
+        ..Options::rules(RULES)
     })
 }
 
 async fn call(server: &Server, key: &str, value: &str) -> RateLimitResponse {
     let mut client = server.client().await;
-    client
-        .should_rate_limit(request("n", &[&[(key, value)]]))
-        .await
-        .unwrap()
-        .into_inner()
+    ask(&mut client, "n", &[&[(key, value)]]).await
 }
 
 async fn code(server: &Server, key: &str, value: &str) -> i32 {
@@ -77,11 +57,8 @@ async fn a_burst_at_the_end_of_a_window_is_still_limited_at_the_start_of_the_nex
     for attempt in 0..5 {
         let value = format!("late{attempt}");
         let mut send = async |key: &str| {
-            let response = client
-                .should_rate_limit(request("n", &[&[(key, value.as_str())]]))
-                .await
-                .unwrap();
-            response.into_inner().statuses[0].code
+            let response = ask(&mut client, "n", &[&[(key, value.as_str())]]).await;
+            response.statuses[0].code
         };
         until_phase(650).await;
         let burst_second = unix_ms() / 1_000;
@@ -123,11 +100,7 @@ async fn a_token_bucket_allows_its_burst_then_refills_steadily(store: &Store) {
     let server = start(store, &[]);
     let mut client = server.client().await;
     let mut bucket = async || {
-        let response = client
-            .should_rate_limit(request("n", &[&[("bucket", "b")]]))
-            .await
-            .unwrap()
-            .into_inner();
+        let response = ask(&mut client, "n", &[&[("bucket", "b")]]).await;
         response.statuses[0].clone()
     };
     let started = std::time::Instant::now();
@@ -237,15 +210,9 @@ async fn the_draft_11_headers_list_every_limit(store: &Store) {
         ("burst", &pair("r", 0))
     );
     // /json carries the same headers.
-    let json: serde_json::Value = reqwest::Client::new()
-        .post(server.http_url("/json"))
-        .body(r#"{"domain":"n","descriptors":[{"entries":[{"key":"ten","value":"j"}]}]}"#)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let body = r#"{"domain":"n","descriptors":[{"entries":[{"key":"ten","value":"j"}]}]}"#;
+    let (_, text) = post(&server.http_url("/json"), body).await;
+    let json: serde_json::Value = serde_json::from_str(&text).unwrap();
     let headers = json["responseHeadersToAdd"].as_array().unwrap();
     let policy = headers
         .iter()

@@ -2,35 +2,28 @@
 //! on upstream's node, exact counting under simultaneous requests, keys memcached cannot
 //! hold, long windows, and a node that dies and comes back.
 
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
 use ratelimit_tests::memcached::{Dns, Memcached};
-use ratelimit_tests::pki::make_pki;
+use ratelimit_tests::pki::temp_pki;
 use ratelimit_tests::sidecar as support;
 
 use std::time::{Duration, Instant};
 
-use support::{Options, Server, codes, request};
+use support::{Options, Server, ask, codes, request};
 use tonic::Code;
+use tonic::transport::Channel;
 
-const RULES: &str = "domain: m
-descriptors:
-  - key: user
-    rate_limit: {unit: hour, requests_per_unit: 3}
-  - key: burst
-    rate_limit: {unit: hour, requests_per_unit: 20}
-  - key: yearly
-    rate_limit: {unit: year, requests_per_unit: 5}
-";
+const RULES: &str = include_str!("fixtures/memcache.yaml");
 
 fn server(nodes: &[&Memcached]) -> Server {
     let list: Vec<String> = nodes.iter().map(|n| n.address()).collect();
     Server::start_with(Options {
-        files: vec![("rules.yaml", RULES.to_owned())],
         env: vec![
             ("BACKEND_TYPE", "memcache".into()),
             ("MEMCACHE_HOST_PORT", list.join(",")),
             ("EXPIRATION_JITTER_MAX_SECONDS", "0".into()),
         ],
-        ..Options::default()
+        ..Options::rules(RULES)
     })
 }
 
@@ -49,11 +42,7 @@ async fn counters_live_under_upstreams_keys() {
     let mut client = server.client().await;
     let mut overall = Vec::new();
     for _ in 0..4 {
-        let answer = client
-            .should_rate_limit(request("m", &[&[("user", "alice")]]))
-            .await
-            .unwrap()
-            .into_inner();
+        let answer = ask(&mut client, "m", &[&[("user", "alice")]]).await;
         overall.push(codes(&answer)[0]);
     }
     assert_eq!(overall, [(1, 2), (1, 1), (1, 0), (2, 0)]);
@@ -63,10 +52,7 @@ async fn counters_live_under_upstreams_keys() {
     // A year is longer than memcached's 30-day relative expiries: sent as a unix time,
     // the counter stays (upstream's expires at once and never limits).
     for _ in 0..2 {
-        client
-            .should_rate_limit(request("m", &[&[("yearly", "y")]]))
-            .await
-            .unwrap();
+        ask(&mut client, "m", &[&[("yearly", "y")]]).await;
     }
     let yearly = node
         .get(&format!("m_yearly_y_{}", yearly_window_start()))
@@ -85,16 +71,25 @@ async fn three_nodes_hold_each_key_where_upstreams_client_puts_it() {
     let nodes = [Memcached::start(), Memcached::start(), Memcached::start()];
     let server = server(&[&nodes[0], &nodes[1], &nodes[2]]);
     let mut client = server.client().await;
+    spread(&mut client, &[&nodes[0], &nodes[1], &nodes[2]], "u", 30).await;
+}
+
+/// Counts `count` new users (`{prefix}0`, …) and checks that each key is on the node
+/// upstream's client puts it on (the CRC-32 of the key modulo the node count), and on no
+/// other; every node must get some.
+async fn spread(
+    client: &mut RateLimitServiceClient<Channel>,
+    nodes: &[&Memcached],
+    prefix: &str,
+    count: usize,
+) {
     let start = window_start(3600);
-    let mut used = [0; 3];
-    for i in 0..30 {
-        let user = format!("u{i}");
-        client
-            .should_rate_limit(request("m", &[&[("user", &user)]]))
-            .await
-            .unwrap();
+    let mut used = vec![0; nodes.len()];
+    for i in 0..count {
+        let user = format!("{prefix}{i}");
+        ask(client, "m", &[&[("user", &user)]]).await;
         let key = format!("m_user_{user}_{start}");
-        let home = crc32fast::hash(key.as_bytes()) as usize % 3;
+        let home = crc32fast::hash(key.as_bytes()) as usize % nodes.len();
         used[home] += 1;
         for (index, node) in nodes.iter().enumerate() {
             let expected = (index == home).then(|| "1".to_owned());
@@ -116,11 +111,8 @@ async fn simultaneous_requests_never_pass_more_than_the_limit() {
         tokio::spawn(async move {
             let mut allowed = 0;
             for _ in 0..10 {
-                let answer = client
-                    .should_rate_limit(request("m", &[&[("burst", "shared")]]))
-                    .await
-                    .unwrap();
-                allowed += usize::from(answer.into_inner().overall_code == 1);
+                let answer = ask(&mut client, "m", &[&[("burst", "shared")]]).await;
+                allowed += usize::from(answer.overall_code == 1);
             }
             allowed
         })
@@ -152,22 +144,18 @@ async fn keys_memcached_cannot_hold_fail_the_request_and_nothing_else() {
         assert!(refused.message().contains("descriptor 1"), "{refused:?}");
         assert!(refused.message().contains(says), "{refused:?}");
     }
+    let stats = server.stats().await;
     assert_eq!(
-        server
-            .stat("ratelimit.service.call.should_rate_limit.memcache_error")
-            .await,
-        Some(3)
+        stats["ratelimit.service.call.should_rate_limit.memcache_error"],
+        3
     );
     assert!(server.log().contains("cannot be stored in memcached"));
     // Nothing reached memcached, and the connection still works.
     assert_eq!(node.stat("cmd_flush"), 0);
     let key = format!("m_user_ok_{}", window_start(3600));
     assert_eq!(node.get(&key), None);
-    let answer = client
-        .should_rate_limit(request("m", &[&[("user", "ok")]]))
-        .await
-        .unwrap();
-    assert_eq!(answer.into_inner().overall_code, 1);
+    let answer = ask(&mut client, "m", &[&[("user", "ok")]]).await;
+    assert_eq!(answer.overall_code, 1);
 }
 
 #[tokio::test]
@@ -204,14 +192,13 @@ async fn a_dead_node_opens_its_own_breaker_and_the_other_node_keeps_deciding() {
     let (mut dead, alive) = (Memcached::start(), Memcached::start());
     let list = format!("{},{}", dead.address(), alive.address());
     let server = Server::start_with(Options {
-        files: vec![("rules.yaml", RULES.to_owned())],
         env: vec![
             ("BACKEND_TYPE", "memcache".into()),
             ("MEMCACHE_HOST_PORT", list),
             ("BACKEND_BREAKER_FAILURES", "2".into()),
             ("BACKEND_BREAKER_OPEN_DURATION", "1h".into()),
         ],
-        ..Options::default()
+        ..Options::rules(RULES)
     });
     // Yearly counters: each user's node cannot change during the test.
     let home = |user: &str| {
@@ -250,21 +237,17 @@ async fn srv_discovery_finds_the_nodes_and_a_refresh_adds_one() {
     let (first, second) = (Memcached::start(), Memcached::start());
     let mut dns = Dns::start(name, &[("a.rl.test", first.port)]);
     let server = Server::start_with(Options {
-        files: vec![("rules.yaml", RULES.to_owned())],
         env: vec![
             ("BACKEND_TYPE", "memcache".into()),
             ("MEMCACHE_SRV", name.into()),
             ("MEMCACHE_SRV_DNS_SERVER", dns.address()),
             ("MEMCACHE_SRV_REFRESH", "200ms".into()),
         ],
-        ..Options::default()
+        ..Options::rules(RULES)
     });
     let mut client = server.client().await;
     let start = window_start(3600);
-    client
-        .should_rate_limit(request("m", &[&[("user", "before")]]))
-        .await
-        .unwrap();
+    ask(&mut client, "m", &[&[("user", "before")]]).await;
     assert_eq!(
         first.get(&format!("m_user_before_{start}")).as_deref(),
         Some("1")
@@ -280,21 +263,7 @@ async fn srv_discovery_finds_the_nodes_and_a_refresh_adds_one() {
     })
     .await;
     assert!(changed, "{}", server.log());
-    let nodes = [&first, &second];
-    let mut used = [0; 2];
-    for i in 0..20 {
-        let user = format!("after{i}");
-        client
-            .should_rate_limit(request("m", &[&[("user", &user)]]))
-            .await
-            .unwrap();
-        let key = format!("m_user_{user}_{start}");
-        let home = crc32fast::hash(key.as_bytes()) as usize % 2;
-        used[home] += 1;
-        assert_eq!(nodes[home].get(&key).as_deref(), Some("1"), "{key}");
-        assert_eq!(nodes[1 - home].get(&key), None, "{key}");
-    }
-    assert!(used.iter().all(|&n| n > 0), "{used:?}");
+    spread(&mut client, &[&first, &second], "after", 20).await;
 }
 
 #[test]
@@ -319,20 +288,17 @@ fn memcached_node_settings_that_cannot_work_stop_start_up() {
     ] {
         let mut env = env;
         env.push(("BACKEND_TYPE", "memcache".to_owned()));
-        let mut server = Server::spawn(Options {
+        let log = Server::refused(Options {
             env,
             ..Options::default()
         });
-        let status = server.wait_exit(Duration::from_secs(15)).expect("exits");
-        assert!(!status.success());
-        assert!(server.log().contains(says), "{says}: {}", server.log());
+        assert!(log.contains(says), "{says}: {}", log);
     }
 }
 
 #[tokio::test]
 async fn tls_to_the_nodes_checks_their_certificates_and_presents_ours() {
-    let pki = tempfile::tempdir().unwrap();
-    make_pki(pki.path());
+    let pki = temp_pki();
     let file = |name: &str| pki.path().join(name).display().to_string();
     let tls_server = |node: &Memcached, extra: Vec<(&'static str, String)>| {
         let mut env = vec![
@@ -343,9 +309,8 @@ async fn tls_to_the_nodes_checks_their_certificates_and_presents_ours() {
         ];
         env.extend(extra);
         Server::start_with(Options {
-            files: vec![("rules.yaml", RULES.to_owned())],
             env,
-            ..Options::default()
+            ..Options::rules(RULES)
         })
     };
 

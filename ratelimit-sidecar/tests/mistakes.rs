@@ -15,9 +15,8 @@ const RULES: &str =
 fn a_configuration_directory_without_rules_is_a_warning_naming_it() {
     // A typo in RUNTIME_APPDIRECTORY: the directory does not exist.
     let server = Server::start_with(Options {
-        files: vec![("rules.yaml", RULES.to_owned())],
         env: vec![("RUNTIME_APPDIRECTORY", "confg".into())],
-        ..Options::default()
+        ..Options::rules(RULES)
     });
     let log = server.log();
     let expected = server.dir.path().join("current/confg");
@@ -52,9 +51,8 @@ fn a_configuration_directory_without_rules_is_a_warning_naming_it() {
 #[tokio::test]
 async fn a_relative_runtime_root_reloads_on_a_symlink_swap() {
     let server = Server::start_with(Options {
-        files: vec![("rules.yaml", RULES.to_owned())],
         relative_root: true,
-        ..Options::default()
+        ..Options::rules(RULES)
     });
     assert_eq!(limit_of(&server, "m", &[("user", "a")]).await, Some(3));
     server.swap_root(
@@ -89,22 +87,11 @@ async fn a_configmap_mount_loads_each_file_once() {
 
 #[test]
 fn a_host_and_port_with_the_unix_socket_default_stops_start_up_with_a_hint() {
-    let mut server = Server::spawn(Options {
-        env: vec![
-            ("BACKEND_TYPE", "redis".into()),
-            ("REDIS_URL", "127.0.0.1:28379".into()),
-        ],
-        ..Options::default()
-    });
-    let status = server
-        .wait_exit(Duration::from_secs(15))
-        .expect("exits instead of retrying");
-    assert!(!status.success());
+    let log = Server::refused(Options::with_env(&[
+        ("BACKEND_TYPE", "redis"),
+        ("REDIS_URL", "127.0.0.1:28379"),
+    ]));
     assert!(
-        server
-            .log()
-            .contains("REDIS_URL '127.0.0.1:28379' looks like host:port, but REDIS_SOCKET_TYPE is unix (the default) and no socket exists at that path: set REDIS_SOCKET_TYPE=tcp"),
-        "{}",
-        server.log()
-    );
+        log
+            .contains("REDIS_URL '127.0.0.1:28379' looks like host:port, but REDIS_SOCKET_TYPE is unix (the default) and no socket exists at that path: set REDIS_SOCKET_TYPE=tcp"), "{log}");
 }

@@ -5,7 +5,7 @@
 use std::time::{Duration, Instant};
 
 use ratelimit_tests::sidecar as support;
-use support::{Options, Redis, Server, redis_addresses, redis_cluster, redis_env, request};
+use support::{Options, Redis, Server, ask, redis_addresses, redis_cluster, redis_env, request};
 use tonic::Code as GrpcCode;
 
 const OK: i32 = 1;
@@ -27,10 +27,18 @@ fn start_on(mut env: Vec<(&'static str, String)>, extra: &[(&'static str, &str)]
     ]);
     env.extend(extra.iter().map(|(k, v)| (*k, (*v).to_owned())));
     Server::start_with(Options {
-        files: vec![("rules.yaml", RULES.to_owned())],
         env,
-        ..Options::default()
+        ..Options::rules(RULES)
     })
+}
+
+/// A Redis that has stopped answering, and a server on it (with `setting`) whose breaker
+/// stays closed: every call waits on Redis.
+fn frozen(setting: (&'static str, &str)) -> (Redis, Server) {
+    let redis = Redis::start(&[]);
+    let server = start(&redis, &[setting, ("BACKEND_BREAKER_FAILURES", "100")]);
+    redis.freeze();
+    (redis, server)
 }
 
 /// One call: its gRPC code (or the decision's code) and how long it took.
@@ -141,11 +149,7 @@ async fn local_mode_holds_each_replica_to_its_share_and_drops_it_on_recovery() {
         "10 / 2 replicas = 5"
     );
     let mut client = server.client().await;
-    let over = client
-        .should_rate_limit(request("o", &[&[("user", "c")]]))
-        .await
-        .unwrap()
-        .into_inner();
+    let over = ask(&mut client, "o", &[&[("user", "c")]]).await;
     let limit = over.statuses[0].current_limit.as_ref().unwrap();
     assert_eq!(
         limit.requests_per_unit, 5,
@@ -171,15 +175,7 @@ async fn local_mode_holds_each_replica_to_its_share_and_drops_it_on_recovery() {
 
 #[tokio::test]
 async fn the_callers_deadline_bounds_the_backend_call() {
-    let redis = Redis::start(&[]);
-    let server = start(
-        &redis,
-        &[
-            ("BACKEND_FAILURE_MODE", "allow"),
-            ("BACKEND_BREAKER_FAILURES", "100"),
-        ],
-    );
-    redis.freeze();
+    let (_redis, server) = frozen(("BACKEND_FAILURE_MODE", "allow"));
     let mut client = server.client().await;
     let mut asked = tonic::Request::new(request("o", &[&[("user", "d")]]));
     asked.set_timeout(Duration::from_millis(400));
@@ -200,15 +196,7 @@ async fn the_callers_deadline_bounds_the_backend_call() {
 
 #[tokio::test]
 async fn work_in_flight_is_bounded_and_the_service_recovers() {
-    let redis = Redis::start(&[]);
-    let server = start(
-        &redis,
-        &[
-            ("MAX_INFLIGHT_REQUESTS", "2"),
-            ("BACKEND_BREAKER_FAILURES", "100"),
-        ],
-    );
-    redis.freeze();
+    let (redis, server) = frozen(("MAX_INFLIGHT_REQUESTS", "2"));
     let calls: Vec<_> = (0..10)
         .map(|i| {
             let port = server.grpc;

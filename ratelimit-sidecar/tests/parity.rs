@@ -8,25 +8,16 @@ use ratelimit_tests::sidecar as support;
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
 use envoy_types::pb::google::protobuf::UInt64Value;
 use serde_json::Value;
-use support::{Options, Server, Store, codes, request};
+use support::{Options, Server, Store, codes, post, request};
 
 const OK: i32 = 1;
 const OVER: i32 = 2;
 
-const RULES: &str = "domain: p
-descriptors:
-  - {key: quota, quota_mode: true, rate_limit: {unit: hour, requests_per_unit: 1}}
-  - {key: plain, rate_limit: {unit: hour, requests_per_unit: 5}}
-  - {key: free, metadata: {team: free}, rate_limit: {unlimited: true}}
-  - {key: tagged, metadata: {team: tagged}, rate_limit: {unit: hour, requests_per_unit: 9}}
-  - {key: window, rate_limit: {unit: hour, requests_per_unit: 3}}
-  - {key: bucket, rate_limit: {unit: hour, requests_per_unit: 3, algorithm: token_bucket}}
-";
+const RULES: &str = include_str!("fixtures/parity.yaml");
 
 fn start(store: &Store) -> Server {
     let mut options = Options {
-        files: vec![("rules.yaml", RULES.to_owned())],
-        ..Options::default()
+        ..Options::rules(RULES)
     };
     options.env.extend(store.env());
     options.env.extend([
@@ -44,14 +35,8 @@ fn hits(mut request: RateLimitRequest, index: usize, hits: u64, refund: bool) ->
 }
 
 async fn json(server: &Server, body: &str) -> (u16, Value) {
-    let response = reqwest::Client::new()
-        .post(server.http_url("/json"))
-        .body(body.to_owned())
-        .send()
-        .await
-        .unwrap();
-    let status = response.status().as_u16();
-    (status, response.json().await.unwrap())
+    let (status, text) = post(&server.http_url("/json"), body).await;
+    (status, serde_json::from_str(&text).unwrap())
 }
 
 on_every_backend!(quota_mode_headers_and_metadata_follow_upstream);

@@ -1,31 +1,39 @@
 //! The Redis backend against real `redis-server` processes.
 
-use ratelimit_tests::pki::make_pki;
+use ratelimit_tests::pki::temp_pki;
 use ratelimit_tests::sidecar as support;
 
 use std::time::{Duration, Instant};
 
-use support::{Options, Redis, Server, codes, redis_addresses, redis_cluster, redis_env, request};
+use support::{
+    Options, Redis, Server, ask, codes, post, redis_addresses, redis_cluster, redis_env, request,
+};
 use tonic::Code;
 
 const OK: i32 = 1;
 const OVER: i32 = 2;
 
-const RULES: &str = "
-domain: rd
-descriptors:
-  - key: user
-    rate_limit: {unit: minute, requests_per_unit: 2}
-  - key: burst
-    rate_limit: {unit: second, requests_per_unit: 100}
-";
+const RULES: &str = include_str!("fixtures/redis.yaml");
 
 fn sidecar(env: Vec<(&'static str, String)>) -> Server {
     Server::start_with(Options {
-        files: vec![("rules.yaml", RULES.to_owned())],
         env,
-        ..Options::default()
+        ..Options::rules(RULES)
     })
+}
+
+/// A sidecar on [`RULES`] counting in the Redis on `port`, with `extra` settings.
+fn on_redis(port: u16, extra: &[(&'static str, &str)]) -> Server {
+    let mut env = redis_env(port);
+    env.extend(extra.iter().map(|(k, v)| (*k, (*v).to_owned())));
+    sidecar(env)
+}
+
+/// A new Redis, and a sidecar on [`RULES`] counting in it with `extra` settings.
+fn on_new_redis(extra: &[(&'static str, &str)]) -> (Redis, Server) {
+    let redis = Redis::start(&[]);
+    let server = on_redis(redis.port, extra);
+    (redis, server)
 }
 
 fn minute_start() -> u64 {
@@ -38,10 +46,7 @@ fn minute_start() -> u64 {
 
 #[tokio::test]
 async fn counts_in_redis_under_envoy_ratelimit_keys_with_the_window_ttl() {
-    let redis = Redis::start(&[]);
-    let mut env = redis_env(redis.port);
-    env.push(("CACHE_KEY_PREFIX", "pfx:".into()));
-    let server = sidecar(env);
+    let (redis, server) = on_new_redis(&[("CACHE_KEY_PREFIX", "pfx:")]);
     let mut client = server.client().await;
     let window = minute_start();
     let got: Vec<_> = ask_alice(&mut client, 3).await;
@@ -64,11 +69,8 @@ async fn ask_alice(
 ) -> Vec<(i32, u32)> {
     let mut out = Vec::new();
     for _ in 0..n {
-        let r = client
-            .should_rate_limit(request("rd", &[&[("user", "alice")]]))
-            .await
-            .unwrap();
-        out.extend(codes(r.get_ref()));
+        let r = ask(client, "rd", &[&[("user", "alice")]]).await;
+        out.extend(codes(&r));
     }
     out
 }
@@ -88,11 +90,8 @@ async fn per_second_limits_go_to_their_own_redis() {
     ]);
     let server = sidecar(env);
     let mut client = server.client().await;
-    let r = client
-        .should_rate_limit(request("rd", &[&[("user", "u")], &[("burst", "b")]]))
-        .await
-        .unwrap();
-    assert_eq!(codes(r.get_ref()), [(OK, 1), (OK, 99)]);
+    let r = ask(&mut client, "rd", &[&[("user", "u")], &[("burst", "b")]]).await;
+    assert_eq!(codes(&r), [(OK, 1), (OK, 99)]);
     let main_keys = main.keys();
     let second_keys = per_second.keys();
     assert_eq!(main_keys.len(), 1);
@@ -104,32 +103,18 @@ async fn per_second_limits_go_to_their_own_redis() {
 #[tokio::test]
 async fn password_acl_user_and_unix_socket() {
     let with_password = Redis::start(&["--requirepass", "s3cret"]);
-    let mut env = redis_env(with_password.port);
-    env.push(("REDIS_AUTH", "s3cret".into()));
-    let server = sidecar(env);
-    let r = server
-        .client()
-        .await
-        .should_rate_limit(request("rd", &[&[("user", "p")]]))
-        .await
-        .unwrap();
-    assert_eq!(codes(r.get_ref()), [(OK, 1)]);
+    let server = on_redis(with_password.port, &[("REDIS_AUTH", "s3cret")]);
+    let r = server.ask("rd", &[&[("user", "p")]]).await;
+    assert_eq!(codes(&r), [(OK, 1)]);
     assert!(
         !server.log().contains("s3cret"),
         "passwords never reach the log"
     );
 
     let acl = Redis::start(&["--user", "rl", "on", ">pw", "~*", "+@all"]);
-    let mut env = redis_env(acl.port);
-    env.push(("REDIS_AUTH", "rl:pw".into()));
-    let server = sidecar(env);
-    let r = server
-        .client()
-        .await
-        .should_rate_limit(request("rd", &[&[("user", "q")]]))
-        .await
-        .unwrap();
-    assert_eq!(codes(r.get_ref()), [(OK, 1)]);
+    let server = on_redis(acl.port, &[("REDIS_AUTH", "rl:pw")]);
+    let r = server.ask("rd", &[&[("user", "q")]]).await;
+    assert_eq!(codes(&r), [(OK, 1)]);
 
     let socket_dir = tempfile::tempdir().unwrap();
     let socket = socket_dir.path().join("redis.sock");
@@ -144,27 +129,16 @@ async fn password_acl_user_and_unix_socket() {
         ("REDIS_SOCKET_TYPE", "unix".into()),
         ("REDIS_URL", socket.display().to_string()),
     ]);
-    let r = server
-        .client()
-        .await
-        .should_rate_limit(request("rd", &[&[("user", "s")]]))
-        .await
-        .unwrap();
-    assert_eq!(codes(r.get_ref()), [(OK, 1)]);
+    let r = server.ask("rd", &[&[("user", "s")]]).await;
+    assert_eq!(codes(&r), [(OK, 1)]);
     assert_eq!(unix.keys().len(), 1);
 }
 
 #[tokio::test]
 async fn a_redis_outage_is_a_prompt_unavailable_and_recovers_by_itself() {
-    let mut redis = Redis::start(&[]);
-    let mut env = redis_env(redis.port);
-    env.push(("REDIS_TIMEOUT", "1s".into()));
-    let server = sidecar(env);
+    let (mut redis, server) = on_new_redis(&[("REDIS_TIMEOUT", "1s")]);
     let mut client = server.client().await;
-    client
-        .should_rate_limit(request("rd", &[&[("user", "o")]]))
-        .await
-        .unwrap();
+    ask(&mut client, "rd", &[&[("user", "o")]]).await;
     redis.kill();
     for _ in 0..3 {
         let started = Instant::now();
@@ -180,13 +154,9 @@ async fn a_redis_outage_is_a_prompt_unavailable_and_recovers_by_itself() {
             started.elapsed()
         );
     }
-    let http = reqwest::Client::new()
-        .post(server.http_url("/json"))
-        .body(r#"{"domain":"rd","descriptors":[{"entries":[{"key":"user","value":"o"}]}]}"#)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(http.status(), 500);
+    let body = r#"{"domain":"rd","descriptors":[{"entries":[{"key":"user","value":"o"}]}]}"#;
+    let (status, _) = post(&server.http_url("/json"), body).await;
+    assert_eq!(status, 500);
     assert!(
         server
             .stat("ratelimit.service.call.should_rate_limit.redis_error")
@@ -228,11 +198,13 @@ async fn a_three_master_cluster_spreads_keys_over_slots() {
     let mut client = server.client().await;
     for i in 0..30 {
         let user = format!("u{i}");
-        let r = client
-            .should_rate_limit(request("rd", &[&[("user", &user)], &[("burst", &user)]]))
-            .await
-            .unwrap();
-        assert_eq!(codes(r.get_ref()), [(OK, 1), (OK, 99)], "{user}");
+        let r = ask(
+            &mut client,
+            "rd",
+            &[&[("user", &user)], &[("burst", &user)]],
+        )
+        .await;
+        assert_eq!(codes(&r), [(OK, 1), (OK, 99)], "{user}");
     }
     let per_node: Vec<usize> = nodes.iter().map(|n| n.keys().len()).collect();
     assert_eq!(per_node.iter().sum::<usize>(), 60, "{per_node:?}");
@@ -244,10 +216,7 @@ async fn a_three_master_cluster_spreads_keys_over_slots() {
 
 #[tokio::test]
 async fn the_local_cache_stops_asking_redis_about_keys_already_over() {
-    let redis = Redis::start(&[]);
-    let mut env = redis_env(redis.port);
-    env.push(("LOCAL_CACHE_SIZE_IN_BYTES", "1048576".into()));
-    let server = sidecar(env);
+    let (redis, server) = on_new_redis(&[("LOCAL_CACHE_SIZE_IN_BYTES", "1048576")]);
     let mut client = server.client().await;
     let window = minute_start();
     let got = ask_alice(&mut client, 5).await;
@@ -265,11 +234,10 @@ async fn the_local_cache_stops_asking_redis_about_keys_already_over() {
         server.stat("ratelimit.localcache.entryCount").await,
         Some(1)
     );
+    let stats = server.stats().await;
     assert_eq!(
-        server
-            .stat("ratelimit.service.rate_limit.rd.user.over_limit_with_local_cache")
-            .await,
-        Some(2)
+        stats["ratelimit.service.rate_limit.rd.user.over_limit_with_local_cache"],
+        2
     );
 }
 
@@ -353,11 +321,8 @@ async fn sentinel_finds_the_master_and_follows_a_failover_during_traffic() {
         ("REDIS_TIMEOUT", "1s".into()),
     ]);
     let mut client = server.client().await;
-    let r = client
-        .should_rate_limit(request("rd", &[&[("burst", "before")]]))
-        .await
-        .unwrap();
-    assert_eq!(codes(r.get_ref()), [(OK, 99)]);
+    let r = ask(&mut client, "rd", &[&[("burst", "before")]]).await;
+    assert_eq!(codes(&r), [(OK, 99)]);
     assert_eq!(master.keys().len(), 1);
 
     master.kill();
@@ -391,13 +356,11 @@ async fn sentinel_finds_the_master_and_follows_a_failover_during_traffic() {
         }
     }
     assert!(failures > 0, "the master was down for a while");
+    let keys = replica.keys();
+    let took_writes = keys.iter().any(|k| k.starts_with("rd_burst_after_"));
     assert!(
-        replica
-            .keys()
-            .iter()
-            .any(|k| k.starts_with("rd_burst_after_")),
-        "the promoted replica took the writes: {:?}",
-        replica.keys()
+        took_writes,
+        "the promoted replica took the writes: {keys:?}"
     );
 }
 
@@ -424,8 +387,7 @@ fn tls_redis(pki: &std::path::Path, cert: &str, clients: &str) -> Redis {
 
 #[tokio::test]
 async fn tls_with_a_client_certificate() {
-    let pki = tempfile::tempdir().unwrap();
-    make_pki(pki.path());
+    let pki = temp_pki();
     let file = |name: &str| pki.path().join(name).display().to_string();
     let redis = tls_redis(pki.path(), "server", "yes");
     let server = sidecar(vec![
@@ -437,19 +399,13 @@ async fn tls_with_a_client_certificate() {
         ("REDIS_TLS_CLIENT_CERT", file("client.crt")),
         ("REDIS_TLS_CLIENT_KEY", file("client.key")),
     ]);
-    let r = server
-        .client()
-        .await
-        .should_rate_limit(request("rd", &[&[("user", "tls")]]))
-        .await
-        .unwrap();
-    assert_eq!(codes(r.get_ref()), [(OK, 1)]);
+    let r = server.ask("rd", &[&[("user", "tls")]]).await;
+    assert_eq!(codes(&r), [(OK, 1)]);
 }
 
 #[tokio::test]
 async fn tls_hostname_check_can_be_skipped_but_the_chain_is_still_verified() {
-    let pki = tempfile::tempdir().unwrap();
-    make_pki(pki.path());
+    let pki = temp_pki();
     let file = |name: &str| pki.path().join(name).display().to_string();
     // The server presents a certificate for another name.
     let redis = tls_redis(pki.path(), "elsewhere", "no");
@@ -465,46 +421,28 @@ async fn tls_hostname_check_can_be_skipped_but_the_chain_is_still_verified() {
             ("REDIS_STARTUP_MAX_ELAPSED_TIME", "1s".into()),
         ]
     };
-    let mut strict = Server::spawn(Options {
+    let log = Server::refused(Options {
         env: env("false"),
         ..Options::default()
     });
-    let status = strict
-        .wait_exit(Duration::from_secs(15))
-        .expect("gives up after REDIS_STARTUP_MAX_ELAPSED_TIME");
-    assert!(!status.success());
-    assert!(
-        strict.log().contains("not valid for name"),
-        "{}",
-        strict.log()
-    );
+    assert!(log.contains("not valid for name"), "{log}");
 
     let lenient = sidecar(env("true"));
-    let r = lenient
-        .client()
-        .await
-        .should_rate_limit(request("rd", &[&[("user", "name")]]))
-        .await
-        .unwrap();
-    assert_eq!(codes(r.get_ref()), [(OK, 1)]);
+    let r = lenient.ask("rd", &[&[("user", "name")]]).await;
+    assert_eq!(codes(&r), [(OK, 1)]);
 
     // A CA that did not sign the certificate is refused even without the name check.
-    let other = tempfile::tempdir().unwrap();
-    make_pki(other.path());
+    let other = temp_pki();
     let mut untrusted_env = env("true");
     untrusted_env.retain(|(k, _)| *k != "REDIS_TLS_CACERT");
     untrusted_env.push((
         "REDIS_TLS_CACERT",
         other.path().join("ca.crt").display().to_string(),
     ));
-    let mut untrusted = Server::spawn(Options {
+    Server::refused(Options {
         env: untrusted_env,
         ..Options::default()
     });
-    let status = untrusted
-        .wait_exit(Duration::from_secs(15))
-        .expect("gives up");
-    assert!(!status.success(), "{}", untrusted.log());
 }
 
 #[tokio::test]
@@ -512,10 +450,7 @@ async fn sigterm_lets_a_request_in_flight_finish_before_exiting() {
     let redis = Redis::start(&[]);
     let mut server = sidecar(redis_env(redis.port));
     let mut client = server.client().await;
-    client
-        .should_rate_limit(request("rd", &[&[("user", "warm")]]))
-        .await
-        .unwrap();
+    ask(&mut client, "rd", &[&[("user", "warm")]]).await;
     // Redis holds every command for two seconds: the next request stays in flight.
     assert_eq!(redis.cli(&["CLIENT", "PAUSE", "2000", "ALL"]), "OK");
     let in_flight = tokio::spawn(async move {
@@ -551,22 +486,15 @@ async fn sigterm_lets_a_request_in_flight_finish_before_exiting() {
 /// hundreds of requests waiting.
 #[tokio::test]
 async fn concurrent_requests_share_the_first_connection_of_the_pool() {
-    let redis = Redis::start(&[]);
-    let mut env = redis_env(redis.port);
-    env.push(("GRPC_WORKERS", "1".into()));
-    env.push(("REDIS_POOL_SIZE", "4".into()));
-    let server = sidecar(env);
+    let (redis, server) = on_new_redis(&[("GRPC_WORKERS", "1"), ("REDIS_POOL_SIZE", "4")]);
     let client = server.client().await;
     let calls: Vec<_> = (0..64)
         .map(|i| {
             let mut client = client.clone();
             tokio::spawn(async move {
                 let value = format!("b{i}");
-                let r = client
-                    .should_rate_limit(request("rd", &[&[("burst", &value)]]))
-                    .await
-                    .unwrap();
-                codes(r.get_ref())
+                let r = ask(&mut client, "rd", &[&[("burst", &value)]]).await;
+                codes(&r)
             })
         })
         .collect();

@@ -215,10 +215,7 @@ on_every_backend!(two_envoys_are_granted_the_limit_between_them);
 
 #[tokio::test]
 async fn streams_beyond_the_bound_are_refused_until_one_ends() {
-    let mut options = Options::default();
-    options.files.push(("rules.yaml", RULES.to_owned()));
-    options.env.push(("RLQS_MAX_STREAMS", "1".to_owned()));
-    let server = Server::start_with(options);
+    let server = Server::start_with(Options::rules(RULES).set("RLQS_MAX_STREAMS", "1"));
     let (first, mut first_answers) = open(&server).await;
     send(&first, "q", vec![usage("free", "x", 1)]).await;
     next(&mut first_answers).await;
@@ -248,10 +245,7 @@ async fn streams_beyond_the_bound_are_refused_until_one_ends() {
 /// feed saturate instead of wrapping.
 #[tokio::test]
 async fn huge_usage_reports_are_bounded_and_never_wrap_a_statistic() {
-    let mut options = Options::default();
-    options.files.push(("rules.yaml", RULES.to_owned()));
-    options.env.push(("MAX_HITS_ADDEND", "1000".to_owned()));
-    let bounded = Server::start_with(options);
+    let bounded = Server::start_with(Options::rules(RULES).set("MAX_HITS_ADDEND", "1000"));
     let (reports, mut answers) = open(&bounded).await;
     send(&reports, "q", vec![usage("watched", "x", u64::MAX)]).await;
     let refused = answers.message().await.unwrap_err();

@@ -6,7 +6,7 @@ use ratelimit_tests::sidecar as support;
 use std::time::Duration;
 
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::RateLimitOverride;
-use support::{Options, Server, Store, codes, eventually, limit_of, request};
+use support::{Options, Server, Store, ask, codes, eventually, get_text, limit_of, request};
 use tonic::Code;
 
 const OK: i32 = 1;
@@ -21,31 +21,19 @@ fn start(store: &Store, mut options: Options) -> Server {
     Server::start_with(options)
 }
 
-const RULES: &str = "
-domain: e2e
-descriptors:
-  - key: user
-    rate_limit: {unit: hour, requests_per_unit: 2}
-  - key: free
-    rate_limit: {unlimited: true}
-  - key: shadow
-    shadow_mode: true
-    rate_limit: {unit: hour, requests_per_unit: 1}
-  - key: hot
-    rate_limit: {unit: hour, requests_per_unit: 500}
-";
+const RULES: &str = include_str!("fixtures/server.yaml");
 
 on_every_backend!(grpc_decides_counts_and_reports_errors_like_envoy_ratelimit);
 
 async fn grpc_decides_counts_and_reports_errors_like_envoy_ratelimit(store: &Store) {
     let server = start(store, Options::default());
     let mut client = server.client().await;
-    let ask = request(
+    let three = request(
         "e2e",
         &[&[("user", "a")], &[("free", "x")], &[("nothing", "y")]],
     );
     let first = client
-        .should_rate_limit(ask.clone())
+        .should_rate_limit(three.clone())
         .await
         .unwrap()
         .into_inner();
@@ -58,15 +46,12 @@ async fn grpc_decides_counts_and_reports_errors_like_envoy_ratelimit(store: &Sto
         first.response_headers_to_add.is_empty(),
         "headers are off by default"
     );
-    client.should_rate_limit(ask.clone()).await.unwrap();
-    let third = client.should_rate_limit(ask).await.unwrap().into_inner();
+    client.should_rate_limit(three.clone()).await.unwrap();
+    let third = client.should_rate_limit(three).await.unwrap().into_inner();
     assert_eq!(third.overall_code, OVER);
 
-    let unknown = client
-        .should_rate_limit(request("nope", &[&[("a", "b")]]))
-        .await
-        .unwrap();
-    assert_eq!(codes(unknown.get_ref()), [(OK, 0)]);
+    let unknown = ask(&mut client, "nope", &[&[("a", "b")]]).await;
+    assert_eq!(codes(&unknown), [(OK, 0)]);
 
     let empty = client
         .should_rate_limit(request("", &[&[("a", "b")]]))
@@ -98,35 +83,19 @@ async fn grpc_decides_counts_and_reports_errors_like_envoy_ratelimit(store: &Sto
         error.message()
     );
     // The server survived it.
-    let again = client
-        .should_rate_limit(request("e2e", &[&[("user", "b")]]))
-        .await
-        .unwrap();
-    assert_eq!(codes(again.get_ref()), [(OK, 1)]);
+    let again = ask(&mut client, "e2e", &[&[("user", "b")]]).await;
+    assert_eq!(codes(&again), [(OK, 1)]);
+    let stats = server.stats().await;
     assert_eq!(
-        server
-            .stat("ratelimit.service.rate_limit.nope.domain_not_found")
-            .await,
-        Some(1)
+        stats["ratelimit.service.rate_limit.nope.domain_not_found"],
+        1
     );
     assert_eq!(
-        server
-            .stat("ratelimit.service.call.should_rate_limit.service_error")
-            .await,
-        Some(3)
+        stats["ratelimit.service.call.should_rate_limit.service_error"],
+        3
     );
-    assert_eq!(
-        server
-            .stat("ratelimit_server.ShouldRateLimit.total_requests")
-            .await,
-        Some(8)
-    );
-    assert_eq!(
-        server
-            .stat("ratelimit.service.rate_limit.e2e.user.total_hits")
-            .await,
-        Some(4)
-    );
+    assert_eq!(stats["ratelimit_server.ShouldRateLimit.total_requests"], 8);
+    assert_eq!(stats["ratelimit.service.rate_limit.e2e.user.total_hits"], 4);
 }
 
 on_every_backend!(rule_shadow_mode_response_headers_and_dynamic_metadata);
@@ -135,21 +104,16 @@ async fn rule_shadow_mode_response_headers_and_dynamic_metadata(store: &Store) {
     let server = start(
         store,
         Options {
-            files: vec![("rules.yaml", RULES.to_owned())],
             env: vec![
                 ("LIMIT_RESPONSE_HEADERS_ENABLED", "true".into()),
                 ("LIMIT_REMAINING_HEADER", "X-Left".into()),
                 ("RESPONSE_DYNAMIC_METADATA", "true".into()),
             ],
-            ..Options::default()
+            ..Options::rules(RULES)
         },
     );
     let mut client = server.client().await;
-    let r = client
-        .should_rate_limit(request("e2e", &[&[("user", "h")]]))
-        .await
-        .unwrap()
-        .into_inner();
+    let r = ask(&mut client, "e2e", &[&[("user", "h")]]).await;
     let metadata = r.dynamic_metadata.as_ref().expect("dynamic metadata is on");
     assert_eq!(
         metadata.fields["domain"].kind,
@@ -166,18 +130,13 @@ async fn rule_shadow_mode_response_headers_and_dynamic_metadata(store: &Store) {
     assert_eq!(headers[1], ("X-Left", "1"));
     assert_eq!(headers[2].0, "RateLimit-Reset");
     for _ in 0..2 {
-        let r = client
-            .should_rate_limit(request("e2e", &[&[("shadow", "s")]]))
-            .await
-            .unwrap()
-            .into_inner();
+        let r = ask(&mut client, "e2e", &[&[("shadow", "s")]]).await;
         assert_eq!(r.overall_code, OK);
     }
+    let stats = server.stats().await;
     assert_eq!(
-        server
-            .stat("ratelimit.service.rate_limit.e2e.shadow.shadow_mode")
-            .await,
-        Some(1)
+        stats["ratelimit.service.rate_limit.e2e.shadow.shadow_mode"],
+        1
     );
 }
 
@@ -247,21 +206,11 @@ async fn json_answers_200_429_and_400_with_messages(store: &Store) {
 #[tokio::test]
 async fn debug_server_lists_paths_rules_and_statistics() {
     let server = Server::start(&[("rules.yaml", RULES)]);
-    let index = reqwest::get(server.debug_url("/"))
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let index = get_text(&server.debug_url("/")).await;
     assert!(
         index.contains("/rlconfig") && index.contains("/stats") && index.contains("/debug/pprof/")
     );
-    let rules = reqwest::get(server.debug_url("/rlconfig"))
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let rules = get_text(&server.debug_url("/rlconfig")).await;
     assert!(
         rules.contains(
             "e2e.user: unit=HOUR requests_per_unit=2, shadow_mode: false, quota_mode: false"
@@ -272,12 +221,7 @@ async fn debug_server_lists_paths_rules_and_statistics() {
         rules.contains("e2e.free: unit=UNKNOWN requests_per_unit=0"),
         "{rules}"
     );
-    let pprof = reqwest::get(server.debug_url("/debug/pprof/"))
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let pprof = get_text(&server.debug_url("/debug/pprof/")).await;
     assert!(pprof.contains("perf record"), "{pprof}");
     assert_eq!(
         server.stat("ratelimit.service.config_load_success").await,
@@ -316,10 +260,9 @@ async fn symlink_swap_reloads_and_a_broken_version_keeps_the_old_rules() {
 #[tokio::test]
 async fn file_edits_reload_when_not_watching_the_root() {
     let server = Server::start_with(Options {
-        files: vec![("rules.yaml", RULES.to_owned())],
         watch_root: false,
         env: vec![("HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED", "true".into())],
-        ..Options::default()
+        ..Options::rules(RULES)
     });
     let extra = server.config_dir().join("extra.yaml");
     std::fs::write(&extra, "domain: second\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 3}\n").unwrap();
@@ -338,11 +281,8 @@ async fn file_edits_reload_when_not_watching_the_root() {
     })
     .await;
     assert!(rejected, "{}", server.log());
-    assert_eq!(
-        limit_of(&server, "second", &[("k", "v")]).await,
-        Some(3),
-        "the last good configuration keeps serving"
-    );
+    let kept = limit_of(&server, "second", &[("k", "v")]).await;
+    assert_eq!(kept, Some(3), "the last good configuration keeps serving");
     // Removing every file leaves no domain: unhealthy, as HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED asks.
     std::fs::remove_file(&extra).unwrap();
     std::fs::remove_file(server.config_dir().join("rules.yaml")).unwrap();
@@ -380,10 +320,7 @@ async fn health_needs_a_config_when_asked_to() {
 async fn sigterm_fails_health_drains_and_exits_zero() {
     let mut server = Server::start(&[("rules.yaml", RULES)]);
     let mut client = server.client().await;
-    client
-        .should_rate_limit(request("e2e", &[&[("user", "a")]]))
-        .await
-        .unwrap();
+    ask(&mut client, "e2e", &[&[("user", "a")]]).await;
     server.signal("TERM");
     let status = server
         .wait_exit(Duration::from_secs(15))
@@ -414,11 +351,8 @@ async fn concurrent_clients_never_get_more_than_the_limit(store: &Store) {
         tasks.push(tokio::spawn(async move {
             let mut ok = 0u32;
             for _ in 0..100 {
-                let r = client
-                    .should_rate_limit(request("e2e", &[&[("hot", "k")]]))
-                    .await
-                    .unwrap();
-                ok += u32::from(r.get_ref().overall_code == OK);
+                let r = ask(&mut client, "e2e", &[&[("hot", "k")]]).await;
+                ok += u32::from(r.overall_code == OK);
             }
             ok
         }));
@@ -437,16 +371,12 @@ async fn concurrent_clients_never_get_more_than_the_limit(store: &Store) {
 #[tokio::test]
 async fn grpc_over_a_unix_socket() {
     let server = Server::start_with(Options {
-        files: vec![("rules.yaml", RULES.to_owned())],
         uds: true,
-        ..Options::default()
+        ..Options::rules(RULES)
     });
     let mut client = server.uds_client().await;
-    let r = client
-        .should_rate_limit(request("e2e", &[&[("user", "u")]]))
-        .await
-        .unwrap();
-    assert_eq!(codes(r.get_ref()), [(OK, 1)]);
+    let r = ask(&mut client, "e2e", &[&[("user", "u")]]).await;
+    assert_eq!(codes(&r), [(OK, 1)]);
 }
 
 #[test]
@@ -458,13 +388,11 @@ fn bad_settings_stop_start_up_naming_the_variable() {
         ("RUNTIME_WATCH_ROOT", "maybe"),
         ("GRPC_WORKERS", "0"),
     ] {
-        let mut server = Server::spawn(Options {
+        let log = Server::refused(Options {
             env: vec![(key, value.to_owned())],
             ..Options::default()
         });
-        let status = server.wait_exit(Duration::from_secs(10)).expect("exits");
-        assert!(!status.success());
-        assert!(server.log().contains(key), "{key}: {}", server.log());
+        assert!(log.contains(key), "{key}: {}", log);
     }
 }
 

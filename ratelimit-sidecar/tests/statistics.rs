@@ -9,7 +9,7 @@ use std::net::{TcpListener, UdpSocket};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use support::{Options, Server, eventually, free_port, request};
+use support::{Options, Server, ask, eventually, free_port, get_text, post};
 
 const RULES: &str = "domain: s\ndescriptors:\n  - key: user\n    rate_limit: {unit: hour, requests_per_unit: 2}\n  - key: detailed\n    detailed_metric: true\n    rate_limit: {unit: hour, requests_per_unit: 100}\n";
 
@@ -20,12 +20,18 @@ struct Collector {
 }
 
 impl Collector {
+    /// A collector of the lines `receive` appends, on a thread of its own.
+    fn receiving(receive: impl FnOnce(Arc<Mutex<Vec<String>>>) + Send + 'static) -> Collector {
+        let collector = Collector::default();
+        let lines = Arc::clone(&collector.lines);
+        std::thread::spawn(move || receive(lines));
+        collector
+    }
+
     fn udp() -> (Collector, u16) {
         let socket = UdpSocket::bind("127.0.0.1:0").unwrap();
         let port = socket.local_addr().unwrap().port();
-        let collector = Collector::default();
-        let lines = Arc::clone(&collector.lines);
-        std::thread::spawn(move || {
+        let collector = Collector::receiving(move |lines| {
             let mut buffer = [0u8; 65_536];
             while let Ok(n) = socket.recv(&mut buffer) {
                 let text = String::from_utf8_lossy(&buffer[..n]).into_owned();
@@ -41,9 +47,7 @@ impl Collector {
     fn tcp() -> (Collector, u16) {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let port = listener.local_addr().unwrap().port();
-        let collector = Collector::default();
-        let lines = Arc::clone(&collector.lines);
-        std::thread::spawn(move || {
+        let collector = Collector::receiving(move |lines| {
             for stream in listener.incoming().flatten() {
                 let lines = Arc::clone(&lines);
                 std::thread::spawn(move || {
@@ -60,6 +64,17 @@ impl Collector {
         self.lines.lock().unwrap().clone()
     }
 
+    /// Waits up to `timeout` for the counter `name` to sum to `expected`.
+    async fn wait_for(&self, name: &str, expected: u64, timeout: Duration) {
+        let reached = eventually(timeout, || async { self.counter(name) == expected }).await;
+        assert!(
+            reached,
+            "{name}: {} of {expected}; {:?}",
+            self.counter(name),
+            self.lines()
+        );
+    }
+
     /// The sum of the `|c` lines of `name` (the text before `:`).
     fn counter(&self, name: &str) -> u64 {
         self.lines()
@@ -73,11 +88,18 @@ impl Collector {
     }
 }
 
+/// A server sending statsd lines to the collector on `port`, with `extra` settings.
+fn to_collector(port: u16, extra: &[(&'static str, &str)]) -> Server {
+    let port = port.to_string();
+    let mut env = vec![("STATSD_HOST", "127.0.0.1"), ("STATSD_PORT", port.as_str())];
+    env.extend_from_slice(extra);
+    start(&env)
+}
+
 fn start(env: &[(&'static str, &str)]) -> Server {
     Server::start_with(Options {
-        files: vec![("rules.yaml", RULES.to_owned())],
         env: env.iter().map(|(k, v)| (*k, v.to_string())).collect(),
-        ..Options::default()
+        ..Options::rules(RULES)
     })
 }
 
@@ -85,33 +107,24 @@ fn start(env: &[(&'static str, &str)]) -> Server {
 async fn traffic(server: &Server) {
     let mut client = server.client().await;
     for _ in 0..3 {
-        client
-            .should_rate_limit(request("s", &[&[("user", "alice")]]))
-            .await
-            .unwrap();
+        ask(&mut client, "s", &[&[("user", "alice")]]).await;
     }
 }
 
 #[tokio::test]
 async fn statsd_over_udp_receives_upstream_names_as_differences() {
     let (collector, port) = Collector::udp();
-    let server = start(&[
-        ("USE_STATSD", "true"),
-        ("STATSD_PROTOCOL", "udp"),
-        ("STATSD_HOST", "127.0.0.1"),
-        ("STATSD_PORT", &port.to_string()),
-        ("STATS_FLUSH_INTERVAL", "100ms"),
-    ]);
+    let server = to_collector(
+        port,
+        &[
+            ("USE_STATSD", "true"),
+            ("STATSD_PROTOCOL", "udp"),
+            ("STATS_FLUSH_INTERVAL", "100ms"),
+        ],
+    );
     traffic(&server).await;
     let hits = "ratelimit.service.rate_limit.s.user.total_hits";
-    assert!(
-        eventually(Duration::from_secs(10), || async {
-            collector.counter(hits) == 3
-        })
-        .await,
-        "{:?}",
-        collector.lines()
-    );
+    collector.wait_for(hits, 3, Duration::from_secs(10)).await;
     // Every counter the collector summed is what the server counted.
     for name in [
         hits,
@@ -132,24 +145,11 @@ async fn statsd_over_udp_receives_upstream_names_as_differences() {
         1
     );
     // `/json` is not a gRPC call: upstream's interceptor does not count it.
-    reqwest::Client::new()
-        .post(server.http_url("/json"))
-        .body(r#"{"domain":"s","descriptors":[{"entries":[{"key":"user","value":"bob"}]}]}"#)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(
-        server
-            .stat("ratelimit_server.ShouldRateLimit.total_requests")
-            .await,
-        Some(3)
-    );
-    assert_eq!(
-        server
-            .stat("ratelimit.service.rate_limit.s.user.total_hits")
-            .await,
-        Some(4)
-    );
+    let body = r#"{"domain":"s","descriptors":[{"entries":[{"key":"user","value":"bob"}]}]}"#;
+    post(&server.http_url("/json"), body).await;
+    let stats = server.stats().await;
+    assert_eq!(stats["ratelimit_server.ShouldRateLimit.total_requests"], 3);
+    assert_eq!(stats["ratelimit.service.rate_limit.s.user.total_hits"], 4);
     let lines = collector.lines();
     assert!(
         lines.iter().any(
@@ -173,13 +173,14 @@ async fn statsd_over_udp_receives_upstream_names_as_differences() {
 #[tokio::test]
 async fn statsd_over_tcp_is_the_default_and_the_last_flush_happens_at_shutdown() {
     let (collector, port) = Collector::tcp();
-    let mut server = start(&[
-        ("USE_STATSD", "true"),
-        ("STATSD_HOST", "127.0.0.1"),
-        ("STATSD_PORT", &port.to_string()),
-        ("STATS_FLUSH_INTERVAL", "1h"),
-        ("EXTRA_TAGS", "env:ci,zone:a"),
-    ]);
+    let mut server = to_collector(
+        port,
+        &[
+            ("USE_STATSD", "true"),
+            ("STATS_FLUSH_INTERVAL", "1h"),
+            ("EXTRA_TAGS", "env:ci,zone:a"),
+        ],
+    );
     traffic(&server).await;
     server.signal("TERM");
     let status = server.wait_exit(Duration::from_secs(15));
@@ -189,33 +190,27 @@ async fn statsd_over_tcp_is_the_default_and_the_last_flush_happens_at_shutdown()
         server.log()
     );
     let name = "ratelimit.service.rate_limit.s.user.total_hits.__env=ci.__zone=a";
-    assert!(
-        eventually(Duration::from_secs(5), || async {
-            collector.counter(name) == 3
-        })
-        .await,
-        "{:?}",
-        collector.lines()
-    );
+    collector.wait_for(name, 3, Duration::from_secs(5)).await;
 }
 
 #[tokio::test]
 async fn dogstatsd_tags_come_from_extra_tags_and_mogrifiers() {
     let (collector, port) = Collector::udp();
-    let server = start(&[
-        ("USE_DOG_STATSD", "true"),
-        ("STATSD_HOST", "127.0.0.1"),
-        ("STATSD_PORT", &port.to_string()),
-        ("STATS_FLUSH_INTERVAL", "100ms"),
-        ("EXTRA_TAGS", "env:ci"),
-        ("USE_DOG_STATSD_MOGRIFIERS", "RULE"),
-        (
-            "DOG_STATSD_MOGRIFIER_RULE_PATTERN",
-            r"^ratelimit\.service\.rate_limit\.([^.]+)\.(.+)\.(total_hits|over_limit)$",
-        ),
-        ("DOG_STATSD_MOGRIFIER_RULE_NAME", "ratelimit.rule.$3"),
-        ("DOG_STATSD_MOGRIFIER_RULE_TAGS", "domain:$1,descriptor:$2"),
-    ]);
+    let server = to_collector(
+        port,
+        &[
+            ("USE_DOG_STATSD", "true"),
+            ("STATS_FLUSH_INTERVAL", "100ms"),
+            ("EXTRA_TAGS", "env:ci"),
+            ("USE_DOG_STATSD_MOGRIFIERS", "RULE"),
+            (
+                "DOG_STATSD_MOGRIFIER_RULE_PATTERN",
+                r"^ratelimit\.service\.rate_limit\.([^.]+)\.(.+)\.(total_hits|over_limit)$",
+            ),
+            ("DOG_STATSD_MOGRIFIER_RULE_NAME", "ratelimit.rule.$3"),
+            ("DOG_STATSD_MOGRIFIER_RULE_TAGS", "domain:$1,descriptor:$2"),
+        ],
+    );
     traffic(&server).await;
     let expected = "ratelimit.rule.over_limit:1|c|#env:ci,domain:s,descriptor:user";
     assert!(
@@ -245,12 +240,7 @@ async fn prometheus_exports_the_default_mapping() {
         ("EXTRA_TAGS", "env:ci"),
     ]);
     traffic(&server).await;
-    let text = reqwest::get(format!("http://127.0.0.1:{port}/metrics"))
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let text = get_text(&format!("http://127.0.0.1:{port}/metrics")).await;
     let scrape = prometheus_parse::Scrape::parse(text.lines().map(|l| Ok(l.to_owned()))).unwrap();
     let value = |name: &str, labels: &[(&str, &str)]| {
         scrape
@@ -259,33 +249,35 @@ async fn prometheus_exports_the_default_mapping() {
             .find(|s| s.metric == name && labels.iter().all(|(k, v)| s.labels.get(k) == Some(*v)))
             .map(|s| s.value.clone())
     };
+    use prometheus_parse::Value::{Counter, Gauge};
     let rule = [("domain", "s"), ("key1", "user"), ("env", "ci")];
-    assert_eq!(
-        value("ratelimit_service_rate_limit_total_hits", &rule),
-        Some(prometheus_parse::Value::Counter(3.0)),
-        "{text}"
-    );
-    assert_eq!(
-        value("ratelimit_service_rate_limit_over_limit", &rule),
-        Some(prometheus_parse::Value::Counter(1.0))
-    );
-    // The configured limit of every rule, with its window.
-    assert_eq!(
-        value("ratelimit_service_rate_limit_limit", &rule),
-        Some(prometheus_parse::Value::Gauge(2.0)),
-        "{text}"
-    );
-    assert_eq!(
-        value("ratelimit_service_rate_limit_window_seconds", &rule),
-        Some(prometheus_parse::Value::Gauge(3600.0))
-    );
-    assert_eq!(
-        value(
-            "ratelimit_service_total_requests",
-            &[("grpc_method", "ShouldRateLimit")]
+    let requests = [("grpc_method", "ShouldRateLimit")];
+    for (name, labels, expected) in [
+        (
+            "ratelimit_service_rate_limit_total_hits",
+            &rule[..],
+            Counter(3.0),
         ),
-        Some(prometheus_parse::Value::Counter(3.0))
-    );
+        (
+            "ratelimit_service_rate_limit_over_limit",
+            &rule[..],
+            Counter(1.0),
+        ),
+        // The configured limit of every rule, with its window.
+        ("ratelimit_service_rate_limit_limit", &rule[..], Gauge(2.0)),
+        (
+            "ratelimit_service_rate_limit_window_seconds",
+            &rule[..],
+            Gauge(3600.0),
+        ),
+        (
+            "ratelimit_service_total_requests",
+            &requests[..],
+            Counter(3.0),
+        ),
+    ] {
+        assert_eq!(value(name, labels), Some(expected), "{name}\n{text}");
+    }
     match value(
         "ratelimit_service_response_time_seconds",
         &[("grpc_method", "ShouldRateLimit")],
@@ -306,18 +298,15 @@ async fn a_bad_mapping_file_stops_start_up() {
     let dir = tempfile::tempdir().unwrap();
     let mapping = dir.path().join("mapping.yaml");
     std::fs::write(&mapping, "mappings:\n- match: a.*\n  nmae: x\n").unwrap();
-    let mut server = Server::spawn(Options {
-        files: vec![("rules.yaml", RULES.to_owned())],
+    let log = Server::refused(Options {
         env: vec![
             ("USE_PROMETHEUS", "true".into()),
             ("PROMETHEUS_ADDR", format!("127.0.0.1:{}", free_port())),
             ("PROMETHEUS_MAPPER_YAML", mapping.display().to_string()),
         ],
-        ..Options::default()
+        ..Options::rules(RULES)
     });
-    let status = server.wait_exit(Duration::from_secs(10)).expect("it exits");
-    assert!(!status.success());
-    let log = server.log();
+    let log = log;
     assert!(
         log.contains("PROMETHEUS_MAPPER_YAML") && log.contains("nmae"),
         "{log}"
@@ -345,24 +334,17 @@ async fn names_from_requests_fold_into_overflow_past_max_stat_keys() {
     let server = start(&[("MAX_STAT_KEYS", "50")]);
     let mut client = server.client().await;
     for i in 0..120 {
-        let _ = client
-            .should_rate_limit(request(&format!("unknown{i}"), &[&[("user", "x")]]))
-            .await
-            .unwrap();
-        let _ = client
-            .should_rate_limit(request("s", &[&[("detailed", &format!("v{i}"))]]))
-            .await
-            .unwrap();
+        let _ = ask(&mut client, &format!("unknown{i}"), &[&[("user", "x")]]).await;
+        let _ = ask(&mut client, "s", &[&[("detailed", &format!("v{i}"))]]).await;
     }
     let kept_domains = server
         .stat("ratelimit.service.rate_limit.unknown0.domain_not_found")
         .await;
     assert_eq!(kept_domains, Some(1));
-    assert_eq!(
-        server
-            .stat("ratelimit.service.rate_limit.unknown119.domain_not_found")
-            .await,
-        None
+    let stats = server.stats().await;
+    assert!(
+        !stats.contains_key("ratelimit.service.rate_limit.unknown119.domain_not_found"),
+        "{stats:?}"
     );
     let folded_domains = server
         .stat("ratelimit.service.rate_limit._overflow.domain_not_found")

@@ -19,8 +19,8 @@ use opentelemetry_proto::tonic::common::v1::{AnyValue, KeyValue};
 use opentelemetry_proto::tonic::trace::v1::span::SpanKind;
 use prost::Message;
 use ratelimit_tests::on_every_backend;
-use ratelimit_tests::pki::make_pki;
-use support::{Options, Server, Store, eventually, request};
+use ratelimit_tests::pki::temp_pki;
+use support::{Options, Server, Store, ask, eventually, request};
 use tokio_stream::wrappers::TcpListenerStream;
 use warp::Filter;
 
@@ -188,9 +188,8 @@ fn traced(protocol: &str, port: u16, extra: &[(&'static str, &str)]) -> Options 
     ];
     env.extend(extra.iter().map(|(k, v)| (*k, (*v).to_owned())));
     Options {
-        files: vec![("rules.yaml", RULES.to_owned())],
         env,
-        ..Options::default()
+        ..Options::rules(RULES)
     }
 }
 
@@ -310,8 +309,7 @@ async fn http_export_follows_b3_parents_and_the_sampling_rate() {
 
 #[tokio::test]
 async fn grpc_export_reaches_an_https_collector_the_system_roots_trust() {
-    let pki = tempfile::tempdir().unwrap();
-    make_pki(pki.path());
+    let pki = temp_pki();
     let (collector, port) = Collector::grpc_tls(pki.path()).await;
     let mut options = traced("grpc", port, &[]);
     options
@@ -342,24 +340,13 @@ async fn grpc_export_reaches_an_https_collector_the_system_roots_trust() {
 #[tokio::test]
 async fn a_collector_the_exporter_cannot_reach_is_a_start_up_error_or_never_delays_a_decision() {
     // https for the plain-HTTP exporter: refused at start-up, naming the variable.
-    let mut refused = Server::spawn(Options {
-        env: vec![
-            ("TRACING_ENABLED", "true".into()),
-            (
-                "OTEL_EXPORTER_OTLP_ENDPOINT",
-                "https://127.0.0.1:4318".into(),
-            ),
-        ],
-        ..Options::default()
-    });
-    let status = refused.wait_exit(Duration::from_secs(10)).expect("exits");
-    assert!(!status.success());
+    let log = Server::refused(Options::with_env(&[
+        ("TRACING_ENABLED", "true"),
+        ("OTEL_EXPORTER_OTLP_ENDPOINT", "https://127.0.0.1:4318"),
+    ]));
     assert!(
-        refused
-            .log()
-            .contains("OTEL_EXPORTER_OTLP_ENDPOINT=https://127.0.0.1:4318"),
-        "{}",
-        refused.log()
+        log.contains("OTEL_EXPORTER_OTLP_ENDPOINT=https://127.0.0.1:4318"),
+        "{log}"
     );
 
     // A collector that is down: every decision is still answered.
@@ -370,10 +357,7 @@ async fn a_collector_the_exporter_cannot_reach_is_a_start_up_error_or_never_dela
     let mut client = server.client().await;
     for i in 0..50 {
         let user = format!("u{i}");
-        let answer = client
-            .should_rate_limit(request("t", &[&[("user", &user)]]))
-            .await
-            .unwrap();
-        assert_eq!(answer.into_inner().overall_code, 1);
+        let answer = ask(&mut client, "t", &[&[("user", &user)]]).await;
+        assert_eq!(answer.overall_code, 1);
     }
 }

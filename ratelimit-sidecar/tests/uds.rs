@@ -6,7 +6,7 @@ use ratelimit_tests::sidecar as support;
 
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitResponse;
 use prost::Message;
-use support::{Options, Server, request};
+use support::{Options, Server, request, run_ok};
 
 const RULES: &str =
     "domain: u\ndescriptors: [{key: user, rate_limit: {unit: hour, requests_per_unit: 2}}]\n";
@@ -32,24 +32,17 @@ fn grpcio_is_served_over_the_unix_socket() {
         "GRPC_PYTHON must name a Python with grpcio: run scripts/test.sh, which installs one",
     );
     let server = Server::start_with(Options {
-        files: vec![("rules.yaml", RULES.to_owned())],
         uds: true,
-        ..Options::default()
+        ..Options::rules(RULES)
     });
     let socket = server.uds.clone().expect("a unix socket");
     let body = request("u", &[&[("user", "py")]]).encode_to_vec();
     let hex: String = body.iter().map(|b| format!("{b:02x}")).collect();
-    let output = std::process::Command::new(python)
-        .args(["-c", CLIENT])
-        .arg(&socket)
-        .arg(hex)
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    assert!(
-        output.status.success(),
-        "{stdout}{}",
-        String::from_utf8_lossy(&output.stderr)
+    let stdout = run_ok(
+        std::process::Command::new(python)
+            .args(["-c", CLIENT])
+            .arg(&socket)
+            .arg(hex),
     );
     let codes: Vec<i32> = stdout
         .lines()

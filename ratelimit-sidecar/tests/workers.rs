@@ -4,9 +4,7 @@
 use ratelimit_tests::on_every_backend;
 use ratelimit_tests::sidecar as support;
 
-use std::time::Duration;
-
-use support::{Options, Redis, Server, Store, codes, redis_env, request};
+use support::{Options, Redis, Server, Store, ask, codes, redis_env};
 
 const OK: i32 = 1;
 const OVER: i32 = 2;
@@ -20,10 +18,9 @@ fn start(workers: u16, backend: Vec<(&'static str, String)>, uds: bool) -> Serve
     ];
     env.extend(backend);
     Server::start_with(Options {
-        files: vec![("rules.yaml", RULES.to_owned())],
         env,
         uds,
-        ..Options::default()
+        ..Options::rules(RULES)
     })
 }
 
@@ -50,11 +47,8 @@ async fn one_per_connection(server: &Server, connections: usize, uds: bool) -> V
         } else {
             server.client().await
         };
-        let response = client
-            .should_rate_limit(request("w", &[&[("user", "shared")]]))
-            .await
-            .unwrap();
-        answers.push(codes(response.get_ref())[0].0);
+        let response = ask(&mut client, "w", &[&[("user", "shared")]]).await;
+        answers.push(codes(&response)[0].0);
     }
     answers
 }
@@ -115,19 +109,13 @@ fn a_port_already_in_use_stops_start_up_even_for_shared_listeners() {
     let first = start(2, Vec::new(), false);
     // A second server on the same gRPC port, also with shared (SO_REUSEPORT) listeners,
     // must not quietly take half of the first one's connections.
-    let mut second = Server::spawn(Options {
-        files: vec![("rules.yaml", RULES.to_owned())],
+    let log = Server::refused(Options {
         env: vec![
             ("GRPC_WORKERS", "2".into()),
             ("GRPC_PORT", first.grpc.to_string()),
         ],
-        ..Options::default()
+        ..Options::rules(RULES)
     });
-    let status = second
-        .wait_exit(Duration::from_secs(20))
-        .expect("the second server exits");
-    assert!(!status.success());
-    let log = second.log();
     assert!(
         log.contains(&format!("cannot listen on gRPC 127.0.0.1:{}", first.grpc)),
         "{log}"

@@ -4,7 +4,7 @@
 //! survived with a new subscription, TLS and the additional headers, and
 //! FORCE_START_WITHOUT_INITIAL_CONFIG.
 
-use ratelimit_tests::pki::make_pki;
+use ratelimit_tests::pki::temp_pki;
 use ratelimit_tests::sidecar as support;
 
 use std::path::Path;
@@ -237,8 +237,7 @@ async fn pushes_are_acked_or_nacked_and_a_restarted_server_is_followed() {
 
 #[tokio::test]
 async fn tls_to_the_xds_server_carries_the_additional_headers() {
-    let pki = tempfile::tempdir().unwrap();
-    make_pki(pki.path());
+    let pki = temp_pki();
     let plane = ControlPlane::default();
     plane.publish(Snapshot::of(
         "1",
@@ -304,24 +303,13 @@ async fn force_start_serves_at_once_and_picks_the_rules_up_when_the_server_appea
 
 #[test]
 fn unusable_xds_tls_files_stop_start_up_naming_them() {
-    let mut server = Server::spawn(Options {
-        env: vec![
-            ("CONFIG_TYPE", "GRPC_XDS_SOTW".into()),
-            ("CONFIG_GRPC_XDS_SERVER_USE_TLS", "true".into()),
-            (
-                "CONFIG_GRPC_XDS_SERVER_TLS_CACERT",
-                "/nonexistent/ca.crt".into(),
-            ),
-        ],
-        ..Options::default()
-    });
-    let status = server.wait_exit(Duration::from_secs(10)).expect("exits");
-    assert!(!status.success());
+    let log = Server::refused(Options::with_env(&[
+        ("CONFIG_TYPE", "GRPC_XDS_SOTW"),
+        ("CONFIG_GRPC_XDS_SERVER_USE_TLS", "true"),
+        ("CONFIG_GRPC_XDS_SERVER_TLS_CACERT", "/nonexistent/ca.crt"),
+    ]));
     assert!(
-        server
-            .log()
-            .contains("CONFIG_GRPC_XDS_SERVER_TLS_CACERT=/nonexistent/ca.crt"),
-        "{}",
-        server.log()
+        log.contains("CONFIG_GRPC_XDS_SERVER_TLS_CACERT=/nonexistent/ca.crt"),
+        "{log}"
     );
 }

@@ -6,6 +6,7 @@
 //! --workspace` builds them), or in `$RATELIMIT_TEST_BIN_DIR` to run the same tests
 //! against another build: a regression test must fail on the build before its fix.
 
+pub mod calls;
 pub mod envoy;
 pub mod intake;
 pub mod memcached;

@@ -42,29 +42,22 @@ impl Memcached {
 
     fn start_with(extra: Vec<String>) -> Memcached {
         let port = free_port();
-        let memcached = Memcached {
+        Memcached {
             child: Memcached::spawn(port, &extra),
             port,
             extra,
-        };
-        memcached.wait_ready();
-        memcached
+        }
     }
 
+    /// Starts memcached on `port` and waits until it listens.
     fn spawn(port: u16, extra: &[String]) -> Child {
-        Command::new("memcached")
+        let mut command = Command::new("memcached");
+        command
             .args(["-l", "127.0.0.1", "-U", "0", "-m", "64", "-u", "root"])
             .args(extra)
             .arg("-p")
-            .arg(port.to_string())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("memcached is installed (scripts/test.sh installs it)")
-    }
-
-    fn wait_ready(&self) {
-        wait_listening(self.port, "memcached");
+            .arg(port.to_string());
+        spawn_listening(&mut command, port)
     }
 
     /// `host:port`.
@@ -82,7 +75,6 @@ impl Memcached {
     pub fn restart(&mut self) {
         self.kill();
         self.child = Memcached::spawn(self.port, &self.extra);
-        self.wait_ready();
     }
 
     /// The value of `key`, if it is there.
@@ -144,9 +136,7 @@ impl Dns {
         let dir = tempfile::tempdir().unwrap();
         let port = free_port();
         let child = Dns::spawn(&dir, port, name, nodes);
-        let dns = Dns { child, dir, port };
-        dns.wait_ready();
-        dns
+        Dns { child, dir, port }
     }
 
     /// Serves a new set of records (dnsmasq reads them at start: it is restarted).
@@ -154,7 +144,6 @@ impl Dns {
         let _ = self.child.kill();
         let _ = self.child.wait();
         self.child = Dns::spawn(&self.dir, self.port, name, nodes);
-        self.wait_ready();
     }
 
     fn spawn(dir: &tempfile::TempDir, port: u16, name: &str, nodes: &[(&str, u16)]) -> Child {
@@ -165,7 +154,8 @@ impl Dns {
         }
         let file = dir.path().join("dnsmasq.conf");
         std::fs::write(&file, config).unwrap();
-        Command::new("dnsmasq")
+        let mut command = Command::new("dnsmasq");
+        command
             .arg("--keep-in-foreground")
             .arg(format!("--port={port}"))
             .args([
@@ -174,15 +164,8 @@ impl Dns {
                 "--no-resolv",
             ])
             .args(["--no-hosts", "--user=root", "--pid-file="])
-            .arg(format!("--conf-file={}", file.display()))
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("dnsmasq is installed (scripts/test.sh installs it)")
-    }
-
-    fn wait_ready(&self) {
-        wait_listening(self.port, "dnsmasq");
+            .arg(format!("--conf-file={}", file.display()));
+        spawn_listening(&mut command, port)
     }
 
     /// `127.0.0.1:port`.
@@ -196,6 +179,19 @@ impl Drop for Dns {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// Starts `command` (a program scripts/test.sh installs) with its output discarded, and
+/// waits until it accepts connections on `port`.
+fn spawn_listening(command: &mut Command, port: u16) -> Child {
+    let what = command.get_program().to_string_lossy().into_owned();
+    let child = command
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap_or_else(|e| panic!("{what} is installed (scripts/test.sh installs it): {e}"));
+    wait_listening(port, &what);
+    child
 }
 
 /// Waits until `what` accepts connections on `port`.

@@ -11,6 +11,13 @@ use rcgen::{
 /// The DNS name in the client certificate (`client.crt`).
 pub const CLIENT_NAME: &str = "client.test";
 
+/// A new temporary directory holding [`make_pki`]'s files.
+pub fn temp_pki() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    make_pki(dir.path());
+    dir
+}
+
 /// In `dir`: a CA (`ca.crt`), a server certificate for 127.0.0.1 and localhost
 /// (`server.crt`, `server.key`), one for another name only (`elsewhere.*`) and a client
 /// certificate for [`CLIENT_NAME`] (`client.*`). Each call makes a new CA.

@@ -11,6 +11,7 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::R
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use tonic::transport::Channel;
 
+pub use crate::calls::{ask, get_text, post, run_ok};
 pub use crate::{binary, eventually, free_port};
 
 /// Runs the test `$name(store: &Store)` on every backend: the memory backend

@@ -1,0 +1,108 @@
+//! What the tests do with a running sidecar, each in one call: start it on a rules file,
+//! ask it for a decision over gRPC, read or post to its HTTP and debug listeners, watch
+//! it refuse to start; and run a command line that must succeed.
+
+use std::collections::HashMap;
+use std::process::Command;
+use std::time::Duration;
+
+use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitResponse;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
+use tonic::transport::Channel;
+
+use crate::sidecar::{Options, Server, request};
+
+/// The answer to one request of `descriptors` (`(key, value)` lists) in `domain`.
+pub async fn ask(
+    client: &mut RateLimitServiceClient<Channel>,
+    domain: &str,
+    descriptors: &[&[(&str, &str)]],
+) -> RateLimitResponse {
+    client
+        .should_rate_limit(request(domain, descriptors))
+        .await
+        .unwrap()
+        .into_inner()
+}
+
+/// The body of a GET of `url`, whatever its status.
+pub async fn get_text(url: &str) -> String {
+    reqwest::get(url).await.unwrap().text().await.unwrap()
+}
+
+/// The status and body of a POST of `body` to `url`.
+pub async fn post(url: &str, body: &str) -> (u16, String) {
+    let response = reqwest::Client::new()
+        .post(url)
+        .body(body.to_owned())
+        .send()
+        .await
+        .unwrap();
+    (response.status().as_u16(), response.text().await.unwrap())
+}
+
+/// Runs `command`, which must succeed; its standard output.
+pub fn run_ok(command: &mut Command) -> String {
+    let output = command.output().unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+    assert!(
+        output.status.success(),
+        "{command:?}: {stdout}{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    stdout
+}
+
+impl Options {
+    /// Options that set the environment variables `env`, and nothing else.
+    pub fn with_env(env: &[(&'static str, &str)]) -> Options {
+        Options {
+            env: env.iter().map(|(k, v)| (*k, (*v).to_owned())).collect(),
+            ..Options::default()
+        }
+    }
+
+    /// These options with the environment variable `key` set to `value` as well.
+    pub fn set(mut self, key: &'static str, value: &str) -> Options {
+        self.env.push((key, value.to_owned()));
+        self
+    }
+
+    /// Options that start a server on one rules file, `rules.yaml`, holding `yaml`.
+    pub fn rules(yaml: &str) -> Options {
+        Options {
+            files: vec![("rules.yaml", yaml.to_owned())],
+            ..Options::default()
+        }
+    }
+}
+
+impl Server {
+    /// Starts a server on `options`, which must make it stop with a failure within 20 s;
+    /// its log.
+    pub fn refused(options: Options) -> String {
+        let mut server = Server::spawn(options);
+        let Some(status) = server.wait_exit(Duration::from_secs(20)) else {
+            panic!("still running after 20 s:\n{}", server.log());
+        };
+        let log = server.log();
+        assert!(!status.success(), "exited with success:\n{log}");
+        log
+    }
+
+    /// Every statistic of `/stats` with an integer value, by name.
+    pub async fn stats(&self) -> HashMap<String, u64> {
+        let body = get_text(&self.debug_url("/stats")).await;
+        body.lines()
+            .filter_map(|line| {
+                let (name, value) = line.split_once(": ")?;
+                Some((name.to_owned(), value.parse().ok()?))
+            })
+            .collect()
+    }
+
+    /// The answer to one request of `descriptors` in `domain`, on a new connection.
+    pub async fn ask(&self, domain: &str, descriptors: &[&[(&str, &str)]]) -> RateLimitResponse {
+        ask(&mut self.client().await, domain, descriptors).await
+    }
+}
