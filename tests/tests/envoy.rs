@@ -9,17 +9,23 @@ use ratelimit_tests::sidecar as support;
 
 use std::time::{Duration, Instant};
 
-use ratelimit_tests::envoy::{repo, start_envoy, start_envoy_on, start_envoy_with, upstream};
-use support::{Options, Server};
+use ratelimit_tests::envoy::{
+    Envoy, repo, start_envoy, start_envoy_on, start_envoy_with, upstream,
+};
+use ratelimit_tests::pki::{CLIENT_NAME, temp_pki};
+use support::{Options, Server, get_text};
 
+/// A sidecar on the example's rules (`envoy/rules.yaml`) with the response headers on.
 fn sidecar() -> Server {
+    sidecar_with(vec![("LIMIT_RESPONSE_HEADERS_ENABLED", "true".into())])
+}
+
+/// A sidecar on the example's rules with the settings `env`.
+fn sidecar_with(env: Vec<(&'static str, String)>) -> Server {
+    let rules = std::fs::read_to_string(repo().join("envoy/rules.yaml")).unwrap();
     Server::start_with(Options {
-        files: vec![(
-            "rules.yaml",
-            std::fs::read_to_string(repo().join("envoy/rules.yaml")).unwrap(),
-        )],
-        env: vec![("LIMIT_RESPONSE_HEADERS_ENABLED", "true".into())],
-        ..Options::default()
+        env,
+        ..Options::rules(&rules)
     })
 }
 
@@ -66,17 +72,10 @@ async fn envoy_enforces_the_sidecars_decisions_and_passes_its_headers() {
 #[tokio::test]
 async fn envoy_passes_the_draft_11_headers() {
     let upstream = upstream().await;
-    let sidecar = Server::start_with(Options {
-        files: vec![(
-            "rules.yaml",
-            std::fs::read_to_string(repo().join("envoy/rules.yaml")).unwrap(),
-        )],
-        env: vec![
-            ("LIMIT_RESPONSE_HEADERS_ENABLED", "true".into()),
-            ("LIMIT_RESPONSE_HEADERS_FORMAT", "ietf-draft-11".into()),
-        ],
-        ..Options::default()
-    });
+    let sidecar = sidecar_with(vec![
+        ("LIMIT_RESPONSE_HEADERS_ENABLED", "true".into()),
+        ("LIMIT_RESPONSE_HEADERS_FORMAT", "ietf-draft-11".into()),
+    ]);
     let envoy = start_envoy(upstream, sidecar.grpc, false);
     let policy = |q: i64| {
         vec![(
@@ -106,27 +105,16 @@ async fn envoy_passes_the_draft_11_headers() {
 
 #[tokio::test]
 async fn envoy_asks_the_sidecar_over_mutual_tls() {
-    let pki = tempfile::tempdir().unwrap();
-    ratelimit_tests::pki::make_pki(pki.path());
+    let pki = temp_pki();
     let file = |name: &str| pki.path().join(name).display().to_string();
     let upstream = upstream().await;
-    let sidecar = Server::start_with(Options {
-        files: vec![(
-            "rules.yaml",
-            std::fs::read_to_string(repo().join("envoy/rules.yaml")).unwrap(),
-        )],
-        env: vec![
-            ("GRPC_SERVER_USE_TLS", "true".into()),
-            ("GRPC_SERVER_TLS_CERT", file("server.crt")),
-            ("GRPC_SERVER_TLS_KEY", file("server.key")),
-            ("GRPC_CLIENT_TLS_CACERT", file("ca.crt")),
-            (
-                "GRPC_CLIENT_TLS_SAN",
-                ratelimit_tests::pki::CLIENT_NAME.into(),
-            ),
-        ],
-        ..Options::default()
-    });
+    let sidecar = sidecar_with(vec![
+        ("GRPC_SERVER_USE_TLS", "true".into()),
+        ("GRPC_SERVER_TLS_CERT", file("server.crt")),
+        ("GRPC_SERVER_TLS_KEY", file("server.key")),
+        ("GRPC_CLIENT_TLS_CACERT", file("ca.crt")),
+        ("GRPC_CLIENT_TLS_SAN", CLIENT_NAME.into()),
+    ]);
     let tls_dir = pki.path().display().to_string();
     // failure_mode_deny: a handshake that failed would answer 500, never 200 or 429.
     let envoy = start_envoy_with(
@@ -145,6 +133,18 @@ async fn envoy_asks_the_sidecar_over_mutual_tls() {
     assert_eq!(statuses, [200, 200, 200, 429]);
 }
 
+/// Stops the sidecar: the proxy that fails open lets `user` through, the one that fails
+/// closed answers 500.
+async fn fails_open_and_closed(sidecar: &mut Server, open: &Envoy, closed: &Envoy, user: &str) {
+    sidecar.signal("TERM");
+    sidecar
+        .wait_exit(Duration::from_secs(15))
+        .expect("sidecar stops");
+    let status = |envoy: &Envoy| get(envoy.port, "/", Some(user));
+    assert_eq!(status(open).await.status(), 200, "fail open");
+    assert_eq!(status(closed).await.status(), 500, "fail closed");
+}
+
 #[tokio::test]
 async fn a_sidecar_outage_follows_failure_mode_deny() {
     let upstream = upstream().await;
@@ -152,20 +152,7 @@ async fn a_sidecar_outage_follows_failure_mode_deny() {
     let open = start_envoy(upstream, sidecar.grpc, false);
     let closed = start_envoy(upstream, sidecar.grpc, true);
     assert_eq!(get(closed.port, "/", Some("carol")).await.status(), 200);
-    sidecar.signal("TERM");
-    sidecar
-        .wait_exit(Duration::from_secs(15))
-        .expect("sidecar stops");
-    assert_eq!(
-        get(open.port, "/", Some("carol")).await.status(),
-        200,
-        "fail open"
-    );
-    assert_eq!(
-        get(closed.port, "/", Some("carol")).await.status(),
-        500,
-        "fail closed"
-    );
+    fails_open_and_closed(&mut sidecar, &open, &closed, "carol").await;
 }
 
 #[tokio::test]
@@ -195,20 +182,7 @@ async fn the_wasm_filter_asks_the_sidecar_as_its_global_tier() {
         Some(6)
     );
 
-    sidecar.signal("TERM");
-    sidecar
-        .wait_exit(Duration::from_secs(15))
-        .expect("sidecar stops");
-    assert_eq!(
-        get(open.port, "/", Some("frank")).await.status(),
-        200,
-        "fail open"
-    );
-    assert_eq!(
-        get(closed.port, "/", Some("frank")).await.status(),
-        500,
-        "fail closed"
-    );
+    fails_open_and_closed(&mut sidecar, &open, &closed, "frank").await;
 }
 
 #[tokio::test]
@@ -257,12 +231,7 @@ async fn the_wasm_filter_limits_locally_across_worker_threads() {
     );
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
-        let stats = reqwest::get(&stats_url)
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap();
+        let stats = get_text(&stats_url).await;
         let value = |name: &str| {
             stats
                 .lines()

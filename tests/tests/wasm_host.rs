@@ -8,7 +8,7 @@ use ratelimit_tests::sidecar as support;
 
 use std::path::PathBuf;
 
-use proxy_wasm_host::{Outcome, Plugin};
+use proxy_wasm_host::{Outcome, Plugin, Worker};
 use support::Server;
 
 /// 2026-01-01T00:00:00Z: a minute boundary.
@@ -22,6 +22,18 @@ fn plugin() -> Plugin {
     let plugin = Plugin::load(&path);
     plugin.set_time(T0);
     plugin
+}
+
+/// The plugin, and one worker configured with [`RULES`].
+fn on_rules() -> (Plugin, Worker) {
+    let plugin = plugin();
+    let worker = plugin.worker(&configuration(RULES, "")).unwrap();
+    (plugin, worker)
+}
+
+/// A request from [`PEER`] by `user` (the `x-user` header).
+fn as_user(worker: &mut Worker, user: &str) -> Outcome {
+    worker.request(&[("x-user", user)], PEER)
 }
 
 /// A filter configuration with `rules` (YAML for domain `edge`) and extra JSON fields.
@@ -68,10 +80,9 @@ fn a_bad_configuration_is_refused_with_the_sidecars_error() {
 
 #[test]
 fn header_descriptors_answer_429_locally_with_headers() {
-    let plugin = plugin();
-    let mut worker = plugin.worker(&configuration(RULES, "")).unwrap();
+    let (_plugin, mut worker) = on_rules();
     for remaining in ["2", "1", "0"] {
-        let Outcome::Passed(headers) = worker.request(&[("x-user", "alice")], PEER) else {
+        let Outcome::Passed(headers) = as_user(&mut worker, "alice") else {
             panic!("within the limit");
         };
         let value = |name: &str| {
@@ -84,7 +95,7 @@ fn header_descriptors_answer_429_locally_with_headers() {
         assert_eq!(value("ratelimit-remaining"), Some(remaining));
         assert_eq!(value("ratelimit-reset"), Some("60"));
     }
-    let outcome = worker.request(&[("x-user", "alice")], PEER);
+    let outcome = as_user(&mut worker, "alice");
     let response = outcome.local().expect("answered by the filter");
     assert_eq!(response.status, 429);
     assert_eq!(response.header("x-envoy-ratelimited"), Some("true"));
@@ -92,7 +103,7 @@ fn header_descriptors_answer_429_locally_with_headers() {
     assert_eq!(response.header("ratelimit-remaining"), Some("0"));
     assert_eq!(response.body, b"Too Many Requests\n");
     assert_eq!(
-        worker.request(&[("x-user", "bob")], PEER).status(),
+        as_user(&mut worker, "bob").status(),
         200,
         "bob has his own counter"
     );
@@ -112,7 +123,7 @@ descriptors:
     let mut worker = plugin.worker(&config).unwrap();
     let mut send = |time: u64| {
         plugin.set_time(time);
-        match worker.request(&[("x-user", "dana")], PEER) {
+        match as_user(&mut worker, "dana") {
             Outcome::Passed(headers) => {
                 let value = |name: &str| {
                     headers
@@ -147,8 +158,7 @@ descriptors:
 
 #[test]
 fn address_and_generic_key_descriptors_count_per_peer() {
-    let plugin = plugin();
-    let mut worker = plugin.worker(&configuration(RULES, "")).unwrap();
+    let (_plugin, mut worker) = on_rules();
     let statuses: Vec<u32> = (0..6).map(|_| worker.request(&[], PEER).status()).collect();
     assert_eq!(statuses, [200, 200, 200, 200, 200, 429]);
     assert_eq!(
@@ -163,20 +173,15 @@ fn address_and_generic_key_descriptors_count_per_peer() {
 
 #[test]
 fn the_window_rolls_over_with_the_clock() {
-    let plugin = plugin();
-    let mut worker = plugin.worker(&configuration(RULES, "")).unwrap();
+    let (plugin, mut worker) = on_rules();
     for _ in 0..3 {
-        assert_eq!(worker.request(&[("x-user", "carol")], PEER).status(), 200);
+        assert_eq!(as_user(&mut worker, "carol").status(), 200);
     }
     plugin.set_time(T0 + 59);
-    let over = worker.request(&[("x-user", "carol")], PEER);
+    let over = as_user(&mut worker, "carol");
     assert_eq!(over.local().unwrap().header("ratelimit-reset"), Some("1"));
     plugin.set_time(T0 + 60);
-    assert_eq!(
-        worker.request(&[("x-user", "carol")], PEER).status(),
-        200,
-        "a new window"
-    );
+    assert_eq!(as_user(&mut worker, "carol").status(), 200, "a new window");
 }
 
 #[test]
@@ -197,7 +202,7 @@ fn two_workers_never_admit_more_than_the_limit() {
             .map(|mut worker| {
                 scope.spawn(move || {
                     (0..80)
-                        .filter(|_| worker.request(&[("x-user", "dave")], PEER).status() == 200)
+                        .filter(|_| as_user(&mut worker, "dave").status() == 200)
                         .count()
                 })
             })
@@ -240,18 +245,17 @@ fn shared_data_stays_bounded_as_windows_and_keys_change() {
     // In a new window, a reused slot counts from zero for its new key.
     plugin.set_time(T0 + 600);
     for _ in 0..3 {
-        assert_eq!(worker.request(&[("x-user", "erin")], PEER).status(), 200);
+        assert_eq!(as_user(&mut worker, "erin").status(), 200);
     }
-    assert_eq!(worker.request(&[("x-user", "erin")], PEER).status(), 429);
+    assert_eq!(as_user(&mut worker, "erin").status(), 429);
 }
 
 #[test]
 fn statistics_are_exported_as_metrics_on_the_tick() {
-    let plugin = plugin();
-    let mut worker = plugin.worker(&configuration(RULES, "")).unwrap();
+    let (plugin, mut worker) = on_rules();
     assert_eq!(worker.host().tick_period_ms, 1000);
     for _ in 0..4 {
-        worker.request(&[("x-user", "frank")], PEER);
+        as_user(&mut worker, "frank");
     }
     worker.tick();
     assert_eq!(
@@ -262,7 +266,7 @@ fn statistics_are_exported_as_metrics_on_the_tick() {
         plugin.shared.metric("ratelimit_wasm.edge.user.over_limit"),
         Some(1)
     );
-    worker.request(&[("x-user", "frank")], PEER);
+    as_user(&mut worker, "frank");
     worker.tick();
     assert_eq!(
         plugin.shared.metric("ratelimit_wasm.edge.user.total_hits"),
@@ -285,15 +289,15 @@ fn the_global_tier_is_answered_by_a_real_sidecar() {
     let global = r#","global":{"cluster":"ratelimit","timeout_ms":2000,"domain":"fleet"}"#;
     let mut worker = plugin.worker(&configuration(RULES, global)).unwrap();
     // Local limit 3, fleet limit 2: the third request is refused by the sidecar.
-    assert_eq!(worker.request(&[("x-user", "gina")], PEER).status(), 200);
-    assert_eq!(worker.request(&[("x-user", "gina")], PEER).status(), 200);
-    let third = worker.request(&[("x-user", "gina")], PEER);
+    assert_eq!(as_user(&mut worker, "gina").status(), 200);
+    assert_eq!(as_user(&mut worker, "gina").status(), 200);
+    let third = as_user(&mut worker, "gina");
     let response = third.local().expect("the sidecar said over limit");
     assert_eq!(response.status, 429);
     assert_eq!(response.header("x-envoy-ratelimited"), Some("true"));
     // The fourth is over the local limit: refused without asking the sidecar, whose
     // counter therefore stays at 3.
-    assert_eq!(worker.request(&[("x-user", "gina")], PEER).status(), 429);
+    assert_eq!(as_user(&mut worker, "gina").status(), 429);
     let runtime = tokio::runtime::Runtime::new().unwrap();
     let hits = runtime.block_on(sidecar.stat("ratelimit.service.rate_limit.fleet.user.total_hits"));
     assert_eq!(hits, Some(3));
@@ -307,18 +311,10 @@ fn a_sidecar_outage_follows_the_failure_mode() {
     drop(sidecar);
     let open = r#","global":{"cluster":"ratelimit","timeout_ms":500,"domain":"fleet"}"#;
     let mut worker = plugin.worker(&configuration(RULES, open)).unwrap();
-    assert_eq!(
-        worker.request(&[("x-user", "hank")], PEER).status(),
-        200,
-        "fail open"
-    );
+    assert_eq!(as_user(&mut worker, "hank").status(), 200, "fail open");
     let closed = r#","failure_mode_deny":true,"global":{"cluster":"ratelimit","timeout_ms":500,"domain":"fleet"}"#;
     let mut worker = plugin.worker(&configuration(RULES, closed)).unwrap();
-    assert_eq!(
-        worker.request(&[("x-user", "hank")], PEER).status(),
-        500,
-        "fail closed"
-    );
+    assert_eq!(as_user(&mut worker, "hank").status(), 500, "fail closed");
 }
 
 /// The cost of one request in the filter, in wasmtime fuel (about one unit per wasm
@@ -326,8 +322,7 @@ fn a_sidecar_outage_follows_the_failure_mode() {
 /// by an order of magnitude.
 #[test]
 fn cost_per_request_in_instructions() {
-    let plugin = plugin();
-    let mut worker = plugin.worker(&configuration(RULES, "")).unwrap();
+    let (_plugin, mut worker) = on_rules();
     let mut costs = Vec::new();
     for i in 0..200 {
         let user = format!("user-{}", i % 20);
