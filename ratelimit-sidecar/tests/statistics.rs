@@ -306,7 +306,6 @@ async fn a_bad_mapping_file_stops_start_up() {
         ],
         ..Options::rules(RULES)
     });
-    let log = log;
     assert!(
         log.contains("PROMETHEUS_MAPPER_YAML") && log.contains("nmae"),
         "{log}"
