@@ -25,8 +25,7 @@ cargo build --quiet --release -p operations-intake
 WORK="$(mktemp -d)"
 trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$WORK"' EXIT
 
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-wait_port() { for _ in $(seq 200); do (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null && return 0; sleep 0.05; done; return 1; }
+. bench/common.sh
 
 KAFKA_PORT="$(free_port)"
 taskset -c 1 "$TANSU_BIN" broker --listener-url "tcp://127.0.0.1:$KAFKA_PORT" \

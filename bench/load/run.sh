@@ -24,17 +24,8 @@ WORK="$(mktemp -d)"
 trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$WORK"' EXIT
 TICK="$(getconf CLK_TCK)"
 
-mkdir -p "$WORK/current/config"
-cat >"$WORK/current/config/bench.yaml" <<'YAML'
-domain: bench
-descriptors:
-  - key: client
-    rate_limit: {unit: hour, requests_per_unit: 4000000000}
-YAML
-
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-
-wait_port() { for _ in $(seq 100); do (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null && return 0; sleep 0.05; done; return 1; }
+. bench/common.sh
+bench_rules "$WORK/current/config"
 
 cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
 

@@ -13,16 +13,8 @@ cargo build --quiet --release -p ratelimit-sidecar -p ratelimit-load-bench
 BIN=target/release
 WORK="$(mktemp -d)"
 trap 'kill -CONT $(jobs -p) 2>/dev/null || true; kill $(jobs -p) 2>/dev/null || true; rm -rf "$WORK"' EXIT
-mkdir -p "$WORK/current/config"
-cat >"$WORK/current/config/bench.yaml" <<'YAML'
-domain: bench
-descriptors:
-  - key: client
-    rate_limit: {unit: hour, requests_per_unit: 4000000000}
-YAML
-
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-wait_port() { for _ in $(seq 200); do (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null && return 0; sleep 0.05; done; return 1; }
+. bench/common.sh
+bench_rules "$WORK/current/config"
 now_ms() { date +%s%3N; }
 stat() { curl -s "http://127.0.0.1:$1/stats" | awk -v n="$2:" '$1 == n { print $2 }'; }
 until_stat() { # debug_port name -> waits until the statistic is at least 1

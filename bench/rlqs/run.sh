@@ -20,21 +20,20 @@ trap 'kill $(jobs -p) 2>/dev/null || true; wait 2>/dev/null || true; rm -rf "$WO
 mkdir -p "$WORK/current/config" "$WORK/www"
 printf 'domain: edge\ndescriptors:\n  - key: user\n    rate_limit: {unit: minute, requests_per_unit: %s}\n' "$LIMIT" >"$WORK/current/config/rules.yaml"
 
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-wait_port() { for _ in $(seq 400); do (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null && return 0; sleep 0.05; done; return 1; }
+. bench/common.sh
 fill() { python3 -c 'import os, re, sys; print(re.sub(r"\$\{(\w+)\}", lambda m: os.environ.get(m.group(1), m.group(0)), sys.stdin.read()), end="")'; }
 cpu_ticks() { awk '{ print $14 + $15 }' "/proc/$1/stat"; }
 ticks_per_second=$(getconf CLK_TCK)
 
 UPSTREAM_PORT=$(free_port)
 python3 -m http.server "$UPSTREAM_PORT" --bind 127.0.0.1 --directory "$WORK/www" >/dev/null 2>&1 &
-wait_port "$UPSTREAM_PORT"
+wait_port "$UPSTREAM_PORT" 400
 GRPC=$(free_port)
 env RUNTIME_ROOT="$WORK/current" RUNTIME_SUBDIRECTORY= RUNTIME_APPDIRECTORY=config USE_STATSD=false \
 	LOG_LEVEL=error HOST=127.0.0.1 PORT="$(free_port)" DEBUG_HOST=127.0.0.1 DEBUG_PORT="$(free_port)" \
 	GRPC_HOST=127.0.0.1 GRPC_PORT="$GRPC" BACKEND_TYPE=memory target/release/ratelimit &
 SIDECAR=$!
-wait_port "$GRPC"
+wait_port "$GRPC" 400
 
 envoys() { # file -> starts two Envoys on envoy/<file>; their ports in PORTS
 	PORTS=()
@@ -45,7 +44,7 @@ envoys() { # file -> starts two Envoys on envoy/<file>; their ports in PORTS
 			FAILURE_MODE_DENY=false EXPIRED_RULE=DENY_ALL fill <"envoy/$1" >"$WORK/$i.$1"
 		"$ENVOY" -c "$WORK/$i.$1" --concurrency 2 --log-level error --base-id $((RANDOM % 1000 + 2000)) \
 			>"$WORK/envoy.$i.log" 2>&1 &
-		wait_port "$port" || { cat "$WORK/envoy.$i.log" >&2; exit 1; }
+		wait_port "$port" 400 || { cat "$WORK/envoy.$i.log" >&2; exit 1; }
 		PORTS+=("$port")
 	done
 }
