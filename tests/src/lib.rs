@@ -1,6 +1,7 @@
 //! What every test suite of the workspace shares: launchers for the real processes (the
 //! sidecar and Redis in [`sidecar`], the intake and a tansu broker in [`intake`]), each
-//! on free loopback ports with a directory of its own, and small helpers.
+//! on free loopback ports with a directory of its own, what the tests do with a running
+//! sidecar in one call ([`calls`]), and small helpers.
 //!
 //! The workspace's binaries are found next to the test executable (`cargo test
 //! --workspace` builds them), or in `$RATELIMIT_TEST_BIN_DIR` to run the same tests
