@@ -93,13 +93,6 @@ pub async fn run(settings: Settings) -> Result<(), StartError> {
     let auth = Arc::new(Auth::new(settings.auth));
     // Held until the end of the run: the certificate is followed while it lives.
     let tls = tls(&settings)?;
-    let answer_within = settings.ratelimit_timeout + settings.kafka_delivery_timeout;
-    if settings.http.http_request_timeout <= answer_within {
-        return Err(StartError::Setting(format!(
-            "HTTP_REQUEST_TIMEOUT ({:?}) must be longer than RATELIMIT_TIMEOUT + KAFKA_DELIVERY_TIMEOUT ({answer_within:?}): a batch waiting for its acknowledgement would be cut off",
-            settings.http.http_request_timeout
-        )));
-    }
     match (settings.auth, &settings.api_keys_file) {
         (AuthMode::ApiKeys, Some(path)) => {
             let keys = Arc::clone(&auth);
@@ -232,7 +225,7 @@ pub async fn run(settings: Settings) -> Result<(), StartError> {
         listener,
         tls.as_ref().map(|tls| Arc::clone(&tls.config)),
         serve::warp_filter(routes(app)),
-        settings.http.connection_limits(),
+        connection_limits(&settings),
         settings.http.connection_slots(),
         async {
             let _ = stop_rx.await;
@@ -339,4 +332,22 @@ fn shutdown_signal() -> impl std::future::Future<Output = ()> {
             _ = tokio::signal::ctrl_c() => {}
         }
     }
+}
+
+/// The listener's limits; the request timeout raised, with a warning, when it is not
+/// above the longest a batch may wait for its answer (RATELIMIT_TIMEOUT +
+/// KAFKA_DELIVERY_TIMEOUT), so that no acknowledged batch is cut off.
+fn connection_limits(settings: &Settings) -> serve::ConnectionLimits {
+    let mut limits = settings.http.connection_limits();
+    let answer_within = settings.ratelimit_timeout + settings.kafka_delivery_timeout;
+    if limits.request_timeout <= answer_within {
+        let raised = answer_within + std::time::Duration::from_secs(5);
+        tracing::warn!(
+            configured = ?limits.request_timeout,
+            raised = ?raised,
+            "HTTP_REQUEST_TIMEOUT is not above RATELIMIT_TIMEOUT + KAFKA_DELIVERY_TIMEOUT, the longest a batch may wait for its acknowledgement: raised so that no batch is cut off"
+        );
+        limits.request_timeout = raised;
+    }
+    limits
 }
