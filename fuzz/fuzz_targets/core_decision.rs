@@ -96,6 +96,8 @@ enum Text {
 struct DescriptorIn {
     entries: Vec<(Text, Text)>,
     hits_addend: Option<u64>,
+    /// A refund (Envoy's `is_negative_hits`).
+    negative_hits: bool,
     /// Requests per unit and an index into `Unit::ALL`.
     limit: Option<(u32, u8)>,
 }
@@ -139,6 +141,7 @@ fn request(step: &Step) -> Request {
                     })
                     .collect(),
                 hits_addend: d.hits_addend,
+                negative_hits: d.negative_hits,
                 limit: d
                     .limit
                     .as_ref()
@@ -166,6 +169,17 @@ impl Model {
     fn get(&self, key: &str, now: u64) -> u64 {
         match self.counters.get(key) {
             Some(&(count, end)) if end > now => count,
+            _ => 0,
+        }
+    }
+
+    /// A refund: down by `hits`, never below 0; a counter nobody has stays none.
+    fn refund(&mut self, key: &str, hits: u64, now: u64) -> u64 {
+        match self.counters.get_mut(key) {
+            Some((count, end)) if *end > now => {
+                *count = count.saturating_sub(hits);
+                *count
+            }
             _ => 0,
         }
     }
@@ -225,7 +239,10 @@ fn remote(
     let counts: Vec<u64> = plan
         .increments()
         .iter()
-        .map(|i| model.increment(&i.key, i.hits, i.window_end, now))
+        .map(|i| match i.op.is_refund() {
+            true => model.refund(&i.key, i.hits, now),
+            false => model.increment(&i.key, i.hits, i.window_end, now),
+        })
         .collect();
     Ok(plan.decide(&counts))
 }

@@ -101,7 +101,9 @@ impl RateLimitHeaders {
                 remaining: status.limit_remaining,
                 reset,
             };
-            if status.limit_remaining < least {
+            // The first limited status is a candidate even with 2^32 - 1 left (upstream
+            // starts from that value with a strict comparison, and then sends no headers).
+            if chosen.is_none() || status.limit_remaining < least {
                 (chosen, least) = (Some(headers), status.limit_remaining);
             }
             if status.code == Code::OverLimit && !is_quota(i) {
@@ -267,6 +269,17 @@ mod tests {
             duration_until_reset: Some(reset),
             metadata: None,
         }
+    }
+
+    #[test]
+    fn a_limit_with_every_hit_left_still_reports_headers() {
+        let full = DescriptorStatus {
+            code: Code::Ok,
+            limit_remaining: u32::MAX,
+            ..over(u32::MAX, 30)
+        };
+        let headers = RateLimitHeaders::choose(&[full], |_| false).expect("headers");
+        assert_eq!((headers.limit, headers.remaining), (u32::MAX, u32::MAX));
     }
 
     #[test]
