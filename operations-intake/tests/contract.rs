@@ -4,6 +4,10 @@
 
 use ratelimit_tests::intake as support;
 
+mod common;
+
+use common::broker_and_intake;
+
 use serde_json::json;
 use support::{Answer, Intake, Tansu, answer, health, operation, post, read_topic};
 
@@ -15,19 +19,6 @@ fn documented_batch() -> String {
         operation("buy", "10.10", 100),
         operation("sell", "15.00", 50)
     )
-}
-
-async fn broker_and_intake(topic: &str, extra: &[(&str, &str)]) -> (Tansu, Intake) {
-    let tansu = Tansu::start();
-    tansu.create_topic(topic, 1).await;
-    let bootstrap = tansu.bootstrap();
-    let mut env = vec![
-        ("KAFKA_BOOTSTRAP_SERVERS", bootstrap.as_str()),
-        ("KAFKA_TOPIC", topic),
-    ];
-    env.extend_from_slice(extra);
-    let service = Intake::start(&env);
-    (tansu, service)
 }
 
 async fn send(request: reqwest::RequestBuilder) -> Answer {

@@ -3,21 +3,11 @@
 
 use ratelimit_tests::intake as support;
 
-use support::{Intake, Tansu, batch, bearer, keygen, post, read_topic};
+mod common;
 
-/// A broker with `topic`, and the intake on it with `extra` settings.
-async fn start(topic: &str, extra: &[(&str, &str)]) -> (Tansu, Intake) {
-    let tansu = Tansu::start();
-    tansu.create_topic(topic, 1).await;
-    let bootstrap = tansu.bootstrap();
-    let mut env = vec![
-        ("KAFKA_BOOTSTRAP_SERVERS", bootstrap.as_str()),
-        ("KAFKA_TOPIC", topic),
-    ];
-    env.extend_from_slice(extra);
-    let service = Intake::start(&env);
-    (tansu, service)
-}
+use common::broker_and_intake;
+
+use support::{batch, bearer, keygen, post, read_topic};
 
 #[tokio::test(flavor = "multi_thread")]
 async fn two_authorization_headers_are_refused_whatever_their_order() {
@@ -28,7 +18,7 @@ async fn two_authorization_headers_are_refused_whatever_their_order() {
         ("AUTH", "api-keys"),
         ("API_KEYS_FILE", keys.path().to_str().unwrap()),
     ];
-    let (tansu, service) = start("twice", &settings).await;
+    let (tansu, service) = broker_and_intake("twice", &settings).await;
     let (name, good) = bearer(&key);
     let bad = "Bearer oik_0000".to_owned();
     for pair in [[&good, &bad], [&bad, &good], [&good, &good]] {
@@ -58,7 +48,7 @@ async fn two_authorization_headers_are_refused_whatever_their_order() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_400_lists_at_most_100_problems_and_counts_the_rest() {
-    let (_tansu, service) = start("bloated", &[("MAX_BODY_BYTES", "2000000")]).await;
+    let (_tansu, service) = broker_and_intake("bloated", &[("MAX_BODY_BYTES", "2000000")]).await;
     // One object with 110 000 unknown fields (and none of the three it needs).
     let fields: Vec<String> = (0..110_000).map(|i| format!("\"{i:x}\":0")).collect();
     let body = format!("[{{{}}}]", fields.join(","));

@@ -44,3 +44,10 @@ pub async fn limited_intake(
     let service = intake(&tansu, topic, &env);
     (tansu, dir, service)
 }
+
+/// A broker with a one-partition `topic`, and the intake on it with `extra` settings.
+pub async fn broker_and_intake(topic: &str, extra: &[(&str, &str)]) -> (Tansu, Intake) {
+    let tansu = broker_with_topic(topic, 1).await;
+    let service = intake(&tansu, topic, extra);
+    (tansu, service)
+}
