@@ -38,40 +38,62 @@ const KNOWN_KEYS: [&str; 20] = [
     "metadata",
 ];
 
+/// A domain and its warnings, or every error found.
+pub(super) type Decoded = Result<(DomainConfig, Vec<String>), Vec<ConfigError>>;
+
 /// Parses and validates one file; also returns its warnings. On failure, every error
 /// found, in file order: all those of the key pass when it finds any (unknown keys, lists
 /// of non-maps, unsupported values), else those of the field pass (one per descriptor
 /// rule at most: a rule in error is left out and the next one read). An error found after
 /// the parse is given the line and column of the node it names.
-pub(super) fn decode_file(
-    file: &str,
-    text: &str,
-) -> Result<(DomainConfig, Vec<String>), Vec<ConfigError>> {
-    decode(file, text).map_err(|errors| {
-        errors
-            .into_iter()
-            .map(|mut error| {
-                if error.location.is_none() && !error.path.is_empty() {
-                    error.location = super::position::locate(text, &error.path);
-                }
-                error
-            })
-            .collect()
-    })
+pub(super) fn decode_file(file: &str, text: &str) -> Decoded {
+    decode(file, text).map_err(|errors| locate_errors(text, errors))
 }
 
-fn decode(file: &str, text: &str) -> Result<(DomainConfig, Vec<String>), Vec<ConfigError>> {
+/// Gives each error found after the parse the line and column, in `text`, of the node it
+/// names (of the first collection too deep, for [`ConfigErrorKind::TooDeep`]).
+pub(super) fn locate_errors(text: &str, errors: Vec<ConfigError>) -> Vec<ConfigError> {
+    errors
+        .into_iter()
+        .map(|mut error| {
+            if error.location.is_none() {
+                error.location = match error.kind {
+                    ConfigErrorKind::TooDeep(max) => super::nesting::too_deep(text, max),
+                    _ if error.path.is_empty() => None,
+                    _ => super::position::locate(text, &error.path),
+                };
+            }
+            error
+        })
+        .collect()
+}
+
+fn decode(file: &str, text: &str) -> Decoded {
     let root = parse_first_document(file, text).map_err(|e| vec![e])?;
+    decode_document(file, &root)
+}
+
+/// Validates one parsed document (a file's, or rules built in code), after the parse:
+/// the same passes, errors and warnings for either.
+pub(super) fn decode_document(file: &str, root: &Value) -> Decoded {
+    let max = super::nesting::MAX_DEPTH;
+    if depth(root) > max {
+        return Err(vec![ConfigError::new(
+            file,
+            "",
+            ConfigErrorKind::TooDeep(max),
+        )]);
+    }
     let cx = Cx {
         file,
         warnings: RefCell::new(Vec::new()),
         errors: RefCell::new(Vec::new()),
     };
-    cx.check_keys(&root, &mut String::new());
+    cx.check_keys(root, &mut String::new());
     if !cx.errors.borrow().is_empty() {
         return Err(cx.errors.into_inner());
     }
-    let domain = cx.domain(&root);
+    let domain = cx.domain(root);
     let mut errors = cx.errors.into_inner();
     match domain {
         Ok(domain) if errors.is_empty() => Ok((domain, cx.warnings.into_inner())),
@@ -506,6 +528,16 @@ fn join(path: &str, field: &str) -> String {
         field.to_owned()
     } else {
         format!("{path}.{field}")
+    }
+}
+
+/// How deeply collections nest in `value` (a scalar is 0), as the parse-time check counts.
+fn depth(value: &Value) -> usize {
+    match value {
+        Value::Sequence(items) => 1 + items.iter().map(depth).max().unwrap_or(0),
+        Value::Mapping(map) => 1 + map.values().map(depth).max().unwrap_or(0),
+        Value::Tagged(tagged) => depth(&tagged.value),
+        _ => 0,
     }
 }
 

@@ -1,5 +1,6 @@
 //! Rate-limit configuration: the YAML schema of envoyproxy/ratelimit, loaded and validated.
 
+mod build;
 mod decode;
 mod error;
 mod events;
@@ -8,6 +9,7 @@ mod position;
 
 use std::collections::BTreeMap;
 
+pub use build::{Domain, RateLimit, Rule};
 pub use error::{ConfigError, ConfigErrorKind};
 
 use crate::unit::Window;
@@ -158,12 +160,25 @@ impl Config {
         N: AsRef<str>,
         T: AsRef<str>,
     {
+        let decoded = files.into_iter().map(|(name, text)| {
+            let name = name.as_ref();
+            (name.to_owned(), decode::decode_file(name, text.as_ref()))
+        });
+        Config::assemble(decoded, merge_domains)
+    }
+
+    /// Joins decoded files (or domains built in code) into one configuration, with the
+    /// checks across files: duplicate domains, or duplicate keys of merged ones.
+    fn assemble(
+        decoded: impl IntoIterator<Item = (String, decode::Decoded)>,
+        merge_domains: bool,
+    ) -> Result<Config, Vec<ConfigError>> {
         let mut config = Config::default();
         let mut errors = Vec::new();
         let mut top_keys: Vec<std::collections::HashSet<String>> = Vec::new();
-        for (name, text) in files {
-            let name = name.as_ref();
-            let file = match decode::decode_file(name, text.as_ref()) {
+        for (name, decoded) in decoded {
+            let name = name.as_str();
+            let file = match decoded {
                 Ok((file, warnings)) => {
                     config.warnings.extend(warnings);
                     file
