@@ -16,7 +16,7 @@ use tonic_health::server::{HealthReporter, HealthService};
 use crate::backend::{self, Backend, BackendError};
 use crate::ingress::listeners::{self, ListenError, Shared};
 use crate::ingress::tls::ServerTls;
-use crate::ingress::workers::{self, Pool};
+use crate::ingress::workers::{self, Pool, Side};
 use crate::observe::debug;
 use crate::observe::health::Health;
 use crate::observe::sinks::prometheus::Prometheus;
@@ -101,15 +101,18 @@ pub async fn run(settings: Settings) -> Result<(), StartError> {
     if let Some((listener, workers)) = opened.uds {
         tokio::spawn(listeners::hand_out(listener, workers, shared.stopped()));
     }
-    let debug = tokio::spawn(serve::serve(
-        opened.debug,
-        None,
+    // The debug and Prometheus listeners run on their own thread: no worker decides
+    // while a large `/explain` or dashboard answer is built.
+    let side = Side::start("ratelimit-debug").map_err(StartError::Workers)?;
+    let (routes, limits) = (
         debug::Debug(Arc::clone(&service), server.max_json_body_bytes),
         shared.limits,
-        settings.bounds.http.connection_slots(),
-        shared.stopped(),
-    ));
-    let flusher = statistics(&settings, &shared)?;
+    );
+    let (slots, stopped) = (settings.bounds.http.connection_slots(), shared.stopped());
+    let debug = side.serve(opened.debug, move |listener| {
+        serve::serve(listener, None, routes, limits, slots, stopped)
+    });
+    let flusher = statistics(&settings, &shared, &side)?;
     let worker_shared = shared.clone();
     let serving = tokio::spawn(async move {
         pool.on_each(opened.workers, move |listeners| {
@@ -149,9 +152,13 @@ pub async fn run(settings: Settings) -> Result<(), StartError> {
     Ok(())
 }
 
-/// Starts the statistics outputs: the push thread, and the Prometheus endpoint served by
-/// this worker until the stop signal.
-fn statistics(settings: &Settings, shared: &Shared) -> Result<Option<Flusher>, StartError> {
+/// Starts the statistics outputs: the push thread, and the Prometheus endpoint served on
+/// `side` until the stop signal.
+fn statistics(
+    settings: &Settings,
+    shared: &Shared,
+    side: &Side,
+) -> Result<Option<Flusher>, StartError> {
     let stats = &settings.stats;
     let outputs = stats.outputs().map_err(StartError::Stats)?;
     if outputs.prometheus {
@@ -164,14 +171,11 @@ fn statistics(settings: &Settings, shared: &Shared) -> Result<Option<Flusher>, S
             labels: Arc::new(stats.extra_tags.clone().into_iter().collect()),
             path: stats.prometheus_path.as_str().into(),
         };
-        tokio::spawn(serve::serve(
-            listener,
-            None,
-            endpoint,
-            shared.limits,
-            settings.bounds.http.connection_slots(),
-            shared.stopped(),
-        ));
+        let (limits, slots) = (shared.limits, settings.bounds.http.connection_slots());
+        let stopped = shared.stopped();
+        side.serve(listener, move |listener| {
+            serve::serve(listener, None, endpoint, limits, slots, stopped)
+        });
     }
     let push = sinks::push_outputs(stats, outputs);
     Ok(Flusher::start(

@@ -4,8 +4,9 @@
 //! `current_thread` runtime with its own listeners (`SO_REUSEPORT`, so the kernel spreads
 //! connections over them) and its own backend connections, so no request wakes another
 //! thread. The rules, the memory store and the statistics are shared. Worker 0 is the
-//! thread that starts the server; it also runs the debug listener, the configuration
-//! watcher and the signal handling.
+//! thread that starts the server; it also runs the configuration watcher and the signal
+//! handling. The debug and Prometheus listeners run on a thread of their own ([`Side`]),
+//! so that a slow `/explain` or dashboard poll never delays a decision.
 
 use std::cell::Cell;
 use std::future::Future;
@@ -129,6 +130,70 @@ impl Pool {
             out.push(rx.await.expect("a worker ran its job to the end"));
         }
         out
+    }
+}
+
+/// A thread of its own with a single-threaded runtime, for work that must never share a
+/// thread with decisions (the debug and Prometheus listeners). It runs until dropped;
+/// tasks still running then are cancelled.
+pub struct Side {
+    handle: tokio::runtime::Handle,
+    _stop: oneshot::Sender<()>,
+}
+
+impl Side {
+    /// Starts the thread, named `name`.
+    pub fn start(name: &str) -> io::Result<Side> {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?;
+        let handle = runtime.handle().clone();
+        let (stop, stopped) = oneshot::channel::<()>();
+        std::thread::Builder::new()
+            .name(name.to_owned())
+            .spawn(move || {
+                runtime.block_on(async move {
+                    let _ = stopped.await;
+                });
+            })?;
+        Ok(Side {
+            handle,
+            _stop: stop,
+        })
+    }
+
+    /// Runs `future` on this thread.
+    pub fn spawn<F>(&self, future: F) -> tokio::task::JoinHandle<F::Output>
+    where
+        F: Future + Send + 'static,
+        F::Output: Send + 'static,
+    {
+        self.handle.spawn(future)
+    }
+
+    /// Moves `listener` (registered with the caller's runtime) to this thread's and runs
+    /// `serve` on it. A listener this runtime cannot take stops the process: the kernel
+    /// would go on queueing connections that nobody accepts.
+    pub fn serve<F, Fut>(
+        &self,
+        listener: tokio::net::TcpListener,
+        serve: F,
+    ) -> tokio::task::JoinHandle<()>
+    where
+        F: FnOnce(tokio::net::TcpListener) -> Fut + Send + 'static,
+        Fut: Future<Output = ()> + Send + 'static,
+    {
+        let moved = listener.into_std();
+        self.spawn(async move {
+            match moved.and_then(tokio::net::TcpListener::from_std) {
+                Ok(listener) => serve(listener).await,
+                Err(error) => {
+                    tracing::error!(%error, "the debug thread cannot take its listener");
+                    eprintln!("ratelimit: the debug thread cannot take its listener: {error}");
+                    std::process::exit(1)
+                }
+            }
+        })
     }
 }
 

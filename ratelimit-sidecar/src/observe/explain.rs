@@ -8,9 +8,22 @@ use crate::backend::BackendError;
 use crate::ingress::json::parse_request;
 use crate::service::{Service, ServiceError};
 
+/// The most descriptors one `/explain` request may carry: its answer is about 500 bytes a
+/// descriptor, built on the debug thread while the caller waits.
+pub const MAX_DESCRIPTORS: usize = 1_000;
+
 /// The explanation of `body` as JSON, or the status and message of why there is none.
 pub async fn explain(service: &Service, body: &[u8]) -> Result<String, (u16, String)> {
     let request = parse_request(body).map_err(|e| (400, format!("Bad Request: {e}\n")))?;
+    if request.descriptors.len() > MAX_DESCRIPTORS {
+        return Err((
+            413,
+            format!(
+                "Payload Too Large: /explain takes at most {MAX_DESCRIPTORS} descriptors at a time; this request has {}\n",
+                request.descriptors.len()
+            ),
+        ));
+    }
     match service.explain(request).await {
         Ok((explanation, current, answer)) => Ok(render(&explanation, &current, &answer)),
         Err(ServiceError::Backend(e @ BackendError::Key(_))) => {

@@ -1,0 +1,102 @@
+//! The debug port never shares a thread with decisions, and what it builds is bounded:
+//! `/explain`'s descriptors and the dashboard's rules.
+
+use std::collections::HashMap;
+
+use ratelimit_tests::sidecar as support;
+use serde_json::Value;
+use support::{Options, Server, get_text, post};
+
+const RULES: &str =
+    "domain: d\ndescriptors:\n  - key: user\n    rate_limit: {unit: hour, requests_per_unit: 10}\n";
+
+/// CPU time (clock ticks, user and system) each thread of `pid` has used, summed by the
+/// thread's name.
+fn cpu_by_thread_name(pid: u32) -> HashMap<String, u64> {
+    let mut out = HashMap::new();
+    for task in std::fs::read_dir(format!("/proc/{pid}/task")).unwrap() {
+        let Ok(stat) = std::fs::read_to_string(task.unwrap().path().join("stat")) else {
+            continue;
+        };
+        // `tid (name) state …`: the name may hold spaces, the fields after it do not.
+        let (open, close) = (stat.find('(').unwrap(), stat.rfind(')').unwrap());
+        let name = stat[open + 1..close].to_owned();
+        let fields: Vec<&str> = stat[close + 2..].split(' ').collect();
+        let ticks: u64 = fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap();
+        *out.entry(name).or_default() += ticks;
+    }
+    out
+}
+
+/// The ticks of the threads that decide: the main thread (worker 0) and the workers.
+fn decision_ticks(cpu: &HashMap<String, u64>) -> u64 {
+    cpu.iter()
+        .filter(|(name, _)| *name == "ratelimit" || name.starts_with("ratelimit-worke"))
+        .map(|(_, ticks)| ticks)
+        .sum()
+}
+
+fn explain_body(descriptors: usize) -> String {
+    let one = r#"{"entries":[{"key":"user","value":"someone"}]}"#;
+    format!(
+        r#"{{"domain":"d","descriptors":[{}]}}"#,
+        vec![one; descriptors].join(",")
+    )
+}
+
+#[tokio::test]
+async fn explanations_are_built_on_the_debug_thread_not_on_a_worker() {
+    let server = Server::start_with(Options::rules(RULES).set("GRPC_WORKERS", "2"));
+    let body = explain_body(1_000);
+    let before = cpu_by_thread_name(server.pid());
+    for _ in 0..30 {
+        let (status, text) = post(&server.debug_url("/explain"), &body).await;
+        assert_eq!(status, 200, "{text}");
+    }
+    let after = cpu_by_thread_name(server.pid());
+    let debug = after.get("ratelimit-debug").copied().unwrap_or(0)
+        - before.get("ratelimit-debug").copied().unwrap_or(0);
+    let deciding = decision_ticks(&after) - decision_ticks(&before);
+    // Thirty answers of 1 000 descriptors are a few hundred milliseconds of work; it must
+    // have been done by the debug thread, and the workers must have done almost none.
+    assert!(
+        debug >= 10 && deciding * 5 <= debug,
+        "debug thread {debug} ticks, deciding threads {deciding} ticks: {after:?}"
+    );
+    // Decisions still come from the workers.
+    let response = server.ask("d", &[&[("user", "a")]]).await;
+    assert_eq!(response.statuses[0].limit_remaining, 9);
+}
+
+#[tokio::test]
+async fn explain_refuses_more_descriptors_than_its_bound() {
+    let server = Server::start_with(Options::rules(RULES));
+    let (status, text) = post(&server.debug_url("/explain"), &explain_body(1_001)).await;
+    assert_eq!(status, 413, "{text}");
+    assert_eq!(
+        text,
+        "Payload Too Large: /explain takes at most 1000 descriptors at a time; this request has 1001\n"
+    );
+    let (status, text) = post(&server.debug_url("/explain"), &explain_body(1_000)).await;
+    assert_eq!(status, 200, "{text}");
+}
+
+#[tokio::test]
+async fn the_dashboard_sends_a_bounded_share_of_the_rules_with_their_total() {
+    let mut rules = String::from("domain: many\ndescriptors:\n");
+    for i in 0..3_000 {
+        rules.push_str(&format!(
+            "  - key: k{i}\n    rate_limit: {{unit: hour, requests_per_unit: 5}}\n"
+        ));
+    }
+    let server = Server::start_with(Options::rules(&rules));
+    let text = get_text(&server.debug_url("/dashboard.json")).await;
+    let json: Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(json["rulesTotal"], 3_000);
+    assert_eq!(json["rules"].as_array().unwrap().len(), 1_000);
+    assert_eq!(json["rules"][0]["key"], "k0");
+    assert_eq!(json["lastLoad"]["domainsTotal"], 1);
+    // All of them are still in the configuration dump.
+    let config = get_text(&server.debug_url("/rlconfig")).await;
+    assert!(config.contains("many.k2999"), "{}", &config[..200]);
+}
