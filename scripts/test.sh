@@ -80,6 +80,19 @@ ensure_kafka_tools() {
 	export TANSU_BIN KAFKA_PYTHON SCHEMATHESIS_BIN
 }
 
+# The Kubernetes manifests of deploy/kubernetes are checked against the API's schemas.
+KUBERNETES_VALIDATE_VERSION=1.37.0
+ensure_kubernetes_validate() {
+	local venv="$CACHE/kubernetes-validate-$KUBERNETES_VALIDATE_VERSION"
+	if [ ! -x "$venv/bin/kubernetes-validate" ]; then
+		log "installing kubernetes-validate $KUBERNETES_VALIDATE_VERSION from PyPI into $venv"
+		python3 -m venv "$venv"
+		"$venv/bin/pip" install -q "kubernetes-validate==$KUBERNETES_VALIDATE_VERSION"
+	fi
+	KUBERNETES_VALIDATE="$venv/bin/kubernetes-validate"
+	export KUBERNETES_VALIDATE
+}
+
 ensure_grpc_python() {
 	local venv="$CACHE/grpcio-$GRPCIO_VERSION"
 	if [ ! -x "$venv/bin/python" ] || ! "$venv/bin/python" -c 'import grpc' 2>/dev/null; then
@@ -106,6 +119,11 @@ ensure_apt cmake cmake
 ensure_apt g++ g++
 ensure_deb zlib1g-dev
 ensure_deb libcurl4-openssl-dev
+# deploy/: the images are built with podman; the dashboard and alerts run on Prometheus.
+ensure_apt podman podman
+ensure_apt prometheus prometheus
+ensure_apt promtool prometheus
+ensure_kubernetes_validate
 ensure_envoy
 ensure_kafka_tools
 ensure_grpc_python
