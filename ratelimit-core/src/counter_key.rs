@@ -50,6 +50,8 @@ pub(crate) enum Values<'a> {
     Of(&'a [Entry]),
     /// Listed (a rule that shares a counter across a wildcard counts under its pattern).
     Listed(Vec<&'a str>),
+    /// Given as they are (a prepared check's).
+    Strs(&'a [&'a str]),
     /// Joined, each followed by [`SEPARATOR`]: an [`crate::Increment`]'s.
     Joined(&'a [u8]),
 }
@@ -59,6 +61,7 @@ impl Values<'_> {
         match self {
             Values::Of(entries) => entries.iter().all(|e| f(e.value.as_bytes())),
             Values::Listed(values) => values.iter().all(|v| f(v.as_bytes())),
+            Values::Strs(values) => values.iter().all(|v| f(v.as_bytes())),
             Values::Joined(joined) => joined
                 .split_inclusive(|&b| b == SEPARATOR)
                 .all(|value| f(&value[..value.len() - 1])),
@@ -120,6 +123,7 @@ impl Values<'_> {
             // The common form, without the closure of `for_each`.
             Values::Of(entries) => entries.iter().all(|e| next(e.value.as_bytes())),
             Values::Listed(values) => values.iter().all(|v| next(v.as_bytes())),
+            Values::Strs(values) => values.iter().all(|v| next(v.as_bytes())),
         };
         all && rest.is_empty()
     }

@@ -31,6 +31,14 @@ impl<V> KeyMap<V> {
         }
     }
 
+    /// Some value of the map, when it has any.
+    pub fn any_value(&self) -> Option<&V> {
+        match self {
+            KeyMap::Few(pairs) => pairs.first().map(|(_, v)| v),
+            KeyMap::Many(map) => map.values().next(),
+        }
+    }
+
     /// The value of `key`.
     #[inline]
     pub fn get(&self, key: &str) -> Option<&V> {

@@ -63,8 +63,8 @@ pub use limiter::Limiter;
 pub use local_cache::OverLimitCache;
 pub use memory::{DEFAULT_MAX_BYTES, MemoryStore, MemoryUsage};
 pub use plan::{
-    DescriptorExplanation, Explanation, Increment, MatchedEntry, Outcome, Plan, QuotaLimit,
-    QuotaRule,
+    Decision, DescriptorExplanation, Explanation, Increment, MatchedEntry, Outcome, Plan,
+    PrepareError, PreparedCheck, QuotaLimit, QuotaRule,
 };
 pub use request::{Descriptor, Entry, LimitOverride, Request, RequestBounds, RequestError};
 pub use response::{

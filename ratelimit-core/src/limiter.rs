@@ -117,6 +117,17 @@ impl Limiter {
         })
     }
 
+    /// The generation of the current configuration and its engine (read in that order,
+    /// so the engine is never older than the generation says).
+    pub(crate) fn current_engine(&self) -> Result<(u64, Arc<Engine>), RequestError> {
+        let generation = self.generation.load(Ordering::Acquire);
+        let engine = self
+            .engine
+            .load_full()
+            .ok_or(RequestError::NoConfiguration)?;
+        Ok((generation, engine))
+    }
+
     /// A number that changes each time a configuration is set.
     pub fn config_generation(&self) -> u64 {
         self.generation.load(Ordering::Acquire)

@@ -377,6 +377,25 @@ impl RuleSet {
         &self.nodes[id as usize]
     }
 
+    /// The rules under `id`, for the next entry of a descriptor.
+    pub fn children(&self, id: NodeId) -> Option<&Level> {
+        self.node(id).children.as_ref()
+    }
+
+    /// The rule an entry with key `key` matches in `level` whatever its value: `Ok` of
+    /// the key-only rule, or of `None` when no rule has the key; `Err` with a rule of a
+    /// value of its own when the value decides.
+    pub fn key_only(&self, level: &Level, key: &str) -> Result<Option<NodeId>, NodeId> {
+        let Some(rules) = level.keys.get(key) else {
+            return Ok(None);
+        };
+        let valued = rules.exact.any_value().copied();
+        match valued.or(rules.wildcards.first().map(|(_, id)| *id)) {
+            Some(id) => Err(id),
+            None => Ok(rules.default),
+        }
+    }
+
     /// Walks `entries` down from `level`, calling `visit` for each level's match, and
     /// returns the node matched at exactly the depth of the descriptor. There is no
     /// backtracking: once an entry matched a rule, deeper entries are looked up only under

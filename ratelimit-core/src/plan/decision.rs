@@ -246,7 +246,7 @@ pub(super) fn overall_code(
 
 /// Whether `candidate` rather than `current` reports a descriptor with several limits: an
 /// over-limit one first, otherwise the one with the fewest hits remaining.
-fn decides_over(candidate: &DescriptorStatus, current: &DescriptorStatus) -> bool {
+pub(super) fn decides_over(candidate: &DescriptorStatus, current: &DescriptorStatus) -> bool {
     match (candidate.code, current.code) {
         (Code::OverLimit, Code::OverLimit) => false,
         (Code::OverLimit, _) => true,

@@ -126,13 +126,7 @@ impl Engine {
         let prefix = &self.settings.cache_key_prefix;
         key.reserve(prefix.len() + domain.len() + 1 + entries + 22 + suffix.len());
         self.write_entries(key, domain, descriptor, values);
-        if let Some(start) = start {
-            key.push_str(itoa::Buffer::new().format(start));
-            if !suffix.is_empty() {
-                key.push('_');
-            }
-        }
-        key.push_str(suffix);
+        push_window_and_suffix(key, start, suffix);
     }
 
     /// The start of a counter's key: `CACHE_KEY_PREFIX` + domain + `_` + (`key_value_`
@@ -144,26 +138,18 @@ impl Engine {
         descriptor: &Descriptor,
         values: &Values<'_>,
     ) {
-        key.push_str(&self.settings.cache_key_prefix);
-        key.push_str(domain);
-        key.push('_');
-        let mut push = |entry_key: &str, value: &str| {
-            key.push_str(entry_key);
-            key.push('_');
-            key.push_str(value);
-            key.push('_');
-        };
+        let keys = descriptor.entries.iter().map(|e| e.key.as_str());
+        let prefix = &self.settings.cache_key_prefix;
         match values {
             Values::Listed(values) => {
-                for (entry, value) in descriptor.entries.iter().zip(values) {
-                    push(&entry.key, value);
-                }
+                push_entries(key, prefix, domain, keys.zip(values.iter().copied()));
             }
-            _ => {
-                for entry in &descriptor.entries {
-                    push(&entry.key, &entry.value);
-                }
-            }
+            _ => push_entries(
+                key,
+                prefix,
+                domain,
+                descriptor.entries.iter().map(|e| (&*e.key, &*e.value)),
+            ),
         }
     }
 
@@ -198,6 +184,36 @@ impl Engine {
             });
         key
     }
+}
+
+/// The start of a counter's key: `prefix` + domain + `_` + (`key_value_` per entry).
+pub(super) fn push_entries<'a>(
+    key: &mut String,
+    prefix: &str,
+    domain: &str,
+    entries: impl IntoIterator<Item = (&'a str, &'a str)>,
+) {
+    key.push_str(prefix);
+    key.push_str(domain);
+    key.push('_');
+    for (entry_key, value) in entries {
+        key.push_str(entry_key);
+        key.push('_');
+        key.push_str(value);
+        key.push('_');
+    }
+}
+
+/// The end of a counter's key: its window start (a bucket has none), then `_` and the
+/// limit's suffix when it has one.
+pub(super) fn push_window_and_suffix(key: &mut String, start: Option<u64>, suffix: &str) {
+    if let Some(start) = start {
+        key.push_str(itoa::Buffer::new().format(start));
+        if !suffix.is_empty() {
+            key.push('_');
+        }
+    }
+    key.push_str(suffix);
 }
 
 /// The value a counter's key holds for `entry`: a rule that shares its counter across a

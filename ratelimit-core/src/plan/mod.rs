@@ -16,9 +16,11 @@ mod direct;
 mod explain;
 mod keys;
 mod matching;
+mod prepared;
 mod quota;
 
 pub use explain::{DescriptorExplanation, Explanation, MatchedEntry, Outcome};
+pub use prepared::{Decision, PrepareError, PreparedCheck};
 pub use quota::{QuotaLimit, QuotaRule};
 
 use std::sync::Arc;
