@@ -9,8 +9,10 @@
 
 pub mod calls;
 pub mod envoy;
+pub mod faults;
 pub mod image;
 pub mod intake;
+pub mod kubernetes;
 pub mod memcached;
 pub mod pki;
 pub mod sidecar;
