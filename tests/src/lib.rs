@@ -9,7 +9,6 @@
 
 pub mod calls;
 pub mod envoy;
-pub mod faults;
 pub mod image;
 pub mod intake;
 pub mod kubernetes;
