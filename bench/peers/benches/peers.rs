@@ -1,5 +1,7 @@
 //! ratelimit-core against governor's keyed limiter and limitador's in-memory limiter, on
-//! the same workloads, in one binary, so the report is a ratio measured in one run.
+//! the same workloads, in one binary, so the report is a ratio measured in one run. The
+//! last line of the output is `prepared_over_governor <ratio>`: the worst, over the
+//! prepared-check workloads, of the prepared check's mean time over governor's.
 
 #[path = "../../../ratelimit-core/benches/support/scenarios.rs"]
 #[allow(dead_code)] // shared with the core's own benchmark, which uses all of it
@@ -9,10 +11,14 @@ use std::collections::HashMap;
 use std::hint::black_box;
 use std::num::NonZeroU32;
 
-use criterion::{Criterion, criterion_group, criterion_main};
+use std::path::{Path, PathBuf};
+use std::time::SystemTime;
+
+use criterion::Criterion;
 use governor::{DefaultKeyedRateLimiter, Quota, RateLimiter};
 use limitador::limit::{Context, Expression, Limit, Predicate};
 use ratelimit_core::Request;
+use ratelimit_peer_bench::WORKLOADS;
 use scenarios::{
     DISTINCT, NOW, engine, keys, one_entry, one_entry_on, set_value, two_entries,
     two_entries_prebuilt, wildcard,
@@ -201,5 +207,67 @@ fn workloads(c: &mut Criterion) {
     );
 }
 
-criterion_group!(benches, workloads);
-criterion_main!(benches);
+/// The prepared keyed check against governor's `check_key`, workload by workload.
+fn prepared_workloads(c: &mut Criterion) {
+    for workload in WORKLOADS {
+        let mut group = c.benchmark_group(format!("prepared_{}", workload.name));
+        let mut prepared = workload.prepared();
+        group.bench_function("prepared", |b| b.iter(|| black_box(prepared())));
+        let mut governor = workload.governor();
+        group.bench_function("governor", |b| b.iter(|| black_box(governor())));
+        group.finish();
+    }
+}
+
+/// Where criterion writes its estimates: `<target>/criterion`.
+fn output_directory() -> PathBuf {
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target"));
+    target.join("criterion")
+}
+
+/// The mean of one benchmark's run, in nanoseconds, from criterion's estimates, when it
+/// ran after `since` (a benchmark a filter left out keeps an earlier run's).
+fn mean_ns(directory: &Path, group: &str, function: &str, since: SystemTime) -> Option<f64> {
+    let path = directory
+        .join(group)
+        .join(function)
+        .join("new/estimates.json");
+    if std::fs::metadata(&path).and_then(|m| m.modified()).ok()? < since {
+        return None;
+    }
+    let text = std::fs::read_to_string(path).ok()?;
+    let mean = &text[text.find("\"mean\"")?..];
+    let estimate = &mean[mean.find("\"point_estimate\":")? + "\"point_estimate\":".len()..];
+    let end = estimate.find([',', '}'])?;
+    estimate[..end].trim().parse().ok()
+}
+
+fn main() {
+    let started = SystemTime::now();
+    let mut criterion = Criterion::default()
+        .output_directory(&output_directory())
+        .configure_from_args();
+    workloads(&mut criterion);
+    prepared_workloads(&mut criterion);
+    criterion.final_summary();
+    let directory = output_directory();
+    let mut worst: Option<f64> = None;
+    for workload in WORKLOADS {
+        let group = format!("prepared_{}", workload.name);
+        let prepared = mean_ns(&directory, &group, "prepared", started);
+        let governor = mean_ns(&directory, &group, "governor", started);
+        if let (Some(prepared), Some(governor)) = (prepared, governor) {
+            let ratio = prepared / governor;
+            println!(
+                "{group}: prepared {prepared:.1} ns, governor {governor:.1} ns, ratio {ratio:.2}"
+            );
+            worst = Some(worst.map_or(ratio, |w| w.max(ratio)));
+        }
+    }
+    match worst {
+        Some(ratio) => println!("prepared_over_governor {ratio:.2}"),
+        None => println!("prepared_over_governor none"),
+    }
+}
