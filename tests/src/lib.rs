@@ -9,6 +9,7 @@
 
 pub mod calls;
 pub mod envoy;
+pub mod faults;
 pub mod image;
 pub mod intake;
 pub mod kubernetes;
