@@ -320,6 +320,9 @@ impl Target {
         call: &Call<'_>,
         store: &S,
     ) -> DescriptorStatus {
+        if let [which] = limits {
+            return self.count_limit(node, *which, call.addend, call, store);
+        }
         let held_back = self.held_back(node, limits, call, store);
         let mut decided: Option<DescriptorStatus> = None;
         for (i, &which) in limits.iter().enumerate() {
@@ -348,7 +351,7 @@ impl Target {
     ) -> SmallVec<[bool; 4]> {
         let engine = &*self.engine;
         let mut within = SmallVec::new();
-        if !engine.settings.stop_cache_key_increment_when_overlimit || limits.len() < 2 {
+        if !engine.settings.stop_cache_key_increment_when_overlimit {
             return within;
         }
         for &which in limits {
