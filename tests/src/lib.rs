@@ -15,6 +15,7 @@ pub mod intake;
 pub mod kubernetes;
 pub mod memcached;
 pub mod pki;
+pub mod prometheus;
 pub mod sidecar;
 
 /// The names and integer parameters of a Structured Field List (RFC 8941) of strings,
