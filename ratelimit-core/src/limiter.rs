@@ -180,7 +180,11 @@ impl Limiter {
         bucket: &[Entry],
         now_ms: u64,
     ) -> Result<QuotaRule, RequestError> {
-        self.with_engine(|engine| Ok(engine.quota_rule(domain, bucket, now_ms)))
+        let engine = self
+            .engine
+            .load_full()
+            .ok_or(RequestError::NoConfiguration)?;
+        Ok(engine.quota_rule(domain, bucket, now_ms))
     }
 
     /// Plans `request` at `now` (unix seconds) for a remote counter store.

@@ -4,7 +4,9 @@
 
 use std::sync::Arc;
 
-use super::{Increment, Item, Source};
+use smallvec::SmallVec;
+
+use super::{Increment, Item, Plan, PlanBody, Source};
 use crate::counter_key::{CounterId, limit_identity};
 use crate::counting::{CounterOp, Counting};
 use crate::engine::Engine;
@@ -42,7 +44,11 @@ pub struct QuotaLimit {
     /// The window's counter (the rule's own key, as ShouldRateLimit counts it); quota
     /// handed to Envoys is reserved by adding to it.
     pub counter: Increment,
+    /// The window's count of reports that showed denials: above 0, the window is skewed
+    /// and Envoys give back what their demand does not need ([`crate::grants`]).
+    pub skew: Increment,
     stats: Option<Arc<RuleStats>>,
+    engine: Arc<Engine>,
 }
 
 impl QuotaLimit {
@@ -61,9 +67,54 @@ impl QuotaLimit {
     }
 }
 
+impl QuotaLimit {
+    /// `op` of `hits` on the window's counter.
+    pub fn quota(&self, op: CounterOp, hits: u64) -> Increment {
+        Increment {
+            op,
+            hits,
+            ..self.counter.clone()
+        }
+    }
+
+    /// Adds `hits` to the window's skew count (reads it with 0).
+    pub fn skewed(&self, hits: u64) -> Increment {
+        let op = if hits == 0 {
+            CounterOp::Read
+        } else {
+            CounterOp::Add
+        };
+        Increment {
+            op,
+            hits,
+            ..self.skew.clone()
+        }
+    }
+
+    /// The plan that runs `increments` (this limit's counters), run as a decision's plan
+    /// is (a remote store's deadline, breakers and error statistic); the caller reads the
+    /// totals itself instead of [`Plan::decide`].
+    pub fn plan(&self, increments: Vec<Increment>) -> Plan {
+        Plan {
+            engine: Arc::clone(&self.engine),
+            body: PlanBody {
+                dry: true,
+                now_ms: self.counter.now_ms,
+                items: SmallVec::new(),
+                increments,
+            },
+        }
+    }
+}
+
 impl Engine {
     /// The rule of bucket `bucket` (its id's key, value pairs) in `domain` at `now_ms`.
-    pub(crate) fn quota_rule(&self, domain: &str, bucket: &[Entry], now_ms: u64) -> QuotaRule {
+    pub(crate) fn quota_rule(
+        self: &Arc<Self>,
+        domain: &str,
+        bucket: &[Entry],
+        now_ms: u64,
+    ) -> QuotaRule {
         let Some(root) = self.rules.domain(domain) else {
             return QuotaRule::NotConfigured;
         };
@@ -121,6 +172,19 @@ impl Engine {
         };
         let id = CounterId::new(identity, start, &values);
         let window_end = start + window.seconds();
+        let keys = descriptor.entries.iter().map(|e| e.key.as_str());
+        let skew_identity =
+            limit_identity(&self.settings.cache_key_prefix, domain, keys, "rlqs_skew");
+        let skew = Increment {
+            key: format!("{key}_skew"),
+            id: CounterId::new(skew_identity, start, &values),
+            hits: 0,
+            op: CounterOp::Read,
+            window,
+            window_end,
+            expires: window_end,
+            now_ms,
+        };
         let counter = Increment {
             key,
             id,
@@ -141,7 +205,9 @@ impl Engine {
             window_end_ms: window_end.saturating_mul(1_000),
             shadow: applied.shadow,
             counter,
+            skew,
             stats,
+            engine: Arc::clone(self),
         }))
     }
 }

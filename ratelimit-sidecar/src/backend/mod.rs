@@ -139,21 +139,6 @@ pub enum Backend {
 }
 
 impl Backend {
-    /// Adds `increment.hits` to its counter (created with the window's expiry) and
-    /// returns the total.
-    pub async fn add(&self, increment: &Increment) -> Result<u64, BackendError> {
-        match self {
-            Backend::Memory(store) => Ok(store.apply(increment)),
-            Backend::Remote(remote) => {
-                let one = std::slice::from_ref(increment);
-                let totals = remote
-                    .within_deadline(remote.routed(one, |store, items| store.increment(items)))
-                    .await?;
-                Ok(totals.first().copied().unwrap_or_default())
-            }
-        }
-    }
-
     /// The store's name, as the dashboard and trace spans show it.
     pub fn name(&self) -> &'static str {
         match self {

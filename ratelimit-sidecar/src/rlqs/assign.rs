@@ -16,6 +16,7 @@ use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_resp
     AbandonAction, BucketAction as Action, QuotaAssignmentAction,
 };
 use envoy_types::pb::google::protobuf::{Duration as PbDuration, UInt32Value};
+use ratelimit_core::grants::{self, Holding};
 
 /// How an Envoy's bucket is enforced.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -31,11 +32,13 @@ pub enum Assignment {
 pub struct Grant {
     /// The window the grant is for (unix milliseconds at which it ends).
     pub window_end_ms: u64,
-    /// Quota reserved for this Envoy in the window.
-    pub granted: u64,
-    /// Requests this Envoy reported allowed in the window (a report that straddles the
-    /// window's start counts whole: never less than the truth).
-    pub used: u64,
+    /// Quota reserved for this Envoy in the window, and what it reported used.
+    pub holding: Holding,
+    /// Requests (allowed and denied) it reported in the window, since `since_ms`.
+    pub requested: u64,
+    pub since_ms: u64,
+    /// Its last report of the bucket (unix milliseconds).
+    pub reported_ms: u64,
     /// The limit the grant was made under.
     pub requests_per_unit: Option<u32>,
     /// The assignment last sent.
@@ -43,16 +46,47 @@ pub struct Grant {
 }
 
 impl Grant {
-    /// Starts the window ending at `window_end_ms` when it is not the current one; `true`
-    /// when it started.
-    pub fn enter_window(&mut self, window_end_ms: u64) -> bool {
+    /// Starts the window ending at `window_end_ms` at `now_ms` when it is not the current
+    /// one; `true` when it started.
+    pub fn enter_window(&mut self, window_end_ms: u64, now_ms: u64) -> bool {
         if self.window_end_ms == window_end_ms {
             return false;
         }
         self.window_end_ms = window_end_ms;
-        self.granted = 0;
-        self.used = 0;
+        self.holding = Holding::default();
+        self.requested = 0;
+        self.since_ms = now_ms;
         true
+    }
+
+    /// Counts a report of `allowed` and `denied` requests at `now_ms`.
+    pub fn report(&mut self, allowed: u64, denied: u64, now_ms: u64) {
+        self.holding.used = self.holding.used.saturating_add(allowed);
+        self.requested = self
+            .requested
+            .saturating_add(allowed)
+            .saturating_add(denied);
+        self.reported_ms = now_ms;
+    }
+
+    /// Demand over the rest of the window at `now_ms`: the rate of the last report
+    /// (`requests` in `elapsed_ms`) or of the window so far, whichever is higher.
+    pub fn need(&self, requests: u64, elapsed_ms: u64, now_ms: u64) -> u64 {
+        let left = self.window_end_ms.saturating_sub(now_ms);
+        let window = now_ms.saturating_sub(self.since_ms).max(elapsed_ms);
+        grants::need(requests, elapsed_ms, left).max(grants::need(self.requested, window, left))
+    }
+
+    /// What is surely unspent at `now_ms`, after the stream ended: the grant less what was
+    /// reported used, less what the window's rate spent since the last report.
+    pub fn unspent(&self, now_ms: u64) -> u64 {
+        let window = self.reported_ms.saturating_sub(self.since_ms);
+        let since = now_ms.saturating_sub(self.reported_ms);
+        let spent = grants::need(self.requested, window, since);
+        self.holding
+            .granted
+            .saturating_sub(self.holding.used)
+            .saturating_sub(spent)
     }
 }
 
@@ -116,12 +150,26 @@ mod tests {
     #[test]
     fn a_new_window_starts_a_grant_afresh() {
         let mut grant = Grant::default();
-        assert!(grant.enter_window(60_000));
-        assert!(!grant.enter_window(60_000));
-        grant.granted = 10;
-        grant.used = 4;
-        assert!(grant.enter_window(120_000));
-        assert_eq!((grant.granted, grant.used), (0, 0));
+        assert!(grant.enter_window(60_000, 0));
+        assert!(!grant.enter_window(60_000, 1));
+        grant.holding.granted = 10;
+        grant.report(4, 2, 10_000);
+        assert_eq!(grant.requested, 6);
+        assert!(grant.enter_window(120_000, 60_000));
+        assert_eq!((grant.holding, grant.requested), (Holding::default(), 0));
+    }
+
+    #[test]
+    fn demand_is_the_higher_of_the_last_report_and_the_window_rates() {
+        let mut grant = Grant::default();
+        grant.enter_window(60_000, 0);
+        grant.report(10, 0, 10_000);
+        // 10 in 10 s of window; the last report's 10 in 5 s is twice that: 2/s for 50 s.
+        assert_eq!(grant.need(10, 5_000, 10_000), 100);
+        assert_eq!(grant.need(0, 5_000, 10_000), 50);
+        grant.holding.granted = 30;
+        // Reported 10 used; at 1/s, 5 more spent in the 5 s since the report.
+        assert_eq!(grant.unspent(15_000), 15);
     }
 
     #[test]

@@ -4,33 +4,33 @@
 //! Envoy's `rate_limit_quota` filter sorts requests into buckets, enforces an assignment
 //! locally and reports usage on a stream. Here a bucket id maps onto the rule tree
 //! ([`ratelimit_core::QuotaRule`]); a limited bucket's quota for the window is reserved
-//! in the rule's counter and split between the Envoys by demand ([`assign`]).
+//! in the rule's counter ([`reserve`]) and split between the Envoys as the core's
+//! [`ratelimit_core::grants`] says; what streams hold and queue is bounded in bytes
+//! ([`budget`]).
 
 mod assign;
-mod demands;
+mod bucket;
+mod budget;
+mod reserve;
 mod stream;
 
-use std::sync::Arc;
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use envoy_types::pb::envoy::service::rate_limit_quota::v3::RateLimitQuotaUsageReports;
 use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_service_server::{
     RateLimitQuotaService, RateLimitQuotaServiceServer,
 };
-use envoy_types::pb::envoy::service::rate_limit_quota::v3::{
-    RateLimitQuotaResponse, RateLimitQuotaUsageReports,
-};
 use ratelimit_core::stats::{Counter, StatsRegistry, names};
-use tokio::sync::mpsc;
+use tokio::sync::{Semaphore, mpsc};
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
-use self::demands::Demands;
+use self::budget::{Answers, Budget, QUEUED_ANSWERS};
 use self::stream::EnvoyStream;
 use crate::service::Service;
-
-/// Buckets whose demands one process tracks.
-const MAX_BUCKETS: usize = 100_000;
 
 /// The service, shared by every worker.
 #[derive(Clone)]
@@ -39,7 +39,15 @@ pub struct Rlqs(Arc<Shared>);
 /// What every stream shares.
 struct Shared {
     service: Arc<Service>,
-    demands: Demands,
+    /// The bucket state of every stream.
+    budget: Budget,
+    /// The process's bytes of answers waiting for their readers.
+    queue: Arc<Semaphore>,
+    /// Streams open per domain (at most RLQS_MAX_STREAMS entries): the Envoys that may
+    /// share a bucket of it.
+    domains: Mutex<HashMap<String, u64>>,
+    /// BACKEND_FALLBACK_REPLICAS: each is taken to serve as many Envoys as this one.
+    replicas: u64,
     /// RLQS_ASSIGNMENT_TTL.
     ttl: Duration,
     streams: AtomicU64,
@@ -60,6 +68,8 @@ struct Stats {
     reserve_failed: Arc<Counter>,
     usage_refused: Arc<Counter>,
     streams_idle: Arc<Counter>,
+    streams_slow: Arc<Counter>,
+    answers_split: Arc<Counter>,
 }
 
 impl Stats {
@@ -75,6 +85,8 @@ impl Stats {
             reserve_failed: counter("reserve_failed"),
             usage_refused: counter("usage_refused"),
             streams_idle: counter("streams_idle"),
+            streams_slow: counter("streams_slow"),
+            answers_split: counter("answers_split"),
         }
     }
 }
@@ -84,9 +96,13 @@ impl Rlqs {
     /// most `max_streams` streams are open at once.
     pub fn new(service: Arc<Service>, ttl: Duration, max_streams: usize) -> Rlqs {
         let stats = Stats::new(service.limiter.stats());
+        let replicas = u64::from(service.outage.replicas().max(1));
         Rlqs(Arc::new(Shared {
             service,
-            demands: Demands::new(MAX_BUCKETS),
+            budget: Budget::default(),
+            queue: budget::queue(),
+            domains: Mutex::new(HashMap::new()),
+            replicas,
             ttl,
             streams: AtomicU64::new(0),
             open: Arc::new(AtomicUsize::new(0)),
@@ -103,7 +119,7 @@ impl Rlqs {
 
 #[tonic::async_trait]
 impl RateLimitQuotaService for Rlqs {
-    type StreamRateLimitQuotasStream = ReceiverStream<Result<RateLimitQuotaResponse, Status>>;
+    type StreamRateLimitQuotasStream = Answers;
 
     async fn stream_rate_limit_quotas(
         &self,
@@ -124,12 +140,34 @@ impl RateLimitQuotaService for Rlqs {
         }
         let id = self.0.streams.fetch_add(1, Ordering::Relaxed);
         self.0.stats.streams.add(1);
-        let (tx, rx) = mpsc::channel(16);
+        let (tx, rx) = mpsc::channel(QUEUED_ANSWERS);
         let stream = EnvoyStream::new(id, Arc::clone(&self.0));
         tokio::spawn(async move {
             stream.run(request.into_inner(), tx).await;
             open.fetch_sub(1, Ordering::AcqRel);
         });
-        Ok(Response::new(ReceiverStream::new(rx)))
+        Ok(Response::new(Answers(ReceiverStream::new(rx))))
+    }
+}
+
+impl Shared {
+    /// A stream of `domain` opened (`true`) or ended.
+    fn count_stream(&self, domain: &str, opened: bool) {
+        let mut domains = self.domains.lock().unwrap_or_else(|p| p.into_inner());
+        if opened {
+            *domains.entry(domain.to_owned()).or_default() += 1;
+        } else if let Some(open) = domains.get_mut(domain) {
+            *open -= 1;
+            if *open == 0 {
+                domains.remove(domain);
+            }
+        }
+    }
+
+    /// The Envoys that may share a bucket of `domain`: its streams open here, times the
+    /// replicas.
+    fn envoys(&self, domain: &str) -> u64 {
+        let domains = self.domains.lock().unwrap_or_else(|p| p.into_inner());
+        domains.get(domain).copied().unwrap_or(1).max(1) * self.replicas
     }
 }

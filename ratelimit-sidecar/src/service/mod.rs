@@ -14,7 +14,7 @@ use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimit
 use http::HeaderMap;
 use ratelimit_core::stats::{Counter, Timer, names};
 use ratelimit_core::{
-    Explanation, HeaderFormat, Limiter, MemoryStore, Request, RequestError, Response,
+    Explanation, HeaderFormat, Limiter, MemoryStore, Plan, Request, RequestError, Response,
 };
 use ratelimit_proto::envoy::{InvalidRequest, request_from_pb, response_to_pb};
 
@@ -121,6 +121,21 @@ impl Service {
         let result = self.traced(GRPC_SPAN, request, headers).await;
         self.response_time.record(started.elapsed());
         result
+    }
+
+    /// Runs `plan`'s counters as a decision's plan is run: on a remote store within its
+    /// deadline, through its breakers and counted in its error statistic (the Rate Limit
+    /// Quota Service's reservations). The totals, in plan order.
+    pub async fn run_counters(&self, plan: &mut Plan) -> Result<Vec<u64>, BackendError> {
+        let remote = match &self.backend {
+            Backend::Memory(store) => {
+                return Ok(plan.increments().iter().map(|i| store.apply(i)).collect());
+            }
+            Backend::Remote(remote) => remote,
+        };
+        let totals = remote.run(plan, None).await?;
+        self.outage.recovered();
+        Ok(totals)
     }
 
     /// The memory store, when a decision waits for nothing (the memory store, without

@@ -54,6 +54,11 @@ impl Outage {
         }
     }
 
+    /// BACKEND_FALLBACK_REPLICAS: the sidecar replicas that share the backend.
+    pub fn replicas(&self) -> u32 {
+        self.replicas
+    }
+
     /// A place among the requests being decided, or `Overloaded` at once.
     pub fn enter(&self) -> Result<SemaphorePermit<'_>, Overloaded> {
         self.inflight.try_acquire().map_err(|_| {

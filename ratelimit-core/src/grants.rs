@@ -1,0 +1,278 @@
+//! How the Rate Limit Quota Service hands one bucket's window quota to the Envoys that
+//! share it. The service reserves every grant in the rule's window counter before the
+//! Envoy may spend it, so the Envoys of every replica together never hold more than the
+//! limit; this module decides how much each Envoy asks for and gives back, and what its
+//! token bucket is told. The I/O (the counter, the stream) is the caller's.
+//!
+//! The policy, for a limit `L` shared by `n` Envoys (an even share is `L / n`, rounded
+//! down):
+//! - **Start** (an Envoy's first report of a bucket, and every window boundary): it is
+//!   granted its even share, or what the counter has left when that is less, less what it
+//!   admitted before it had an assignment.
+//! - **A report with denials** (its bucket ran dry, and buckets never refill by
+//!   themselves): it asks for what its demand needs for the rest of the window (at least
+//!   its even share) and gets what the counter has left, as a new bucket holding exactly
+//!   the increase.
+//! - **A report without denials**: a grant above what its demand needs is given back, down
+//!   to its even share; when the window is *skewed* (some Envoy reported denials in it)
+//!   down to what its demand needs, so that the Envoy that ran dry finds it at its next
+//!   report. What it keeps becomes a new bucket of what is left of it.
+//! - **A lowered limit** (a reload): the grant shrinks to the new even share (never below
+//!   what was used) and the bucket is told the smaller size, which Envoy scales down.
+//!
+//! What an Envoy's demand needs is its used requests plus its request rate (allowed and
+//! denied) over the rest of the window ([`need`]), with a quarter more and one request of
+//! headroom.
+
+/// How a bucket's limit is split.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Split {
+    /// Requests per window.
+    pub limit: u64,
+    /// Envoys that may share the bucket (at least 1).
+    pub envoys: u64,
+}
+
+impl Split {
+    /// Each Envoy's even share of the limit, rounded down.
+    pub fn even(self) -> u64 {
+        self.limit / self.envoys.max(1)
+    }
+}
+
+/// One Envoy's part of one bucket's window.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Holding {
+    /// Quota reserved for it in the window's counter.
+    pub granted: u64,
+    /// Requests it reported allowed in the window (a report that straddles the window's
+    /// start counts whole: never less than the truth).
+    pub used: u64,
+}
+
+/// Why the service looks at an Envoy's bucket.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Moment {
+    /// Its first report of the bucket, or a window boundary: the Envoy gets a new bucket.
+    Start,
+    /// A usage report that says `denied` requests were refused since the last one, with
+    /// `need` requests of demand projected over the rest of the window ([`need`]).
+    Report {
+        /// Requests refused since the last report.
+        denied: u64,
+        /// Demand over the rest of the window.
+        need: u64,
+    },
+}
+
+/// What to do with the window's counter for one Envoy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ask {
+    /// Nothing: the Envoy keeps its bucket.
+    Keep,
+    /// Reserve this much more; the Envoy gets what fits under the limit.
+    Reserve(u64),
+    /// Give back `now`, and `skewed` more when some Envoy reported denials in the window.
+    Release {
+        /// Given back whatever the others do.
+        now: u64,
+        /// Given back too when the window is skewed.
+        skewed: u64,
+    },
+}
+
+/// What the Envoy's bucket is told.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Tokens {
+    /// The bucket it has, unchanged (Envoy goes on counting it down).
+    Same,
+    /// A new bucket holding exactly this many (0: deny every request).
+    Fresh(u64),
+    /// The bucket resized to this many; Envoy keeps the part it had left, so it holds at
+    /// most this (0: deny every request).
+    Scaled(u64),
+}
+
+/// Demand over the rest of the window: `requests` (allowed and denied) in the last
+/// `elapsed_ms`, at the same rate for `left_ms`.
+pub fn need(requests: u64, elapsed_ms: u64, left_ms: u64) -> u64 {
+    let rate = u128::from(requests) * u128::from(left_ms) / u128::from(elapsed_ms.max(1));
+    u64::try_from(rate).unwrap_or(u64::MAX)
+}
+
+/// What demand `need` keeps on top of `used`: a quarter more and one request.
+fn with_headroom(used: u64, need: u64) -> u64 {
+    used.saturating_add(need)
+        .saturating_add(need / 4)
+        .saturating_add(1)
+}
+
+/// What the counter must do for an Envoy holding `holding` at `moment`; its report's
+/// allowed requests are already in `holding.used`.
+pub fn ask(split: Split, holding: Holding, moment: Moment) -> Ask {
+    let even = split.even();
+    match moment {
+        Moment::Start => reserve(even.saturating_sub(holding.granted)),
+        Moment::Report { denied, need } => {
+            let demand = with_headroom(holding.used, need).min(split.limit.max(holding.used));
+            if denied > 0 {
+                return reserve(demand.max(even).saturating_sub(holding.granted));
+            }
+            let now = holding.granted.saturating_sub(demand.max(even));
+            let skewed = holding.granted.saturating_sub(now).saturating_sub(demand);
+            if now == 0 && skewed == 0 {
+                Ask::Keep
+            } else {
+                Ask::Release { now, skewed }
+            }
+        }
+    }
+}
+
+fn reserve(more: u64) -> Ask {
+    if more == 0 {
+        Ask::Keep
+    } else {
+        Ask::Reserve(more)
+    }
+}
+
+/// Applies what the counter did for `ask` to `holding` (`got` of a reservation, `given`
+/// back of a release) and says what the Envoy's bucket becomes.
+pub fn settle(holding: &mut Holding, moment: Moment, ask: Ask, done: u64) -> Tokens {
+    match (ask, moment) {
+        (Ask::Reserve(_), Moment::Start) | (Ask::Keep, Moment::Start) => {
+            holding.granted = holding.granted.saturating_add(done);
+            Tokens::Fresh(holding.granted.saturating_sub(holding.used))
+        }
+        // It ran dry (buckets do not refill by themselves): the increase is exactly what
+        // it may spend now.
+        (Ask::Reserve(_), Moment::Report { .. }) if done > 0 => {
+            holding.granted = holding.granted.saturating_add(done);
+            Tokens::Fresh(done)
+        }
+        (Ask::Release { .. }, _) if done > 0 => {
+            holding.granted = holding.granted.saturating_sub(done);
+            Tokens::Fresh(holding.granted.saturating_sub(holding.used))
+        }
+        _ => Tokens::Same,
+    }
+}
+
+/// A reload lowered the limit to `split.limit`: the grant it keeps (its even share of the
+/// new limit, never less than it used) and the bucket's new size.
+pub fn lowered(split: Split, holding: &mut Holding) -> Tokens {
+    holding.granted = holding.granted.min(split.even().max(holding.used));
+    Tokens::Scaled(holding.granted.saturating_sub(holding.used))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const TWO: Split = Split {
+        limit: 10,
+        envoys: 2,
+    };
+
+    fn report(denied: u64, need: u64) -> Moment {
+        Moment::Report { denied, need }
+    }
+
+    #[test]
+    fn a_new_bucket_gets_an_even_share_less_what_was_admitted_without_one() {
+        let mut holding = Holding {
+            granted: 0,
+            used: 1,
+        };
+        let ask = ask(TWO, holding, Moment::Start);
+        assert_eq!(ask, Ask::Reserve(5));
+        assert_eq!(
+            settle(&mut holding, Moment::Start, ask, 5),
+            Tokens::Fresh(4)
+        );
+        let mut full = Holding::default();
+        assert_eq!(
+            settle(&mut full, Moment::Start, Ask::Reserve(5), 0),
+            Tokens::Fresh(0),
+            "nothing left: deny"
+        );
+    }
+
+    #[test]
+    fn denials_ask_for_the_demand_and_get_the_increase_as_a_new_bucket() {
+        let mut holding = Holding {
+            granted: 5,
+            used: 5,
+        };
+        let moment = report(20, 40);
+        assert_eq!(
+            ask(TWO, holding, moment),
+            Ask::Reserve(5),
+            "capped at the limit"
+        );
+        assert_eq!(
+            settle(&mut holding, moment, Ask::Reserve(5), 3),
+            Tokens::Fresh(3)
+        );
+        assert_eq!(holding.granted, 8);
+        assert_eq!(
+            settle(&mut holding, moment, Ask::Reserve(2), 0),
+            Tokens::Same
+        );
+    }
+
+    #[test]
+    fn a_quiet_envoy_keeps_its_even_share_unless_the_window_is_skewed() {
+        let quiet = Holding {
+            granted: 5,
+            used: 1,
+        };
+        // Needs 1 + 2 + 0 + 1 = 4: keeps 5 (even), gives back 1 when skewed.
+        assert_eq!(
+            ask(TWO, quiet, report(0, 2)),
+            Ask::Release { now: 0, skewed: 1 }
+        );
+        let grown = Holding {
+            granted: 9,
+            used: 1,
+        };
+        assert_eq!(
+            ask(TWO, grown, report(0, 0)),
+            Ask::Release { now: 4, skewed: 3 }
+        );
+        let mut holding = grown;
+        let release = Ask::Release { now: 4, skewed: 3 };
+        assert_eq!(
+            settle(&mut holding, report(0, 0), release, 7),
+            Tokens::Fresh(1)
+        );
+        assert_eq!(ask(TWO, quiet, report(0, 3)), Ask::Keep);
+    }
+
+    #[test]
+    fn a_lowered_limit_shrinks_to_the_new_even_share() {
+        let mut holding = Holding {
+            granted: 5,
+            used: 2,
+        };
+        let lower = Split {
+            limit: 6,
+            envoys: 2,
+        };
+        assert_eq!(lowered(lower, &mut holding), Tokens::Scaled(1));
+        let mut spent = Holding {
+            granted: 5,
+            used: 5,
+        };
+        assert_eq!(lowered(lower, &mut spent), Tokens::Scaled(0));
+        assert_eq!(spent.granted, 5, "what was used stays counted");
+    }
+
+    #[test]
+    fn need_projects_the_rate() {
+        assert_eq!(need(10, 5_000, 30_000), 60);
+        assert_eq!(need(10, 0, 1_000), 10_000);
+        assert_eq!(need(u64::MAX, 1, u64::MAX), u64::MAX);
+    }
+}
