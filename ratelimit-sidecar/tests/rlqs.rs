@@ -188,9 +188,11 @@ async fn a_stream_that_names_no_domain_or_no_bucket_is_refused() {
     assert!(refused.message().contains("bucket_id"), "{refused:?}");
 }
 
-/// Quota is reserved in the backend's counter before it is granted: a second Envoy gets
-/// only what the first left, on every backend.
-async fn two_envoys_are_granted_the_limit_between_them(store: &Store) {
+/// Quota is reserved in the backend's counter before it is granted, and shares move
+/// through it, on every backend: a second Envoy that joins after the first took the whole
+/// limit gets nothing at first; the first gives back what its demand does not need at its
+/// next report (down to its even share), and the second, reporting denials, gets it.
+async fn a_joining_envoy_gets_what_the_first_gives_back(store: &Store) {
     let mut options = Options::default();
     options.files.push(("rules.yaml", RULES.to_owned()));
     options.env = store.env();
@@ -200,7 +202,7 @@ async fn two_envoys_are_granted_the_limit_between_them(store: &Store) {
     assert_eq!(
         next(&mut first_answers).await,
         pairs(&[("user=shared", "DENY_ALL"), ("user=shared", "tokens 10")]),
-        "alone, the first Envoy's share is the whole limit"
+        "alone, the first Envoy's even share is the whole limit"
     );
     let (second, mut second_answers) = open(&server).await;
     send(&second, "q", vec![usage("user", "shared", 0)]).await;
@@ -209,9 +211,24 @@ async fn two_envoys_are_granted_the_limit_between_them(store: &Store) {
         pairs(&[("user=shared", "DENY_ALL")]),
         "nothing is left in the window's counter"
     );
+    send(&first, "q", vec![usage("user", "shared", 0)]).await;
+    assert_eq!(
+        next(&mut first_answers).await,
+        pairs(&[("user=shared", "DENY_ALL"), ("user=shared", "tokens 5")]),
+        "the first keeps its even share of two"
+    );
+    let mut denied = usage("user", "shared", 0);
+    denied.num_requests_denied = 3;
+    send(&second, "q", vec![denied]).await;
+    assert_eq!(
+        next(&mut second_answers).await,
+        pairs(&[("user=shared", "DENY_ALL"), ("user=shared", "tokens 5")]),
+        "denials get what the counter has"
+    );
+    assert_eq!(server.stat("ratelimit.rlqs.reserve_failed").await, Some(0));
 }
 
-on_every_backend!(two_envoys_are_granted_the_limit_between_them);
+on_every_backend!(a_joining_envoy_gets_what_the_first_gives_back);
 
 #[tokio::test]
 async fn streams_beyond_the_bound_are_refused_until_one_ends() {
@@ -292,4 +309,95 @@ async fn an_idle_stream_is_ended_and_frees_its_place() {
     send(&again, "q", vec![usage("free", "y", 1)]).await;
     assert!(answers.message().await.unwrap().is_some());
     drop(silent);
+}
+
+/// A bucket id of about 60 KiB for `user`: 29 more entries of 1 KiB keys and values
+/// that no rule names.
+fn large(key: &str, user: usize) -> BucketQuotaUsage {
+    let mut id = usage(key, &format!("u{user}"), 0);
+    let bucket = &mut id.bucket_id.as_mut().unwrap().bucket;
+    for pad in 0..29 {
+        bucket.insert(format!("{pad:04}{}", "k".repeat(1_020)), "v".repeat(1_024));
+    }
+    id
+}
+
+/// Reports `users` large buckets of `key` on `reports`, 30 at a time (each report under
+/// the 4 MiB the server decodes).
+async fn report_large(
+    reports: &mpsc::Sender<RateLimitQuotaUsageReports>,
+    key: &str,
+    users: std::ops::Range<usize>,
+) {
+    let all: Vec<usize> = users.collect();
+    for chunk in all.chunks(30) {
+        let usages = chunk.iter().map(|&user| large(key, user)).collect();
+        send(reports, "q", usages).await;
+    }
+}
+
+/// Answers to large buckets come in several messages, each under the 4 MiB a gRPC client
+/// receives by default (this client's too: a larger message fails to decode), and a
+/// stream holds at most 16 MiB of buckets.
+#[tokio::test]
+async fn answers_are_split_under_4_mib_and_bucket_bytes_are_bounded_per_stream() {
+    let server = Server::start(&[("rules.yaml", RULES)]);
+    let (reports, mut answers) = open(&server).await;
+    report_large(&reports, "user", 0..100).await;
+    let mut assigned = std::collections::HashSet::new();
+    while assigned.len() < 91 {
+        let answer = tokio::time::timeout(Duration::from_secs(10), answers.message()).await;
+        let answer = answer.expect("answers in time").expect("under 4 MiB").unwrap();
+        for action in answer.bucket_action {
+            assigned.insert(action.bucket_id.unwrap().bucket["user"].clone());
+        }
+    }
+    assert!(server.stat("ratelimit.rlqs.answers_split").await >= Some(1));
+    let refused = server.stat("ratelimit.rlqs.buckets_refused").await;
+    assert_eq!(refused, Some(100 - assigned.len() as u64), "{assigned:?}");
+}
+
+/// The process holds at most 128 MiB of buckets over all its streams, even when they
+/// report the same ids (each stream holds its own copy).
+#[tokio::test]
+async fn bucket_bytes_are_bounded_per_process() {
+    let server = Server::start(&[("rules.yaml", RULES)]);
+    let mut streams = Vec::new();
+    for _ in 0..9 {
+        let (reports, mut answers) = open(&server).await;
+        // Read (and drop) the answers, or the stream waits for its reader.
+        tokio::spawn(async move { while let Ok(Some(_)) = answers.message().await {} });
+        report_large(&reports, "user", 0..91).await;
+        streams.push(reports);
+    }
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while server.stat("ratelimit.rlqs.usage_reports").await < Some(9 * 91) {
+        assert!(std::time::Instant::now() < deadline, "reports not read");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let refused = server.stat("ratelimit.rlqs.buckets_refused").await.unwrap();
+    // 128 MiB holds about 750 buckets of 178 KB (each id's 59 KB held three times): of
+    // the 819 reported, about 70 are refused.
+    assert!((50..=91).contains(&refused), "{refused} refused");
+}
+
+/// A stream whose reader takes no answer for an assignment TTL is ended, so the answers
+/// queued for it stay bounded (every window of a per-second rule sends all its buckets).
+#[tokio::test]
+async fn a_stream_that_does_not_read_its_answers_is_ended() {
+    let options = Options::rules(RULES).set("RLQS_ASSIGNMENT_TTL", "1s");
+    let server = Server::start_with(options);
+    let (reports, answers) = open(&server).await;
+    report_large(&reports, "tick", 0..60).await;
+    let deadline = std::time::Instant::now() + Duration::from_secs(15);
+    while server.stat("ratelimit.rlqs.streams_slow").await != Some(1) {
+        assert!(std::time::Instant::now() < deadline, "the stream was not ended");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(server.stat("ratelimit.rlqs.streams_idle").await, Some(0));
+    // Its place and bytes are free again: a new stream is served.
+    let (again, mut fresh) = open(&server).await;
+    send(&again, "q", vec![usage("free", "y", 1)]).await;
+    assert!(fresh.message().await.unwrap().is_some());
+    drop((reports, answers));
 }
