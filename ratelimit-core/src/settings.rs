@@ -18,7 +18,7 @@ pub struct Settings {
     /// `QUOTA_MODE`: every descriptor is a quota; the request is over limit only when
     /// all of them are.
     pub quota_mode: bool,
-    /// `LOCAL_CACHE_SIZE_IN_BYTES`: with a remote store ([`Limiter::plan`]), remember
+    /// `LOCAL_CACHE_SIZE_IN_BYTES`: with a remote store ([`crate::Limiter::plan`]), remember
     /// counters that went over their limit and answer them without the store until their
     /// window ends. 0 turns it off.
     pub local_cache_size_in_bytes: usize,
