@@ -322,7 +322,7 @@ fn large(key: &str, user: usize) -> BucketQuotaUsage {
     id
 }
 
-/// Reports `users` large buckets of `key` on `reports`, 30 at a time (each report under
+/// Reports `users` large buckets of `key` on `reports`, 60 at a time (each report under
 /// the 4 MiB the server decodes).
 async fn report_large(
     reports: &mpsc::Sender<RateLimitQuotaUsageReports>,
@@ -330,7 +330,7 @@ async fn report_large(
     users: std::ops::Range<usize>,
 ) {
     let all: Vec<usize> = users.collect();
-    for chunk in all.chunks(30) {
+    for chunk in all.chunks(60) {
         let usages = chunk.iter().map(|&user| large(key, user)).collect();
         send(reports, "q", usages).await;
     }
