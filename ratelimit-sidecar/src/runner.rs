@@ -14,6 +14,7 @@ use tonic_health::pb::health_server::HealthServer;
 use tonic_health::server::{HealthReporter, HealthService};
 
 use crate::backend::{self, Backend, BackendError};
+use crate::ingress::descriptors;
 use crate::ingress::listeners::{self, ListenError, Shared};
 use crate::ingress::tls::ServerTls;
 use crate::ingress::workers::{self, Pool, Side};
@@ -82,6 +83,9 @@ pub async fn run(settings: Settings) -> Result<(), StartError> {
 
     let server = &settings.server;
     let tls = ServerTls::load(&settings.tls).map_err(StartError::Tls)?;
+    let http_connections = settings.bounds.http.http_max_connections as u64;
+    // The gRPC listeners, the HTTP ones, and the debug listener's own cap.
+    descriptors::fit(u64::from(server.grpc_max_connections) + 2 * http_connections);
     let opened = listeners::open(server, pool.workers())?;
     let (stop_tx, stop_rx) = watch::channel(false);
     let shared = Shared {
@@ -89,7 +93,11 @@ pub async fn run(settings: Settings) -> Result<(), StartError> {
         health,
         server: Arc::new(server.clone()),
         limits: settings.bounds.http.connection_limits(),
-        slots: settings.bounds.http.connection_slots(),
+        slots: settings
+            .bounds
+            .http
+            .connection_slots()
+            .with_health_reserve(&["/healthcheck"]),
         stop: stop_rx,
         tls: tls.map(Arc::new),
         rlqs: Rlqs::new(

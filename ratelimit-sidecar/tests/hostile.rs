@@ -395,9 +395,10 @@ fn an_addend_bound_of_zero_stops_start_up() {
 }
 
 #[tokio::test]
-async fn connections_past_the_cap_wait_until_one_closes() {
+async fn connections_past_the_cap_get_a_503_until_one_closes() {
     // Three workers share one cap of two: whichever listeners the kernel gives the
-    // connections to, two are served and the third waits until one of them closes.
+    // connections to, two are served and the third, past the cap, is told so at once
+    // (only health checks are answered there) until one of the two closes.
     let server = start(
         Vec::new(),
         &[
@@ -406,41 +407,38 @@ async fn connections_past_the_cap_wait_until_one_closes() {
             ("GRPC_WORKERS", "3"),
         ],
     );
-    let mut connections: Vec<TcpStream> = (0..3)
-        .map(|_| {
-            let mut stream = TcpStream::connect(("127.0.0.1", server.http)).unwrap();
-            stream
-                .write_all(b"GET /healthcheck HTTP/1.1\r\nHost: x\r\n\r\n")
-                .unwrap();
-            stream
-                .set_read_timeout(Some(Duration::from_secs(1)))
-                .unwrap();
-            stream
-        })
-        .collect();
-    let answered: Vec<bool> = connections
-        .iter_mut()
-        .map(|stream| matches!(stream.read(&mut [0; 512]), Ok(n) if n > 0))
-        .collect();
-    assert_eq!(
-        answered.iter().filter(|a| **a).count(),
-        2,
-        "served past the cap, or not up to it: {answered:?}"
+    let body = r#"{"domain":"h","descriptors":[{"entries":[{"key":"user","value":"cap"}]}]}"#;
+    let decide = format!(
+        "POST /json HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
     );
-    let waiting = answered.iter().position(|a| !a).unwrap();
-    let mut third = connections.swap_remove(waiting);
+    // One after the other: the third is past the cap whichever worker accepts it.
+    let mut connections = Vec::new();
+    let mut answers = Vec::new();
+    for _ in 0..3 {
+        let mut stream = TcpStream::connect(("127.0.0.1", server.http)).unwrap();
+        stream
+            .set_read_timeout(Some(Duration::from_secs(5)))
+            .unwrap();
+        stream.write_all(decide.as_bytes()).unwrap();
+        let mut answer = [0; 512];
+        let n = stream.read(&mut answer).unwrap();
+        answers.push(String::from_utf8_lossy(&answer[..n]).into_owned());
+        connections.push(stream);
+    }
+    let statuses: Vec<&str> = answers.iter().map(|a| &a[..12]).collect();
+    assert_eq!(
+        statuses,
+        ["HTTP/1.1 200", "HTTP/1.1 200", "HTTP/1.1 503"],
+        "{answers:?}"
+    );
     // Closing the kept-alive connections frees their slots.
     drop(connections);
-    third
-        .set_read_timeout(Some(Duration::from_secs(20)))
-        .unwrap();
-    let mut answer = [0; 512];
-    let n = third.read(&mut answer).unwrap();
-    assert!(
-        String::from_utf8_lossy(&answer[..n]).starts_with("HTTP/1.1 200"),
-        "{:?}",
-        &answer[..n]
-    );
+    let served = eventually(Duration::from_secs(10), || async {
+        post(&server.http_url("/json"), body).await.0 == 200
+    })
+    .await;
+    assert!(served, "{}", server.log());
 }
 
 #[test]

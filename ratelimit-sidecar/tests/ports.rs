@@ -1,7 +1,11 @@
-//! The debug port never shares a thread with decisions, and what it builds is bounded:
-//! `/explain`'s descriptors and the dashboard's rules.
+//! The debug port never shares a thread with decisions, and what it builds is bounded
+//! (`/explain`'s descriptors and the dashboard's rules); the HTTP port answers health
+//! checks however many connections clients hold open on it.
 
 use std::collections::HashMap;
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::time::Duration;
 
 use ratelimit_tests::sidecar as support;
 use serde_json::Value;
@@ -99,4 +103,78 @@ async fn the_dashboard_sends_a_bounded_share_of_the_rules_with_their_total() {
     // All of them are still in the configuration dump.
     let config = get_text(&server.debug_url("/rlconfig")).await;
     assert!(config.contains("many.k2999"), "{}", &config[..200]);
+}
+
+/// A client that holds a connection: `POST /json` announcing a megabyte, then one byte.
+fn trickling(port: u16) -> TcpStream {
+    let mut stream = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    stream
+        .write_all(b"POST /json HTTP/1.1\r\nHost: x\r\nContent-Length: 1000000\r\n\r\n{")
+        .unwrap();
+    stream
+}
+
+#[tokio::test]
+async fn health_is_answered_while_trickling_clients_hold_every_http_connection() {
+    let held = Duration::from_secs(120).as_secs().to_string() + "s";
+    let server = Server::start_with(
+        Options::rules(RULES)
+            .set("GRPC_WORKERS", "2")
+            .set("HTTP_MAX_CONNECTIONS", "16")
+            .set("HTTP_HEADER_READ_TIMEOUT", &held)
+            .set("HTTP_IDLE_TIMEOUT", &held)
+            .set("HTTP_REQUEST_TIMEOUT", &held),
+    );
+    // Sixty clients trickle bodies: sixteen hold every slot for two minutes, the others
+    // are told at once that only health checks are answered past the cap.
+    let mut clients: Vec<TcpStream> = (0..60).map(|_| trickling(server.http)).collect();
+    let mut refused = 0;
+    for client in &mut clients {
+        client
+            .set_read_timeout(Some(Duration::from_millis(300)))
+            .unwrap();
+        let mut answer = [0; 512];
+        if let Ok(n @ 1..) = client.read(&mut answer) {
+            let answer = String::from_utf8_lossy(&answer[..n]).into_owned();
+            assert!(answer.starts_with("HTTP/1.1 503"), "{answer}");
+            assert!(
+                answer.contains("Service Unavailable: all 16 HTTP connections are in use; past them only health checks (/healthcheck) are answered"),
+                "{answer}"
+            );
+            refused += 1;
+        }
+    }
+    assert_eq!(refused, 60 - 16, "{}", server.log());
+    let probe = reqwest::Client::builder()
+        .timeout(Duration::from_secs(5))
+        .pool_max_idle_per_host(0)
+        .build()
+        .unwrap();
+    for _ in 0..20 {
+        let health = probe.get(server.http_url("/healthcheck")).send().await;
+        let health = health.expect("health answered past the cap");
+        assert_eq!(health.status(), 200);
+        assert_eq!(health.text().await.unwrap(), "OK");
+    }
+    // Decisions on the HTTP port wait for a slot: past the cap they are refused loudly.
+    let json = probe
+        .post(server.http_url("/json"))
+        .body(r#"{"domain":"d","descriptors":[{"entries":[{"key":"user","value":"a"}]}]}"#)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(json.status(), 503);
+    assert_eq!(json.headers()["retry-after"], "1");
+    // Once the holders go, the slots serve decisions again.
+    drop(clients);
+    let served = ratelimit_tests::eventually(Duration::from_secs(10), || async {
+        let (status, _) = post(
+            &server.http_url("/json"),
+            r#"{"domain":"d","descriptors":[{"entries":[{"key":"user","value":"a"}]}]}"#,
+        )
+        .await;
+        status == 200
+    })
+    .await;
+    assert!(served, "{}", server.log());
 }

@@ -17,7 +17,9 @@ use std::time::Duration;
 
 use std::net::SocketAddr;
 
+use bytes::Bytes;
 use clap::Args;
+use http_body_util::{Either, Full};
 use hyper::Request;
 use hyper::body::Incoming;
 use hyper::server::conn::http1;
@@ -27,7 +29,7 @@ use hyper_util::server::graceful::{GracefulShutdown, Watcher};
 use hyper_util::service::TowerToHyperService;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpListener;
-use tokio::sync::Semaphore;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
 
 use crate::values::go_duration;
@@ -47,12 +49,24 @@ pub struct ConnectionLimits {
     pub request_timeout: Duration,
 }
 
-/// The connection cap (`max_connections`), shared by every listener of one server.
+/// The connection cap (`max_connections`), shared by every listener of one server, and
+/// the health checks' reserve past it.
 #[derive(Clone, Debug)]
 pub struct ConnectionSlots {
     permits: Arc<Semaphore>,
     max: usize,
+    reserve: Option<Reserve>,
 }
+
+/// Connections past the cap that are answered on health paths only.
+#[derive(Clone, Debug)]
+struct Reserve {
+    permits: Arc<Semaphore>,
+    paths: &'static [&'static str],
+}
+
+/// The longest a reserved connection is held: one health check, sent at once.
+const RESERVE_TIMEOUT: Duration = Duration::from_secs(2);
 
 impl ConnectionSlots {
     /// At most `max` open connections (at least one).
@@ -61,8 +75,27 @@ impl ConnectionSlots {
         ConnectionSlots {
             permits: Arc::new(Semaphore::new(max)),
             max,
+            reserve: None,
         }
     }
+
+    /// These slots, and past them a reserve of [`reserve_size`] connections for the
+    /// health checks on `paths`: while every slot is taken, a new connection is served
+    /// from the reserve, where a request for one of `paths` is answered and anything
+    /// else gets a 503 at once; a reserved connection serves one request, within 2 s.
+    /// Health stays answerable however many connections clients hold open.
+    pub fn with_health_reserve(mut self, paths: &'static [&'static str]) -> ConnectionSlots {
+        self.reserve = Some(Reserve {
+            permits: Arc::new(Semaphore::new(reserve_size(self.max))),
+            paths,
+        });
+        self
+    }
+}
+
+/// The health checks' reserve for a cap of `max` connections: an eighth, from 4 to 128.
+pub fn reserve_size(max: usize) -> usize {
+    (max / 8).clamp(4, 128)
 }
 
 /// How long to wait before accepting again after `accept` failed (out of descriptors).
@@ -146,13 +179,12 @@ pub async fn serve<S, B>(
         + Sync
         + 'static,
     S::Future: Send + 'static,
-    S::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
-    B: hyper::body::Body + Send + 'static,
-    B::Data: Send,
+    S::Error: Into<Box<dyn std::error::Error + Send + Sync>> + Send,
+    B: hyper::body::Body<Data = Bytes> + Send + 'static,
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
     let graceful = GracefulShutdown::new();
-    let permits = slots.permits;
+    let permits = Arc::clone(&slots.permits);
     let mut at_cap = false;
     tokio::pin!(stop);
     loop {
@@ -173,37 +205,35 @@ pub async fn serve<S, B>(
         if permits.available_permits() == 0 && !at_cap {
             tracing::warn!(
                 max_connections = slots.max,
-                "HTTP connection limit reached; new connections wait until one closes"
+                "HTTP connection limit reached; new connections wait until one closes (health checks are answered from a reserve)"
             );
         }
-        let permit = tokio::select! {
-            permit = Arc::clone(&permits).acquire_owned() => permit.expect("the semaphore is never closed"),
-            () = &mut stop => break,
+        let (permit, health_only) = match take_slot(&slots) {
+            Some(taken) => taken,
+            None => tokio::select! {
+                taken = wait_for_slot(&slots) => taken,
+                () = &mut stop => break,
+            },
         };
         at_cap = permits.available_permits() == 0;
         let _ = stream.set_nodelay(true);
         let inner = service.clone();
         let watcher = graceful.watcher();
         let tls = tls.clone().map(tokio_rustls::TlsAcceptor::from);
+        let max = slots.max;
         tokio::spawn(async move {
             let _permit = permit;
-            let Some(tls) = tls else {
-                let service = with_peer(inner, peer, None);
-                return connection(stream, service, limits, watcher).await;
-            };
-            match tokio::time::timeout(limits.header_read_timeout, tls.accept(stream)).await {
-                Ok(Ok(stream)) => {
-                    let certificate = stream
-                        .get_ref()
-                        .1
-                        .peer_certificates()
-                        .and_then(|chain| chain.first())
-                        .map(|c| PeerCertificate(Arc::new(c.clone().into_owned())));
-                    let service = with_peer(inner, peer, certificate);
-                    connection(stream, service, limits, watcher).await;
+            match health_only {
+                None => serve_accepted(stream, peer, tls, inner, limits, watcher, true).await,
+                Some(paths) => {
+                    let service = HealthOnly { inner, paths, max };
+                    let limits = ConnectionLimits {
+                        header_read_timeout: limits.header_read_timeout.min(RESERVE_TIMEOUT),
+                        idle_timeout: limits.idle_timeout.min(RESERVE_TIMEOUT),
+                        request_timeout: limits.request_timeout.min(RESERVE_TIMEOUT),
+                    };
+                    serve_accepted(stream, peer, tls, service, limits, watcher, false).await;
                 }
-                Ok(Err(error)) => tracing::debug!(%peer, %error, "TLS handshake failed"),
-                Err(_) => tracing::debug!(%peer, "TLS handshake timed out"),
             }
         });
     }
@@ -211,10 +241,128 @@ pub async fn serve<S, B>(
     graceful.shutdown().await;
 }
 
+/// A free slot, or past the cap a free place in the health checks' reserve (with the
+/// paths it answers); none when both are full.
+fn take_slot(
+    slots: &ConnectionSlots,
+) -> Option<(OwnedSemaphorePermit, Option<&'static [&'static str]>)> {
+    if let Ok(permit) = Arc::clone(&slots.permits).try_acquire_owned() {
+        return Some((permit, None));
+    }
+    let reserve = slots.reserve.as_ref()?;
+    let permit = Arc::clone(&reserve.permits).try_acquire_owned().ok()?;
+    Some((permit, Some(reserve.paths)))
+}
+
+/// Waits for a slot or a place in the reserve, whichever frees first.
+async fn wait_for_slot(
+    slots: &ConnectionSlots,
+) -> (OwnedSemaphorePermit, Option<&'static [&'static str]>) {
+    let slot = Arc::clone(&slots.permits).acquire_owned();
+    let Some(reserve) = &slots.reserve else {
+        return (slot.await.expect("the semaphore is never closed"), None);
+    };
+    tokio::select! {
+        permit = slot => (permit.expect("the semaphore is never closed"), None),
+        permit = Arc::clone(&reserve.permits).acquire_owned() => {
+            (permit.expect("the semaphore is never closed"), Some(reserve.paths))
+        }
+    }
+}
+
+/// Serves an accepted connection, after its TLS handshake when `tls` (within the header
+/// read timeout); `keep_alive` false closes it after one request.
+async fn serve_accepted<S, B>(
+    stream: tokio::net::TcpStream,
+    peer: SocketAddr,
+    tls: Option<tokio_rustls::TlsAcceptor>,
+    inner: S,
+    limits: ConnectionLimits,
+    watcher: Watcher,
+    keep_alive: bool,
+) where
+    S: HyperService<Request<Incoming>, Response = hyper::Response<B>> + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    B: hyper::body::Body + Send + 'static,
+    B::Data: Send,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    let Some(tls) = tls else {
+        let service = with_peer(inner, peer, None);
+        return connection(stream, service, limits, watcher, keep_alive).await;
+    };
+    match tokio::time::timeout(limits.header_read_timeout, tls.accept(stream)).await {
+        Ok(Ok(stream)) => {
+            let certificate = stream
+                .get_ref()
+                .1
+                .peer_certificates()
+                .and_then(|chain| chain.first())
+                .map(|c| PeerCertificate(Arc::new(c.clone().into_owned())));
+            let service = with_peer(inner, peer, certificate);
+            connection(stream, service, limits, watcher, keep_alive).await;
+        }
+        Ok(Err(error)) => tracing::debug!(%peer, %error, "TLS handshake failed"),
+        Err(_) => tracing::debug!(%peer, "TLS handshake timed out"),
+    }
+}
+
+/// A reserved connection's service: health paths go to `inner`, anything else is a 503
+/// saying why.
+struct HealthOnly<S> {
+    inner: S,
+    paths: &'static [&'static str],
+    max: usize,
+}
+
+type HealthOnlyBody<B> = Either<B, Full<Bytes>>;
+
+impl<S, B> HyperService<Request<Incoming>> for HealthOnly<S>
+where
+    S: HyperService<Request<Incoming>, Response = hyper::Response<B>>,
+    S::Future: Send + 'static,
+    S::Error: Send + 'static,
+    B: Send + 'static,
+{
+    type Response = hyper::Response<HealthOnlyBody<B>>;
+    type Error = S::Error;
+    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, S::Error>> + Send>>;
+
+    fn call(&self, request: Request<Incoming>) -> Self::Future {
+        if self.paths.contains(&request.uri().path()) {
+            let answer = self.inner.call(request);
+            return Box::pin(async move { Ok(answer.await?.map(Either::Left)) });
+        }
+        let body = format!(
+            "Service Unavailable: all {} HTTP connections are in use; past them only health checks ({}) are answered\n",
+            self.max,
+            self.paths.join(", ")
+        );
+        let mut response = hyper::Response::new(Either::Right(Full::new(Bytes::from(body))));
+        *response.status_mut() = hyper::StatusCode::SERVICE_UNAVAILABLE;
+        let headers = response.headers_mut();
+        headers.insert(
+            hyper::header::CONTENT_TYPE,
+            hyper::header::HeaderValue::from_static("text/plain; charset=utf-8"),
+        );
+        headers.insert(
+            hyper::header::RETRY_AFTER,
+            hyper::header::HeaderValue::from_static("1"),
+        );
+        Box::pin(std::future::ready(Ok(response)))
+    }
+}
+
 /// Serves one connection's requests until it closes, stalls past the idle timeout, or
 /// the server shuts down.
-async fn connection<IO, S, B>(io: IO, service: S, limits: ConnectionLimits, watcher: Watcher)
-where
+async fn connection<IO, S, B>(
+    io: IO,
+    service: S,
+    limits: ConnectionLimits,
+    watcher: Watcher,
+    keep_alive: bool,
+) where
     IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
     S: HyperService<Request<Incoming>, Response = hyper::Response<B>> + Send + 'static,
     S::Future: Send + 'static,
@@ -227,6 +375,7 @@ where
     let connection = http1::Builder::new()
         .timer(TokioTimer::new())
         .header_read_timeout(limits.header_read_timeout)
+        .keep_alive(keep_alive)
         .title_case_headers(true)
         .serve_connection(TokioIo::new(stream), service);
     let connection = watcher.watch(connection);
