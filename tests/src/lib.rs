@@ -9,6 +9,7 @@
 
 pub mod calls;
 pub mod envoy;
+pub mod envoy_gateway;
 pub mod faults;
 pub mod image;
 pub mod intake;

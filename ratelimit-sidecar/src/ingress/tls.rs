@@ -38,12 +38,9 @@ impl ServerTls {
                 Path::new(&settings.grpc_server_tls_key),
                 "GRPC_SERVER_TLS_KEY",
             ),
-            client_ca: (!settings.grpc_client_tls_cacert.is_empty()).then(|| {
-                (
-                    Path::new(&settings.grpc_client_tls_cacert),
-                    "GRPC_CLIENT_TLS_CACERT",
-                )
-            }),
+            client_ca: settings
+                .client_ca()
+                .map(|(path, name)| (Path::new(path), name)),
         };
         let parts = ServerCertificate::new(files, &settings.grpc_client_tls_san)?;
         let grpc = parts.config(b"h2")?;
@@ -54,7 +51,7 @@ impl ServerTls {
         let watcher = parts.watch();
         tracing::warn!(
             cert = %settings.grpc_server_tls_cert,
-            mutual = !settings.grpc_client_tls_cacert.is_empty(),
+            mutual = settings.client_ca().is_some(),
             http = settings.http_server_use_tls,
             "serving gRPC over TLS"
         );

@@ -21,6 +21,10 @@ pub struct TlsSettings {
     /// these CAs are trusted (envoyproxy/ratelimit also trusts the system's).
     #[arg(long, env, default_value = "")]
     pub grpc_client_tls_cacert: String,
+    /// Client certificates must chain to this CA when GRPC_CLIENT_TLS_CACERT is empty:
+    /// Envoy Gateway's rate limit deployment sets this name (envoyproxy/ratelimit ignores it).
+    #[arg(long, env, default_value = "")]
+    pub grpc_server_tls_ca_cert: String,
     /// A DNS name the client certificate must carry (with GRPC_CLIENT_TLS_CACERT).
     #[arg(long, env, default_value = "")]
     pub grpc_client_tls_san: String,
@@ -31,13 +35,24 @@ pub struct TlsSettings {
 }
 
 impl TlsSettings {
+    /// The CA file client certificates must chain to, and the setting that named it.
+    pub fn client_ca(&self) -> Option<(&str, &'static str)> {
+        if !self.grpc_client_tls_cacert.is_empty() {
+            Some((&self.grpc_client_tls_cacert, "GRPC_CLIENT_TLS_CACERT"))
+        } else if !self.grpc_server_tls_ca_cert.is_empty() {
+            Some((&self.grpc_server_tls_ca_cert, "GRPC_SERVER_TLS_CA_CERT"))
+        } else {
+            None
+        }
+    }
+
     /// Settings that contradict each other.
     pub fn check(&self, grpc_uds: &str) -> Result<(), String> {
         let server = self.grpc_server_use_tls;
-        if !server && !self.grpc_client_tls_cacert.is_empty() {
-            return Err("GRPC_CLIENT_TLS_CACERT: mutual TLS needs GRPC_SERVER_USE_TLS=true".into());
+        if let (false, Some((_, name))) = (server, self.client_ca()) {
+            return Err(format!("{name}: mutual TLS needs GRPC_SERVER_USE_TLS=true"));
         }
-        if self.grpc_client_tls_cacert.is_empty() && !self.grpc_client_tls_san.is_empty() {
+        if self.client_ca().is_none() && !self.grpc_client_tls_san.is_empty() {
             return Err(
                 "GRPC_CLIENT_TLS_SAN: checking client certificates needs GRPC_CLIENT_TLS_CACERT"
                     .into(),
