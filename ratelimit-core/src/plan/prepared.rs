@@ -15,6 +15,7 @@ use std::sync::Arc;
 
 use smallvec::SmallVec;
 
+use super::Applied;
 use super::decision::{count_hits, decides_over, overall_code};
 use super::keys::{push_entries, push_window_and_suffix};
 use crate::config::Limit;
@@ -355,23 +356,14 @@ impl Target {
             return within;
         }
         for &which in limits {
-            let limit = &node.limits[usize::from(which)];
-            let stats = limit
-                .stats
-                .as_deref()
-                .expect("counted limits have statistics");
-            let applied = engine.applied_node(node, which, stats);
-            let (mut current, mut read) = ([0u64; 2], 0);
-            self.for_each_counter(limit, applied.counting, call, |key, _| {
-                current[read] = store.get(key, call.now_ms / 1_000);
-                read += 1;
-            });
+            let (limit, applied) = self.limit(node, which);
+            let now = call.now_ms / 1_000;
+            let (current, read) = self.totals(limit, &applied, call, |key, _| store.get(key, now));
             let (addend, bound) = (call.addend, applied.bound);
-            within.push(
-                !applied
-                    .counting
-                    .exceeds(&current[..read], addend, bound, call.now_ms),
-            );
+            let over = applied
+                .counting
+                .exceeds(&current[..read], addend, bound, call.now_ms);
+            within.push(!over);
         }
         if within.iter().all(|&w| w) {
             within.clear();
@@ -390,16 +382,9 @@ impl Target {
         store: &S,
     ) -> DescriptorStatus {
         let engine = &*self.engine;
-        let limit = &node.limits[usize::from(which)];
-        let stats = limit
-            .stats
-            .as_deref()
-            .expect("counted limits have statistics");
-        let applied = engine.applied_node(node, which, stats);
-        let (mut totals, mut counted) = ([0u64; 2], 0);
-        self.for_each_counter(limit, applied.counting, call, |key, span| {
-            totals[counted] = engine.count(store, key, hits, span, applied.bound, call.now_ms);
-            counted += 1;
+        let (limit, applied) = self.limit(node, which);
+        let (totals, counted) = self.totals(limit, &applied, call, |key, span| {
+            engine.count(store, key, hits, span, applied.bound, call.now_ms)
         });
         let at = (applied.bound, call.now_ms);
         let assessed = applied
@@ -411,6 +396,34 @@ impl Target {
             assessed,
             engine.settings.near_limit_ratio,
         )
+    }
+
+    /// Limit `which` of `node`, and how it applies.
+    #[inline(always)]
+    fn limit<'a>(&'a self, node: &'a Node, which: u16) -> (&'a NodeLimit, Applied<'a>) {
+        let limit = &node.limits[usize::from(which)];
+        let stats = limit
+            .stats
+            .as_deref()
+            .expect("counted limits have statistics");
+        (limit, self.engine.applied_node(node, which, stats))
+    }
+
+    /// What `count` gives for each counter of `limit`, in order, and how many there are.
+    #[inline(always)]
+    fn totals(
+        &self,
+        limit: &NodeLimit,
+        applied: &Applied<'_>,
+        call: &Call<'_>,
+        mut count: impl FnMut(&CounterKey<'_>, Span) -> u64,
+    ) -> ([u64; 2], usize) {
+        let (mut totals, mut counted) = ([0u64; 2], 0);
+        self.for_each_counter(limit, applied.counting, call, |key, span| {
+            totals[counted] = count(key, span);
+            counted += 1;
+        });
+        (totals, counted)
     }
 
     /// Calls `f` for each counter `limit` needs, keyed as the full decision keys it.
