@@ -17,6 +17,12 @@
 //!   to its even share; when the window is *skewed* (some Envoy reported denials in it)
 //!   down to what its demand needs, so that the Envoy that ran dry finds it at its next
 //!   report. What it keeps becomes a new bucket of what is left of it.
+//! - **Another Envoy joins** and its start found the counter short of its even share:
+//!   every Envoy of the bucket holding more than its even share (of the Envoys there are
+//!   now) gives the excess back at once, down to its even share or what it reported used,
+//!   as a new bucket of what it keeps less what it reported used (what it admitted since
+//!   its last report is the over-admission this may cost); then the joiner **tops up**
+//!   to its even share from the counter.
 //! - **A lowered limit** (a reload): the grant shrinks to the new even share (never below
 //!   what was used) and the bucket is told the smaller size, which Envoy scales down.
 //!
@@ -63,6 +69,10 @@ pub enum Moment {
         /// Demand over the rest of the window.
         need: u64,
     },
+    /// Another Envoy joined the bucket short of its even share.
+    Joined,
+    /// A joiner that started short: others gave quota back.
+    TopUp,
 }
 
 /// What to do with the window's counter for one Envoy.
@@ -112,7 +122,11 @@ fn with_headroom(used: u64, need: u64) -> u64 {
 pub fn ask(split: Split, holding: Holding, moment: Moment) -> Ask {
     let even = split.even();
     match moment {
-        Moment::Start => reserve(even.saturating_sub(holding.granted)),
+        Moment::Start | Moment::TopUp => reserve(even.saturating_sub(holding.granted)),
+        Moment::Joined => match holding.granted.saturating_sub(even.max(holding.used)) {
+            0 => Ask::Keep,
+            now => Ask::Release { now, skewed: 0 },
+        },
         Moment::Report { denied, need } => {
             let demand = with_headroom(holding.used, need).min(split.limit.max(holding.used));
             if denied > 0 {
@@ -142,6 +156,11 @@ fn reserve(more: u64) -> Ask {
 pub fn settle(holding: &mut Holding, moment: Moment, ask: Ask, done: u64) -> Tokens {
     match (ask, moment) {
         (Ask::Reserve(_), Moment::Start) | (Ask::Keep, Moment::Start) => {
+            holding.granted = holding.granted.saturating_add(done);
+            Tokens::Fresh(holding.granted.saturating_sub(holding.used))
+        }
+        // A joiner that started short, moments ago: a new bucket of what it holds now.
+        (Ask::Reserve(_), Moment::TopUp) if done > 0 => {
             holding.granted = holding.granted.saturating_add(done);
             Tokens::Fresh(holding.granted.saturating_sub(holding.used))
         }
@@ -248,6 +267,42 @@ mod tests {
             Tokens::Fresh(1)
         );
         assert_eq!(ask(TWO, quiet, report(0, 3)), Ask::Keep);
+    }
+
+    #[test]
+    fn a_joiner_short_of_its_even_share_gets_what_the_others_hold_above_theirs() {
+        let mut first = Holding {
+            granted: 10,
+            used: 1,
+        };
+        let ask_first = ask(TWO, first, Moment::Joined);
+        assert_eq!(ask_first, Ask::Release { now: 5, skewed: 0 });
+        assert_eq!(
+            settle(&mut first, Moment::Joined, ask_first, 5),
+            Tokens::Fresh(4)
+        );
+        let mut joiner = Holding {
+            granted: 0,
+            used: 1,
+        };
+        assert_eq!(
+            settle(&mut joiner, Moment::Start, Ask::Reserve(5), 0),
+            Tokens::Fresh(0)
+        );
+        assert_eq!(ask(TWO, joiner, Moment::TopUp), Ask::Reserve(5));
+        assert_eq!(
+            settle(&mut joiner, Moment::TopUp, Ask::Reserve(5), 5),
+            Tokens::Fresh(4)
+        );
+        let spent = Holding {
+            granted: 10,
+            used: 8,
+        };
+        assert_eq!(
+            ask(TWO, spent, Moment::Joined),
+            Ask::Release { now: 2, skewed: 0 }
+        );
+        assert_eq!(ask(TWO, joiner, Moment::Joined), Ask::Keep);
     }
 
     #[test]

@@ -6,7 +6,8 @@
 //!
 //! The promises checked:
 //! - never more than the limit plus one request per Envoy (the first, admitted before its
-//!   assignment) is admitted;
+//!   assignment) plus what Envoys that gave quota back to a joiner had admitted since
+//!   their last report is admitted;
 //! - while every Envoy's requests stay within its even share, none is denied;
 //! - an Envoy that keeps being denied one report after the report that showed its
 //!   denials is denied only because the window has nothing left: the counter is full and
@@ -44,6 +45,11 @@ struct Envoy {
 
 struct Window {
     split: Split,
+    /// Envoys in the run; `split.envoys` counts those started, as the service counts
+    /// open streams.
+    all: u64,
+    /// Over-admission allowed by give-backs to joiners.
+    slack: u64,
     reserved: u64,
     skewed: bool,
     envoys: Vec<Envoy>,
@@ -61,7 +67,9 @@ impl Window {
             })
             .collect();
         Window {
-            split,
+            split: Split { envoys: 0, ..split },
+            all: split.envoys,
+            slack: 0,
             reserved: 0,
             skewed: false,
             envoys,
@@ -74,7 +82,7 @@ impl Window {
     fn entitlement(&self, holding: Holding, moment: Moment) -> u64 {
         let even = self.split.even();
         let Moment::Report { denied, need } = moment else {
-            return even;
+            return even.max(holding.used);
         };
         let demand = (holding.used + need + need / 4 + 1).min(self.split.limit.max(holding.used));
         if denied > 0 || !self.skewed {
@@ -111,7 +119,11 @@ impl Window {
             Tokens::Scaled(_) => panic!("no reload in the model"),
         }
         envoy.entitled = entitled;
-        envoy.starved_at_answer = self.reserved == self.split.limit;
+        // Quota given to a joiner leaves it short as surely as a full counter does.
+        envoy.starved_at_answer = match moment {
+            Moment::Joined => envoy.starved_at_answer || done > 0,
+            _ => self.reserved == self.split.limit,
+        };
         assert!(envoy.holding.granted <= entitled.max(envoy.holding.used));
     }
 
@@ -124,7 +136,11 @@ impl Window {
                 envoy.requested = 1;
                 envoy.first = now;
                 envoy.last_report = now;
+                self.split.envoys += 1;
                 self.answer(i, Moment::Start);
+                if self.envoys[i].holding.granted < self.split.even() {
+                    self.join(i);
+                }
             }
             Some(0) => {
                 envoy.denied += 1;
@@ -142,6 +158,18 @@ impl Window {
         }
     }
 
+    /// Envoy `i` started short: the others give back above their even shares, then it
+    /// tops up.
+    fn join(&mut self, i: usize) {
+        for j in 0..self.envoys.len() {
+            if j != i && self.envoys[j].tokens.is_some() {
+                self.slack += self.envoys[j].allowed;
+                self.answer(j, Moment::Joined);
+            }
+        }
+        self.answer(i, Moment::TopUp);
+    }
+
     /// A denial one report after the one that showed denials: only for want of quota.
     fn check_denial(&self, i: usize) {
         let envoy = &self.envoys[i];
@@ -155,7 +183,7 @@ impl Window {
         for (j, other) in self.envoys.iter().enumerate() {
             if j != i && other.tokens.is_some() {
                 assert!(
-                    other.holding.granted <= other.entitled,
+                    other.holding.granted <= other.entitled.max(self.split.even()),
                     "Envoy {i} denied while Envoy {j} holds {} of which it is entitled to {}",
                     other.holding.granted,
                     other.entitled
@@ -204,9 +232,10 @@ impl Window {
                 }
             }
             assert!(
-                self.admitted <= self.split.limit + self.envoys.len() as u64,
-                "{} admitted",
-                self.admitted
+                self.admitted <= self.split.limit + self.all + self.slack,
+                "{} admitted, {} slack",
+                self.admitted,
+                self.slack
             );
         }
     }
@@ -253,7 +282,7 @@ proptest! {
             let (rate, start) = rates[i];
             if now >= start { rate } else { 0 }
         });
-        prop_assert!(window.admitted <= split.limit + phases.len() as u64);
+        prop_assert!(window.admitted <= split.limit + phases.len() as u64 + window.slack);
     }
 }
 
@@ -280,7 +309,7 @@ fn a_heavy_envoy_gets_what_a_light_one_does_not_need_within_one_report() {
     assert_eq!(light_used, 6);
     assert_eq!(
         window.admitted + (light.holding.granted - light_used),
-        split.limit,
+        split.limit + window.slack,
         "the heavy Envoy used all the light one does not hold for its demand"
     );
     let heavy = &window.envoys[0];

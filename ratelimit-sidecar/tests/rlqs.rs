@@ -190,19 +190,23 @@ async fn a_stream_that_names_no_domain_or_no_bucket_is_refused() {
 
 /// Quota is reserved in the backend's counter before it is granted, and shares move
 /// through it, on every backend: a second Envoy that joins after the first took the whole
-/// limit gets nothing at first; the first gives back what its demand does not need at its
-/// next report (down to its even share), and the second, reporting denials, gets it.
+/// limit starts with nothing, the first gives back above its even share at once, and the
+/// second tops up; once the second reports denials (the window is skewed), the first gives
+/// back what its demand does not need at its next report and the second gets it at its
+/// next.
 async fn a_joining_envoy_gets_what_the_first_gives_back(store: &Store) {
     let mut options = Options::default();
     options.files.push(("rules.yaml", RULES.to_owned()));
     options.env = store.env();
     let server = Server::start_with(options);
+    let fresh = |tokens: &str| pairs(&[("user=shared", "DENY_ALL"), ("user=shared", tokens)]);
     let (first, mut first_answers) = open(&server).await;
     send(&first, "q", vec![usage("user", "shared", 0)]).await;
+    let alone = "alone, the first Envoy's even share is the whole limit";
     assert_eq!(
         next(&mut first_answers).await,
-        pairs(&[("user=shared", "DENY_ALL"), ("user=shared", "tokens 10")]),
-        "alone, the first Envoy's even share is the whole limit"
+        fresh("tokens 10"),
+        "{alone}"
     );
     let (second, mut second_answers) = open(&server).await;
     send(&second, "q", vec![usage("user", "shared", 0)]).await;
@@ -211,19 +215,37 @@ async fn a_joining_envoy_gets_what_the_first_gives_back(store: &Store) {
         pairs(&[("user=shared", "DENY_ALL")]),
         "nothing is left in the window's counter"
     );
-    send(&first, "q", vec![usage("user", "shared", 0)]).await;
-    assert_eq!(
-        next(&mut first_answers).await,
-        pairs(&[("user=shared", "DENY_ALL"), ("user=shared", "tokens 5")]),
-        "the first keeps its even share of two"
-    );
-    let mut denied = usage("user", "shared", 0);
-    denied.num_requests_denied = 3;
-    send(&second, "q", vec![denied]).await;
+    let given = "the first gives back above its even share of two";
+    assert_eq!(next(&mut first_answers).await, fresh("tokens 5"), "{given}");
+    let topped = "the second tops up to its even share";
     assert_eq!(
         next(&mut second_answers).await,
-        pairs(&[("user=shared", "DENY_ALL"), ("user=shared", "tokens 5")]),
-        "denials get what the counter has"
+        fresh("tokens 5"),
+        "{topped}"
+    );
+
+    let mut denied = usage("user", "shared", 0);
+    denied.num_requests_denied = 3;
+    send(&second, "q", vec![denied.clone()]).await;
+    let full = "nothing left: the same bucket";
+    assert_eq!(
+        next(&mut second_answers).await,
+        pairs(&[("user=shared", "tokens 5")]),
+        "{full}"
+    );
+    send(&first, "q", vec![usage("user", "shared", 0)]).await;
+    let skewed = "skewed: the first keeps what its demand needs (one request)";
+    assert_eq!(
+        next(&mut first_answers).await,
+        fresh("tokens 1"),
+        "{skewed}"
+    );
+    send(&second, "q", vec![denied]).await;
+    let grown = "the second gets what the first gave back";
+    assert_eq!(
+        next(&mut second_answers).await,
+        fresh("tokens 4"),
+        "{grown}"
     );
     assert_eq!(server.stat("ratelimit.rlqs.reserve_failed").await, Some(0));
 }
@@ -347,7 +369,10 @@ async fn answers_are_split_under_4_mib_and_bucket_bytes_are_bounded_per_stream()
     let mut assigned = std::collections::HashSet::new();
     while assigned.len() < 91 {
         let answer = tokio::time::timeout(Duration::from_secs(10), answers.message()).await;
-        let answer = answer.expect("answers in time").expect("under 4 MiB").unwrap();
+        let answer = answer
+            .expect("answers in time")
+            .expect("under 4 MiB")
+            .unwrap();
         for action in answer.bucket_action {
             assigned.insert(action.bucket_id.unwrap().bucket["user"].clone());
         }
@@ -391,7 +416,10 @@ async fn a_stream_that_does_not_read_its_answers_is_ended() {
     report_large(&reports, "tick", 0..60).await;
     let deadline = std::time::Instant::now() + Duration::from_secs(15);
     while server.stat("ratelimit.rlqs.streams_slow").await != Some(1) {
-        assert!(std::time::Instant::now() < deadline, "the stream was not ended");
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the stream was not ended"
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     assert_eq!(server.stat("ratelimit.rlqs.streams_idle").await, Some(0));

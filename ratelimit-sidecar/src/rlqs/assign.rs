@@ -43,6 +43,8 @@ pub struct Grant {
     pub requests_per_unit: Option<u32>,
     /// The assignment last sent.
     pub sent: Option<Assignment>,
+    /// It started short of its even share: the others are asked to give back.
+    pub short: bool,
 }
 
 impl Grant {

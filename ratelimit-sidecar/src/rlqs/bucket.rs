@@ -139,10 +139,50 @@ async fn limited(
     let ask = grants::ask(split, grant.holding, moment);
     let ran_dry = denied > 0 && moment != Moment::Start;
     let done = reserve::run(shared, key, limit, ask, ran_dry).await;
-    told(
-        grants::settle(&mut grant.holding, moment, ask, done),
-        grant.sent,
-    )
+    let tokens = grants::settle(&mut grant.holding, moment, ask, done);
+    grant.short = moment == Moment::Start && grant.holding.granted < split.even();
+    told(tokens, grant.sent)
+}
+
+/// Moves quota of `bucket` for a joiner at `moment` ([`Moment::Joined`]: give back above
+/// the even share; [`Moment::TopUp`]: take up to it), within the window its grant is for.
+/// The actions, and how much moved.
+pub async fn shift(
+    shared: &Shared,
+    domain: &str,
+    key: &str,
+    bucket: &mut Bucket,
+    moment: Moment,
+    now_ms: u64,
+) -> (Vec<BucketAction>, u64) {
+    let rule = shared
+        .service
+        .limiter
+        .quota_rule(domain, &bucket.entries, now_ms);
+    let grant = &mut bucket.grant;
+    let Ok(QuotaRule::Limited(limit)) = rule else {
+        return (Vec::new(), 0);
+    };
+    if limit.shadow || grant.sent.is_none() || grant.window_end_ms != limit.window_end_ms {
+        return (Vec::new(), 0);
+    }
+    let split = Split {
+        limit: u64::from(limit.requests_per_unit),
+        envoys: shared.envoys(domain),
+    };
+    let ask = grants::ask(split, grant.holding, moment);
+    let done = reserve::run(shared, key, &limit, ask, false).await;
+    let tokens = grants::settle(&mut grant.holding, moment, ask, done);
+    let (assignment, fresh) = told(tokens, grant.sent);
+    if moment == Moment::TopUp {
+        grant.short = grant.holding.granted < split.even();
+    }
+    if done == 0 {
+        return (Vec::new(), 0);
+    }
+    grant.sent = Some(assignment);
+    shared.stats.assignments.add(1);
+    (actions(&bucket.id, assignment, fresh, shared.ttl), done)
 }
 
 /// The assignment for `tokens`, and whether it starts a new bucket.

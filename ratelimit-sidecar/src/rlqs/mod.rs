@@ -48,6 +48,10 @@ struct Shared {
     domains: Mutex<HashMap<String, u64>>,
     /// BACKEND_FALLBACK_REPLICAS: each is taken to serve as many Envoys as this one.
     replicas: u64,
+    /// The streams holding each bucket (by its canonical key), to nudge when an Envoy
+    /// joins it short of its even share (bounded with the buckets: an entry per bucket a
+    /// stream holds).
+    holders: Mutex<HashMap<Arc<str>, Vec<Holder>>>,
     /// RLQS_ASSIGNMENT_TTL.
     ttl: Duration,
     streams: AtomicU64,
@@ -103,6 +107,7 @@ impl Rlqs {
             queue: budget::queue(),
             domains: Mutex::new(HashMap::new()),
             replicas,
+            holders: Mutex::new(HashMap::new()),
             ttl,
             streams: AtomicU64::new(0),
             open: Arc::new(AtomicUsize::new(0)),
@@ -150,7 +155,44 @@ impl RateLimitQuotaService for Rlqs {
     }
 }
 
+/// A stream holding a bucket, and where to nudge it.
+type Holder = (u64, mpsc::Sender<Nudge>);
+
+/// What one stream asks of the others holding a bucket.
+#[derive(Debug, Clone)]
+enum Nudge {
+    /// An Envoy joined the bucket short of its even share: give back above yours.
+    Give(Arc<str>),
+    /// Quota of the bucket was given back: a joiner that started short may take it.
+    Take(Arc<str>),
+}
+
 impl Shared {
+    /// Stream `stream` holds bucket `key` and hears of it through `nudges` (`None`: no
+    /// longer holds it).
+    fn holds(&self, key: &Arc<str>, stream: u64, nudges: Option<&mpsc::Sender<Nudge>>) {
+        let mut holders = self.holders.lock().unwrap_or_else(|p| p.into_inner());
+        let list = holders.entry(Arc::clone(key)).or_default();
+        list.retain(|(id, _)| *id != stream);
+        if let Some(nudges) = nudges {
+            list.push((stream, nudges.clone()));
+        }
+        if list.is_empty() {
+            holders.remove(key);
+        }
+    }
+
+    /// Tells every other stream holding `key` `nudge` (dropped for a stream whose nudges
+    /// are full: it has work queued that will look at the bucket anyway).
+    fn nudge(&self, key: &Arc<str>, from: u64, nudge: &Nudge) {
+        let holders = self.holders.lock().unwrap_or_else(|p| p.into_inner());
+        for (stream, nudges) in holders.get(key).into_iter().flatten() {
+            if *stream != from {
+                let _ = nudges.try_send(nudge.clone());
+            }
+        }
+    }
+
     /// A stream of `domain` opened (`true`) or ended.
     fn count_stream(&self, domain: &str, opened: bool) {
         let mut domains = self.domains.lock().unwrap_or_else(|p| p.into_inner());

@@ -11,15 +11,16 @@ use std::time::Duration;
 use envoy_types::pb::envoy::service::rate_limit_quota::v3::RateLimitQuotaUsageReports;
 use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_response::BucketAction;
 use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_usage_reports::BucketQuotaUsage;
+use ratelimit_core::grants::Moment;
 use ratelimit_service_kit::clock::unix_now_ms;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tonic::{Status, Streaming};
 
-use super::Shared;
 use super::assign::Grant;
 use super::bucket::{self, Bucket, Told, Usage, canonical};
 use super::budget::{self, MAX_STREAM_BUCKETS, MAX_STREAM_BYTES, Queued, bucket_cost};
+use super::{Nudge, Shared};
 
 /// How often windows are checked for their end, and the rules for a reload.
 const TICK: Duration = Duration::from_millis(100);
@@ -29,6 +30,8 @@ const TICK: Duration = Duration::from_millis(100);
 const IDLE_TTLS: u32 = 4;
 /// What Envoy's report interval is taken to be when a report does not say.
 const DEFAULT_ELAPSED: Duration = Duration::from_secs(5);
+/// Nudges from other streams waiting to be looked at (more are dropped).
+const NUDGES: usize = 64;
 
 /// One Envoy's stream.
 pub struct EnvoyStream {
@@ -39,11 +42,16 @@ pub struct EnvoyStream {
     /// The buckets' bytes ([`bucket_cost`]).
     bytes: usize,
     generation: u64,
+    /// Where other streams nudge this one about a bucket they share, and (until the stream
+    /// runs) the nudges.
+    nudges: mpsc::Sender<Nudge>,
+    nudged: Option<mpsc::Receiver<Nudge>>,
 }
 
 impl EnvoyStream {
     pub fn new(id: u64, shared: Arc<Shared>) -> EnvoyStream {
         let generation = shared.service.limiter.config_generation();
+        let (nudges, nudged) = mpsc::channel(NUDGES);
         EnvoyStream {
             id,
             shared,
@@ -51,6 +59,8 @@ impl EnvoyStream {
             buckets: HashMap::new(),
             bytes: 0,
             generation,
+            nudges,
+            nudged: Some(nudged),
         }
     }
 
@@ -64,6 +74,7 @@ impl EnvoyStream {
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
         let idle = self.shared.ttl * IDLE_TTLS;
         let mut last_report = Instant::now();
+        let mut nudged = self.nudged.take().expect("a stream runs once");
         loop {
             let answer = tokio::select! {
                 report = reports.message() => match report {
@@ -79,6 +90,7 @@ impl EnvoyStream {
                 },
                 // Only a stream with buckets has windows and reloads to follow.
                 _ = tick.tick(), if !self.buckets.is_empty() => Ok(self.on_tick().await),
+                Some(nudge) = nudged.recv() => Ok(self.on_nudge(nudge).await),
                 () = tokio::time::sleep_until(last_report + idle) => {
                     tracing::debug!(stream = self.id, "RLQS stream ended: no report for {idle:?}");
                     self.shared.stats.streams_idle.add(1);
@@ -209,6 +221,7 @@ impl EnvoyStream {
             cost,
         };
         self.buckets.insert(Arc::clone(key), bucket);
+        self.shared.holds(key, self.id, Some(&self.nudges));
         true
     }
 
@@ -262,8 +275,15 @@ impl EnvoyStream {
             return Vec::new();
         };
         match bucket::assign(&self.shared, domain, key, bucket, usage, unix_now_ms()).await {
-            Told::Actions(actions) => actions,
+            Told::Actions(actions) => {
+                if bucket.grant.short {
+                    self.shared
+                        .nudge(key, self.id, &Nudge::Give(Arc::clone(key)));
+                }
+                actions
+            }
             Told::Abandoned(action) => {
+                self.shared.holds(key, self.id, None);
                 if let Some(bucket) = self.buckets.remove(key) {
                     self.bytes -= bucket.cost;
                     self.shared.budget.give(bucket.cost);
@@ -273,11 +293,39 @@ impl EnvoyStream {
         }
     }
 
+    /// Another stream's nudge about a bucket both hold: an Envoy joined it short of its
+    /// even share (this one gives back above its own, and says so), or quota was given
+    /// back (this one takes it if it started short).
+    async fn on_nudge(&mut self, nudge: Nudge) -> Vec<BucketAction> {
+        let (key, moment) = match nudge {
+            Nudge::Give(key) => (key, Moment::Joined),
+            Nudge::Take(key) => (key, Moment::TopUp),
+        };
+        let domain = self.domain.as_deref().unwrap_or_default();
+        let Some(bucket) = self.buckets.get_mut(&key) else {
+            return Vec::new();
+        };
+        if moment == Moment::TopUp && !bucket.grant.short {
+            return Vec::new();
+        }
+        let now_ms = unix_now_ms();
+        let (actions, moved) =
+            bucket::shift(&self.shared, domain, &key, bucket, moment, now_ms).await;
+        if moment == Moment::Joined && moved > 0 {
+            self.shared
+                .nudge(&key, self.id, &Nudge::Take(Arc::clone(&key)));
+        }
+        actions
+    }
+
     /// The stream ended: what its Envoy did not spend goes back to the windows' counters
     /// once its assignments have expired, and its buckets then leave the budget.
     fn end(self) {
         let Some(domain) = self.domain else { return };
         self.shared.count_stream(&domain, false);
+        for key in self.buckets.keys() {
+            self.shared.holds(key, self.id, None);
+        }
         let shared = Arc::clone(&self.shared);
         tokio::spawn(bucket::leave(shared, domain, self.buckets));
     }
