@@ -4,6 +4,7 @@
 //! the same schedule longer (`FAULTS_SCALE`) and writes the report's table.
 
 pub mod check;
+pub mod intake;
 pub mod load;
 
 use std::io::Write as _;
