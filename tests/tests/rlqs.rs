@@ -1,7 +1,9 @@
 //! The Rate Limit Quota Service with real Envoys (`envoy/rlqs.yaml`, two workers each):
 //! Envoy enforces the sidecar's assignments itself and reports usage every 5 s, so a
 //! limit holds across Envoys within what Envoy lets through before an assignment exists
-//! (a bucket's first request) and what is in flight.
+//! (a bucket's first request) and what is in flight; and a user whose requests are spread
+//! within each Envoy's even share of the limit is never denied, on one sidecar or on two
+//! replicas sharing Redis.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -21,11 +23,41 @@ fn rules(limit: u64) -> String {
 }
 
 fn sidecar(env: Vec<(&'static str, String)>) -> Server {
+    sidecar_with(LIMIT, env)
+}
+
+fn sidecar_with(limit: u64, env: Vec<(&'static str, String)>) -> Server {
     Server::start_with(Options {
-        files: vec![("rules.yaml", rules(LIMIT))],
+        files: vec![("rules.yaml", rules(limit))],
         env,
         ..Options::default()
     })
+}
+
+/// Two replicas on one Redis, each told that there are two.
+fn replicas(limit: u64) -> (Redis, Server, Server) {
+    let redis = Redis::start(&[]);
+    let env = || {
+        let mut env = redis_env(redis.port);
+        env.push(("BACKEND_FALLBACK_REPLICAS", "2".to_owned()));
+        env
+    };
+    let (one, two) = (sidecar_with(limit, env()), sidecar_with(limit, env()));
+    (redis, one, two)
+}
+
+/// The light user at 10 a minute: 2 requests over both Envoys, a pause of 1 s,
+/// then 4 more, alternating; every answer.
+async fn light_user(a: &Envoy, b: &Envoy, user: &str) -> Vec<u16> {
+    let mut codes = Vec::new();
+    for envoy in [a, b] {
+        codes.push(status(envoy.port, user).await);
+    }
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    for envoy in [a, b, a, b] {
+        codes.push(status(envoy.port, user).await);
+    }
+    codes
 }
 
 fn envoy(upstream: u16, grpc: u16, expired: &str) -> Envoy {
@@ -113,14 +145,37 @@ async fn two_envoys_share_one_limit_and_other_users_are_unaffected() {
     );
 }
 
+/// 6 requests of a limit of 10 over two Envoys are 6 × 200: the second Envoy to see the
+/// user finds the first holding the whole limit, which gives back above its even share
+/// at once.
+#[tokio::test]
+async fn a_light_user_spread_over_two_envoys_is_never_denied() {
+    let upstream = upstream().await;
+    let sidecar = sidecar_with(10, Vec::new());
+    let (a, b) = (
+        envoy(upstream, sidecar.grpc, "DENY_ALL"),
+        envoy(upstream, sidecar.grpc, "DENY_ALL"),
+    );
+    assert_eq!(light_user(&a, &b, "light").await, [200; 6]);
+}
+
+/// The same on two replicas sharing Redis: each replica starts its Envoy on an even share
+/// of two replicas' Envoys.
+#[tokio::test]
+async fn a_light_user_spread_over_two_replicas_is_never_denied() {
+    let upstream = upstream().await;
+    let (_redis, one, two) = replicas(10);
+    let (a, b) = (
+        envoy(upstream, one.grpc, "DENY_ALL"),
+        envoy(upstream, two.grpc, "DENY_ALL"),
+    );
+    assert_eq!(light_user(&a, &b, "light").await, [200; 6]);
+}
+
 #[tokio::test]
 async fn two_sidecar_replicas_on_one_redis_share_the_limit() {
-    let redis = Redis::start(&[]);
     let upstream = upstream().await;
-    let (one, two) = (
-        sidecar(redis_env(redis.port)),
-        sidecar(redis_env(redis.port)),
-    );
+    let (_redis, one, two) = replicas(LIMIT);
     let (a, b) = (
         envoy(upstream, one.grpc, "DENY_ALL"),
         envoy(upstream, two.grpc, "DENY_ALL"),
