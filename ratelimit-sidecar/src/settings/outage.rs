@@ -20,7 +20,8 @@ pub struct OutageSettings {
     /// BACKEND_FALLBACK_REPLICAS).
     #[arg(long, env, default_value = "error", value_enum)]
     pub backend_failure_mode: FailureMode,
-    /// Sidecar replicas sharing the backend: in local mode each allows limit/N.
+    /// Sidecar replicas sharing the backend: in local mode each allows limit/N; the Rate
+    /// Limit Quota Service takes each to serve as many Envoys as this one (even shares).
     #[arg(long, env, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
     pub backend_fallback_replicas: u32,
     /// Requests decided at once; more get RESOURCE_EXHAUSTED / 503 at once (0: 1024 per
