@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The fault schedule's long form: every fault of tests/tests/faults.rs, one at a time,
 # with its phases (before, during and after the fault) and its callers multiplied by
-# FAULTS_SCALE (4 by default). Each fault adds one row to the report's table
+# FAULTS_SCALE (4 by default), and the intake's broker faults of tests/tests/faults_intake.rs (TANSU_BIN and
+# KAFKA_PYTHON set, see docs/testing.md). Each fault adds one row to the report's table
 # (FAULTS_REPORT, target/faults-report.md by default), which docs/faults.md quotes.
 # Usage: bench/faults/run.sh [test name filter]
 set -euo pipefail
@@ -12,9 +13,9 @@ report=${FAULTS_REPORT:-$PWD/target/faults-report.md}
 mkdir -p "$(dirname "$report")"
 : >"$report"
 # The tests start the binaries found next to them.
-cargo build -p ratelimit-sidecar --bins
+cargo build -p ratelimit-sidecar -p operations-intake --bins
 FAULTS_SCALE=$scale FAULTS_REPORT=$report \
-    cargo test -p ratelimit-tests --test faults -- --test-threads=1 --nocapture "$@"
+    cargo test -p ratelimit-tests --test faults --test faults_intake -- --test-threads=1 --nocapture "$@"
 echo
 echo "scale $scale, $(nproc) CPUs, $(date -u +%Y-%m-%dT%H:%MZ):"
 cat "$report"

@@ -188,12 +188,17 @@ fn windows(
     }
 }
 
-/// While the fault holds (from a moment after it is made to the heal), the failure
-/// mode's own answer: `error` refuses, `allow` admits, `local` answers from its share.
+/// No error before the fault; while it holds (from a moment after it is made to the
+/// heal), the failure mode's own answer: `error` refuses, `allow` admits, `local` answers from its share.
 fn promise(history: &[Call], fault: &Fault, broken: &mut Vec<String>) {
     // Calls sent in the first 200 ms may have been answered by the store already.
     let inside = |c: &&Call| c.start >= fault.started + 200_000 && c.end <= fault.healed;
     let mut local: BTreeMap<(u32, u64), u64> = BTreeMap::new();
+    for call in history.iter().filter(|c| c.end < fault.started) {
+        if matches!(call.answer, Answer::Error(_)) && broken.len() < 20 {
+            broken.push(format!("an error before the fault: {call:?}"));
+        }
+    }
     for call in history.iter().filter(inside) {
         let kept = match (fault.promise, call.answer) {
             (Promise::Error, Answer::Error(_)) | (Promise::Allow, Answer::Ok) => true,
