@@ -194,16 +194,17 @@ mod tests {
         envoys: 2,
     };
 
+    fn held(granted: u64, used: u64) -> Holding {
+        Holding { granted, used }
+    }
+
     fn report(denied: u64, need: u64) -> Moment {
         Moment::Report { denied, need }
     }
 
     #[test]
     fn a_new_bucket_gets_an_even_share_less_what_was_admitted_without_one() {
-        let mut holding = Holding {
-            granted: 0,
-            used: 1,
-        };
+        let mut holding = held(0, 1);
         let ask = ask(TWO, holding, Moment::Start);
         assert_eq!(ask, Ask::Reserve(5));
         assert_eq!(
@@ -220,10 +221,7 @@ mod tests {
 
     #[test]
     fn denials_ask_for_the_demand_and_get_the_increase_as_a_new_bucket() {
-        let mut holding = Holding {
-            granted: 5,
-            used: 5,
-        };
+        let mut holding = held(5, 5);
         let moment = report(20, 40);
         assert_eq!(
             ask(TWO, holding, moment),
@@ -243,19 +241,13 @@ mod tests {
 
     #[test]
     fn a_quiet_envoy_keeps_its_even_share_unless_the_window_is_skewed() {
-        let quiet = Holding {
-            granted: 5,
-            used: 1,
-        };
+        let quiet = held(5, 1);
         // Needs 1 + 2 + 0 + 1 = 4: keeps 5 (even), gives back 1 when skewed.
         assert_eq!(
             ask(TWO, quiet, report(0, 2)),
             Ask::Release { now: 0, skewed: 1 }
         );
-        let grown = Holding {
-            granted: 9,
-            used: 1,
-        };
+        let grown = held(9, 1);
         assert_eq!(
             ask(TWO, grown, report(0, 0)),
             Ask::Release { now: 4, skewed: 3 }
@@ -271,20 +263,14 @@ mod tests {
 
     #[test]
     fn a_joiner_short_of_its_even_share_gets_what_the_others_hold_above_theirs() {
-        let mut first = Holding {
-            granted: 10,
-            used: 1,
-        };
+        let mut first = held(10, 1);
         let ask_first = ask(TWO, first, Moment::Joined);
         assert_eq!(ask_first, Ask::Release { now: 5, skewed: 0 });
         assert_eq!(
             settle(&mut first, Moment::Joined, ask_first, 5),
             Tokens::Fresh(4)
         );
-        let mut joiner = Holding {
-            granted: 0,
-            used: 1,
-        };
+        let mut joiner = held(0, 1);
         assert_eq!(
             settle(&mut joiner, Moment::Start, Ask::Reserve(5), 0),
             Tokens::Fresh(0)
@@ -294,10 +280,7 @@ mod tests {
             settle(&mut joiner, Moment::TopUp, Ask::Reserve(5), 5),
             Tokens::Fresh(4)
         );
-        let spent = Holding {
-            granted: 10,
-            used: 8,
-        };
+        let spent = held(10, 8);
         assert_eq!(
             ask(TWO, spent, Moment::Joined),
             Ask::Release { now: 2, skewed: 0 }
@@ -307,19 +290,13 @@ mod tests {
 
     #[test]
     fn a_lowered_limit_shrinks_to_the_new_even_share() {
-        let mut holding = Holding {
-            granted: 5,
-            used: 2,
-        };
+        let mut holding = held(5, 2);
         let lower = Split {
             limit: 6,
             envoys: 2,
         };
         assert_eq!(lowered(lower, &mut holding), Tokens::Scaled(1));
-        let mut spent = Holding {
-            granted: 5,
-            used: 5,
-        };
+        let mut spent = held(5, 5);
         assert_eq!(lowered(lower, &mut spent), Tokens::Scaled(0));
         assert_eq!(spent.granted, 5, "what was used stays counted");
     }

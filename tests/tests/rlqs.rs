@@ -65,6 +65,15 @@ fn envoy(upstream: u16, grpc: u16, expired: &str) -> Envoy {
     start_envoy_workers("rlqs.yaml", 2, upstream, grpc, false, &expired)
 }
 
+/// Two Envoys, on the sidecars at gRPC ports `one` and `two`, denying once an assignment
+/// expires.
+fn two_envoys(upstream: u16, one: u16, two: u16) -> (Envoy, Envoy) {
+    (
+        envoy(upstream, one, "DENY_ALL"),
+        envoy(upstream, two, "DENY_ALL"),
+    )
+}
+
 async fn status(port: u16, user: &str) -> u16 {
     reqwest::Client::new()
         .get(format!("http://127.0.0.1:{port}/"))
@@ -127,10 +136,7 @@ fn assert_shared(admitted: &BTreeMap<u64, u64>, envoys: u64) {
 async fn two_envoys_share_one_limit_and_other_users_are_unaffected() {
     let upstream = upstream().await;
     let sidecar = sidecar(Vec::new());
-    let (a, b) = (
-        envoy(upstream, sidecar.grpc, "DENY_ALL"),
-        envoy(upstream, sidecar.grpc, "DENY_ALL"),
-    );
+    let (a, b) = two_envoys(upstream, sidecar.grpc, sidecar.grpc);
     let admitted = admitted_per_window(&[&a, &b], "alice", 40).await;
     assert_shared(&admitted, 2);
     assert_eq!(status(a.port, "bob").await, 200);
@@ -152,10 +158,7 @@ async fn two_envoys_share_one_limit_and_other_users_are_unaffected() {
 async fn a_light_user_spread_over_two_envoys_is_never_denied() {
     let upstream = upstream().await;
     let sidecar = sidecar_with(10, Vec::new());
-    let (a, b) = (
-        envoy(upstream, sidecar.grpc, "DENY_ALL"),
-        envoy(upstream, sidecar.grpc, "DENY_ALL"),
-    );
+    let (a, b) = two_envoys(upstream, sidecar.grpc, sidecar.grpc);
     assert_eq!(light_user(&a, &b, "light").await, [200; 6]);
 }
 
@@ -165,10 +168,7 @@ async fn a_light_user_spread_over_two_envoys_is_never_denied() {
 async fn a_light_user_spread_over_two_replicas_is_never_denied() {
     let upstream = upstream().await;
     let (_redis, one, two) = replicas(10);
-    let (a, b) = (
-        envoy(upstream, one.grpc, "DENY_ALL"),
-        envoy(upstream, two.grpc, "DENY_ALL"),
-    );
+    let (a, b) = two_envoys(upstream, one.grpc, two.grpc);
     assert_eq!(light_user(&a, &b, "light").await, [200; 6]);
 }
 
@@ -176,10 +176,7 @@ async fn a_light_user_spread_over_two_replicas_is_never_denied() {
 async fn two_sidecar_replicas_on_one_redis_share_the_limit() {
     let upstream = upstream().await;
     let (_redis, one, two) = replicas(LIMIT);
-    let (a, b) = (
-        envoy(upstream, one.grpc, "DENY_ALL"),
-        envoy(upstream, two.grpc, "DENY_ALL"),
-    );
+    let (a, b) = two_envoys(upstream, one.grpc, two.grpc);
     let admitted = admitted_per_window(&[&a, &b], "carol", 40).await;
     assert_shared(&admitted, 2);
 }
