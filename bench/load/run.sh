@@ -1,17 +1,21 @@
 #!/usr/bin/env bash
-# Load benchmark of the sidecar next to the transport ceiling, in one run.
+# Load benchmark of the sidecar next to the transport floor, in one run.
 #
-# The ceiling is rls-ceiling: a tonic RateLimitService that answers OK without deciding,
-# on a single-threaded runtime (the fastest tonic can serve on one core). The servers
-# under test are the sidecar on the memory backend, on Redis and on memcached, each pinned
-# to CPU 0 (so one worker), the same memory sidecar with every statistics output on (statsd over UDP
+# The floor is rls-floor: hyper's HTTP/2 on a single-threaded runtime, reading each body
+# and answering one pre-encoded message and `grpc-status: 0`, with no gRPC or protobuf
+# work, so every microsecond above it is the server's own. rls-tonic, tonic's generated
+# server answering OK without deciding, is a second reference. The servers under test are
+# the sidecar on the memory backend, on Redis and on memcached, each pinned to CPU 0 (so
+# one worker), the same memory sidecar with every statistics output on (statsd over UDP
 # flushed every second, Prometheus scraped every 2 s; the other has DISABLE_STATS=true),
-# and the sidecar on memory with GRPC_WORKERS=2 unpinned (scaling across cores). The load generators run on CPU 1: h2load (Debian's nghttp2-client, when
-# installed) for one hot key, then rls-load (this folder) for 1 and 10 000 keys with p50
-# and p99. Every server is started once; each load runs on every server in turn, round
-# after round, so that a server and the ceiling it is compared with are measured seconds
-# apart and drift of the machine hits all of them alike. Each measurement also
-# records the server's CPU time (utime + stime from /proc), reported per request.
+# and the sidecar on memory with GRPC_WORKERS=2 unpinned, against the floor on two
+# threads (scaling across cores; the generator shares those cores). The load generators
+# run on CPU 1: h2load (Debian's nghttp2-client, when installed) for one hot key, then
+# rls-load (this folder) for 1 and 10 000 keys with p50 and p99. Every server is started
+# once; each load runs on every server in turn, round after round, so that a server and
+# the floor it is compared with are measured seconds apart and drift of the machine hits
+# all of them alike. Each measurement also records the server's CPU time (utime + stime
+# from /proc), reported per request.
 #   bench/load/run.sh [SECONDS] [ROUNDS]   (default 2 s, 9 rounds: short measurements in many
 #   rounds keep the two halves of each ratio seconds apart on a machine whose speed drifts)
 set -euo pipefail
@@ -49,7 +53,9 @@ start() { # name cpus command... (@PORT@ in the command is the gRPC port, @FREE@
 
 SIDECAR=(env RUNTIME_ROOT="$WORK/current" RUNTIME_SUBDIRECTORY= USE_STATSD=false LOG_LEVEL=error
 	HOST=127.0.0.1 PORT=@FREE@ DEBUG_HOST=127.0.0.1 DEBUG_PORT=@FREE@ GRPC_HOST=127.0.0.1 GRPC_PORT=@PORT@)
-start ceiling 0 "$BIN/rls-ceiling" 127.0.0.1:@PORT@
+start floor 0 "$BIN/rls-floor" 127.0.0.1:@PORT@
+start tonic 0 "$BIN/rls-tonic" 127.0.0.1:@PORT@
+start floor-2w "" "$BIN/rls-floor" 127.0.0.1:@PORT@ 2
 start memory 0 "${SIDECAR[@]}" BACKEND_TYPE=memory DISABLE_STATS=true "$BIN/ratelimit"
 prometheus_port=$(free_port)
 # Nothing listens on the statsd port: UDP datagrams are sent and dropped, as to a collector.
@@ -58,7 +64,7 @@ start sinks 0 "${SIDECAR[@]}" BACKEND_TYPE=memory USE_STATSD=true STATSD_PROTOCO
 	PROMETHEUS_ADDR="127.0.0.1:$prometheus_port" "$BIN/ratelimit"
 (while sleep 2; do curl -s "http://127.0.0.1:$prometheus_port/metrics" >/dev/null || true; done) &
 start memory-2w "" "${SIDECAR[@]}" BACKEND_TYPE=memory GRPC_WORKERS=2 "$BIN/ratelimit"
-SERVERS=(ceiling memory sinks memory-2w)
+SERVERS=(floor tonic memory sinks floor-2w memory-2w)
 if command -v redis-server >/dev/null; then
 	redis_port=$(free_port)
 	# redis-server shares CPU 1 with the generators.
@@ -102,7 +108,7 @@ measure() { # round server load (h2load, or rls-load's key count)
 
 LOADS=(1 10000)
 ! command -v h2load >/dev/null || LOADS=(h2load "${LOADS[@]}")
-# Each load runs on every server back to back, so that a server and the ceiling it is
+# Each load runs on every server back to back, so that a server and the floor it is
 # compared with are measured seconds apart.
 for round in $(seq "$ROUNDS"); do
 	for load in "${LOADS[@]}"; do
@@ -120,20 +126,22 @@ tick = int(sys.argv[2])
 by = collections.defaultdict(list)
 for r, server, tool, keys, requests, errors, secs, p50, p99, ticks in rows:
     by[(tool, keys, server)].append((int(r), int(requests), int(errors), float(secs), p50, p99, int(ticks)))
-print(f"{'load':<16} {'server':<10} {'req/s':>8} {'vs ceiling':>10} {'CPU us/req':>10} {'x ceiling':>9} {'p50 us':>7} {'p99 us':>7} {'errors':>6}")
+print(f"{'load':<16} {'server':<10} {'req/s':>8} {'vs floor':>8} {'CPU us/req':>10} {'x floor':>7} {'p50 us':>7} {'p99 us':>7} {'errors':>6}")
 for tool, keys in sorted({(t, k) for t, k, _ in by}, key=lambda x: (x[0], int(x[1]))):
-    ceiling = {r: (n / s, t / tick * 1e6 / max(n, 1)) for r, n, _, s, _, _, t in by[(tool, keys, "ceiling")]}
-    for server in ["ceiling", "memory", "sinks", "redis", "memcache", "memory-2w"]:
+    for server in ["floor", "tonic", "memory", "sinks", "redis", "memcache", "floor-2w", "memory-2w"]:
         runs = by.get((tool, keys, server))
         if not runs:
             continue
+        # Two workers are compared with the floor on two threads, the rest with the floor.
+        base = {r: (n / s, t / tick * 1e6 / max(n, 1))
+                for r, n, _, s, _, _, t in by[(tool, keys, "floor-2w" if server.endswith("-2w") else "floor")]}
         rps = statistics.median(n / s for _, n, _, s, _, _, _ in runs)
-        ratio = statistics.median(n / s / ceiling[r][0] for r, n, _, s, _, _, _ in runs)
+        ratio = statistics.median(n / s / base[r][0] for r, n, _, s, _, _, _ in runs)
         cpu = statistics.median(t / tick * 1e6 / max(n, 1) for _, n, _, _, _, _, t in runs)
-        cpu_ratio = statistics.median(t / tick * 1e6 / max(n, 1) / ceiling[r][1] for r, n, _, _, _, _, t in runs)
+        cpu_ratio = statistics.median(t / tick * 1e6 / max(n, 1) / base[r][1] for r, n, _, _, _, _, t in runs)
         p50 = "-" if runs[0][4] == "-" else int(statistics.median(int(x[4]) for x in runs))
         p99 = "-" if runs[0][5] == "-" else int(statistics.median(int(x[5]) for x in runs))
         errors = sum(x[2] for x in runs)
-        print(f"{tool + ' keys=' + keys:<16} {server:<10} {rps:>8.0f} {ratio:>10.2f} {cpu:>10.1f} {cpu_ratio:>9.2f} {p50:>7} {p99:>7} {errors:>6}")
-print(f"median of {len(set(r[0] for r in rows))} alternating rounds; ratios are taken within a round")
+        print(f"{tool + ' keys=' + keys:<16} {server:<10} {rps:>8.0f} {ratio:>8.2f} {cpu:>10.1f} {cpu_ratio:>7.2f} {p50:>7} {p99:>7} {errors:>6}")
+print(f"median of {len(set(r[0] for r in rows))} alternating rounds; ratios are taken within a round, to the floor (memory-2w: to floor-2w)")
 PY

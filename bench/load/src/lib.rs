@@ -1,4 +1,4 @@
-//! Load benchmark helpers: see `run.sh`, `src/bin/rls-load.rs` and `src/bin/rls-ceiling.rs`.
+//! Load benchmark helpers: see `run.sh`, `instructions.sh` and `src/bin/`: the load generator (`rls-load`), the floor (`rls-floor`) and tonic's do-nothing server (`rls-tonic`).
 
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;

@@ -1,10 +1,9 @@
-//! `envoy.service.ratelimit.v3.RateLimitService` over tonic.
+//! `envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit`, framed here.
 //!
-//! Tonic's transport (HTTP/2, TLS, timeouts, the router) serves the method; the unary
-//! call itself is framed here rather than by the generated server. A request is one
-//! length-prefixed protobuf message and an answer is one message and `grpc-status: 0`,
-//! so reading the body once and answering with a finished body skips the streaming codec
-//! that a unary call does not need (about 3 200 instructions of the 50 000 a call cost).
+//! [`connections`](crate::ingress::connections) hands this method's calls straight
+//! here, past tonic's router. A request is one length-prefixed protobuf message and an
+//! answer is one message and `grpc-status: 0`, so reading the body once and answering
+//! with a finished body skips the streaming codec that a unary call does not need.
 //! It answers a body that is not a `RateLimitRequest` with `INVALID_ARGUMENT` (the
 //! generated prost codec says `INTERNAL`, which reads as the server's fault), and other
 //! malformed calls as tonic's own server does, with the same codes and messages, except
@@ -13,64 +12,42 @@
 
 use std::convert::Infallible;
 use std::pin::{Pin, pin};
-use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
-use http_body_util::BodyExt;
+use http_body_util::{BodyExt, Either};
 use hyper::body::Frame;
 use prost::Message;
 use tonic::Status;
 use tonic::codegen::http::header::{CONTENT_TYPE, HeaderMap, HeaderValue};
-use tonic::codegen::{Body, BoxFuture, Service, StdError, http};
-use tonic::server::NamedService;
+use tonic::codegen::{Body, StdError, http};
 
 use crate::backend::BackendError;
 use crate::service::{Service as Decider, ServiceError};
 
-const SHOULD_RATE_LIMIT: &str = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit";
+/// The method's path.
+pub const SHOULD_RATE_LIMIT: &str = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit";
 /// The largest request message, as tonic's default.
 const MAX_MESSAGE: usize = 4 * 1024 * 1024;
 /// A message's prefix: a compression flag and a big-endian length.
 const PREFIX: usize = 5;
 
-/// The gRPC face of the decision service: serves `ShouldRateLimit`.
-#[derive(Clone, Debug)]
-pub struct Grpc(pub Arc<Decider>);
-
-impl NamedService for Grpc {
-    const NAME: &'static str = "envoy.service.ratelimit.v3.RateLimitService";
-}
-
-impl<B> Service<http::Request<B>> for Grpc
+/// Answers one `ShouldRateLimit` call: the decision, or the call's error status.
+pub async fn call<B>(
+    decider: &Decider,
+    request: http::Request<B>,
+) -> http::Response<Either<Answer, tonic::body::Body>>
 where
-    B: Body + Send + 'static,
-    B::Error: Into<StdError> + Send + 'static,
+    B: Body,
+    B::Error: Into<StdError>,
 {
-    type Response = http::Response<tonic::body::Body>;
-    type Error = Infallible;
-    type Future = BoxFuture<Self::Response, Self::Error>;
-
-    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        Poll::Ready(Ok(()))
-    }
-
-    fn call(&mut self, request: http::Request<B>) -> Self::Future {
-        if request.uri().path() != SHOULD_RATE_LIMIT {
-            let status = Status::unimplemented(format!(
-                "{} is not a method of this server",
-                request.uri().path()
-            ));
-            return Box::pin(async move { Ok(status.into_http()) });
-        }
-        let service = Arc::clone(&self.0);
-        Box::pin(async move {
-            Ok(match should_rate_limit(&service, request).await {
-                Ok(response) => answer(&response).unwrap_or_else(Status::into_http),
-                Err(status) => status.into_http(),
-            })
-        })
+    let answered = should_rate_limit(decider, request)
+        .await
+        .and_then(|response| answer(&response));
+    match answered {
+        Ok(answer) => answer.map(Either::Left),
+        Err(status) => status.into_http().map(Either::Right),
     }
 }
 
@@ -199,7 +176,7 @@ fn decode_messages(bytes: &[u8], first: &mut Option<RateLimitRequest>) -> Result
 }
 
 /// The answer to a call: `response` as one message, then `grpc-status: 0`.
-fn answer(response: &RateLimitResponse) -> Result<http::Response<tonic::body::Body>, Status> {
+fn answer(response: &RateLimitResponse) -> Result<http::Response<Answer>, Status> {
     let len = response.encoded_len();
     let prefix = u32::try_from(len)
         .map_err(|_| Status::resource_exhausted(format!("a response of {len} bytes")))?;
@@ -213,7 +190,7 @@ fn answer(response: &RateLimitResponse) -> Result<http::Response<tonic::body::Bo
         message: Some(message.freeze()),
         trailers_due: true,
     };
-    let mut answer = http::Response::new(tonic::body::Body::new(body));
+    let mut answer = http::Response::new(body);
     *answer.version_mut() = http::Version::HTTP_2;
     answer
         .headers_mut()
@@ -223,7 +200,7 @@ fn answer(response: &RateLimitResponse) -> Result<http::Response<tonic::body::Bo
 
 /// The body of an answer: the framed message, then `grpc-status: 0` (what tonic's
 /// encoder sends after one message), with no size announced, as tonic announces none.
-struct Answer {
+pub struct Answer {
     message: Option<Bytes>,
     trailers_due: bool,
 }

@@ -11,12 +11,13 @@ use std::sync::Arc;
 use tokio::net::{TcpListener, UnixListener, UnixStream};
 use tokio::sync::{mpsc, watch};
 use tokio_stream::StreamExt;
+use tokio_stream::wrappers::TcpListenerStream;
 use tokio_stream::wrappers::UnboundedReceiverStream;
-use tonic::transport::server::TcpIncoming;
+use tonic::service::Routes;
 use tonic_health::pb::health_server::HealthServer;
 use tonic_health::server::HealthService;
 
-use crate::ingress::grpc::Grpc;
+use crate::ingress::connections::{self, GrpcLimits, Methods};
 use crate::ingress::tls::ServerTls;
 use crate::ingress::uds::AuthorityFix;
 use crate::ingress::{http, workers};
@@ -177,37 +178,49 @@ pub async fn serve_worker(shared: Shared, listeners: WorkerListeners) {
         shared.slots.clone(),
         shared.stopped(),
     ));
-    let grpc = tonic::transport::Server::builder()
-        .max_connection_age(shared.server.grpc_max_connection_age)
-        .max_connection_age_grace(shared.server.grpc_max_connection_age_grace)
-        .add_service(Grpc(Arc::clone(&shared.service)))
-        .add_service(shared.rlqs.server())
-        .add_service(shared.health.clone());
-    let served = match grpc_source {
+    let methods = Methods::new(
+        Arc::clone(&shared.service),
+        Routes::new(shared.rlqs.server())
+            .add_service(shared.health.clone())
+            .prepare(),
+    );
+    let limits = grpc_limits(&shared.server);
+    let stopped = shared.stopped();
+    match grpc_source {
         Registered::Tcp(listener) => match &shared.tls {
             Some(tls) => {
                 let incoming =
                     ratelimit_service_kit::tls::incoming(listener, Arc::clone(&tls.grpc));
-                grpc.serve_with_incoming_shutdown(incoming, shared.stopped())
-                    .await
+                connections::serve(incoming, methods, limits, stopped).await;
             }
             None => {
-                let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
-                grpc.serve_with_incoming_shutdown(incoming, shared.stopped())
-                    .await
+                let incoming = TcpListenerStream::new(listener).map(|accepted| {
+                    accepted.inspect(|stream| {
+                        let _ = stream.set_nodelay(true);
+                    })
+                });
+                connections::serve(incoming, methods, limits, stopped).await;
             }
         },
         Registered::Unix(connections) => {
             let incoming = UnboundedReceiverStream::new(connections)
                 .map(|stream| UnixStream::from_std(stream).map(AuthorityFix::new));
-            grpc.serve_with_incoming_shutdown(incoming, shared.stopped())
-                .await
+            connections::serve(incoming, methods, limits, stopped).await;
         }
-    };
-    if let Err(error) = served {
-        tracing::error!(%error, worker = workers::current(), "gRPC server failed");
     }
     let _ = http.await;
+}
+
+/// One worker's share of the gRPC connection bounds.
+fn grpc_limits(server: &ServerSettings) -> GrpcLimits {
+    let workers = workers::count(server.grpc_workers);
+    GrpcLimits {
+        max_connections: (server.grpc_max_connections as usize).div_ceil(workers),
+        max_concurrent_streams: server.grpc_max_concurrent_streams,
+        preface_timeout: server.grpc_preface_timeout,
+        max_connection_age: server.grpc_max_connection_age,
+        max_connection_age_grace: server.grpc_max_connection_age_grace,
+    }
 }
 
 /// A worker's gRPC source, taken by its runtime.

@@ -1,7 +1,9 @@
 //! Where requests come in: the listeners of every worker ([`listeners`], [`workers`]),
-//! `ShouldRateLimit` framed by hand ([`grpc`]), the HTTP routes ([`http`]) with `/json`
+//! gRPC connections on hyper ([`connections`]), the open-file limit ([`descriptors`]), `ShouldRateLimit` framed by hand ([`grpc`]), the HTTP routes ([`http`]) with `/json`
 //! ([`json`]), gRPC over a unix socket ([`uds`]) and the listeners' TLS ([`tls`]).
 
+pub(crate) mod connections;
+pub(crate) mod descriptors;
 pub(crate) mod grpc;
 pub(crate) mod http;
 pub mod json;

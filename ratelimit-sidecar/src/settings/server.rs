@@ -42,6 +42,18 @@ pub struct ServerSettings {
     /// Extra time before an aged connection is closed by force.
     #[arg(long, env, default_value = "1h", value_parser = go_duration)]
     pub grpc_max_connection_age_grace: Duration,
+    /// gRPC connections served at once, over every worker (our addition): each worker
+    /// serves up to its share; later clients wait in the listen backlog.
+    #[arg(long, env, default_value_t = 16_384, value_parser = clap::value_parser!(u32).range(1..))]
+    pub grpc_max_connections: u32,
+    /// Calls open at once on one gRPC connection, advertised in HTTP/2 SETTINGS (our
+    /// addition; clients open more connections past it).
+    #[arg(long, env, default_value_t = 1024, value_parser = clap::value_parser!(u32).range(1..))]
+    pub grpc_max_concurrent_streams: u32,
+    /// Time a new gRPC connection has to send the HTTP/2 preface and its SETTINGS, after
+    /// the TLS handshake if any (our addition); a silent connection is closed.
+    #[arg(long, env, default_value = "10s", value_parser = go_duration)]
+    pub grpc_preface_timeout: Duration,
     /// How long a Rate Limit Quota Service assignment lives in Envoy unless it is sent
     /// again (it is, with each usage report, every 5 s); whole seconds.
     #[arg(long, env, default_value = "15s", value_parser = go_duration)]

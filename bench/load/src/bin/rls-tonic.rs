@@ -1,7 +1,7 @@
-//! The transport ceiling: a RateLimitService that answers OK without deciding anything,
-//! on a single-threaded runtime (the fastest tonic can serve on one core; a multi-thread
-//! runtime would add its scheduler's cost to the ceiling and flatter the server compared).
-//! `rls-ceiling 127.0.0.1:PORT`
+//! The tonic reference: a generated RateLimitService that answers OK without deciding anything,
+//! on a single-threaded runtime (the fastest tonic serves on one core; a multi-thread
+//! runtime would add its scheduler's cost and flatter the server compared).
+//! `rls-tonic 127.0.0.1:PORT`
 
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::{

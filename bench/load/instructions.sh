@@ -1,0 +1,75 @@
+#!/usr/bin/env bash
+# Instructions per request of each server, under valgrind's callgrind: repeatable where
+# time is not (the count does not move with the machine's speed or with other load).
+# Each server runs alone under callgrind; h2load (`-c 4 -m 16`, one hot key) sends WARM
+# requests, the counters are reset, then it sends COUNT more, and the instructions of
+# those COUNT requests, divided by COUNT, are the figure (start-up and warm-up left out).
+#   bench/load/instructions.sh [COUNT=40000] [WARM=4000] [SERVERS...]
+# SERVERS: floor tonic memory redis memcache (default: all that can run here).
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/../.."
+COUNT="${1:-40000}"
+WARM="${2:-4000}"
+shift $(($# < 2 ? $# : 2))
+SERVERS=("$@")
+[ ${#SERVERS[@]} -gt 0 ] || SERVERS=(floor tonic memory redis memcache)
+cargo build --quiet --release -p ratelimit-sidecar -p ratelimit-load-bench
+BIN=target/release
+WORK="$(mktemp -d)"
+trap 'kill $(jobs -p) 2>/dev/null || true; wait 2>/dev/null || true; rm -rf "$WORK"' EXIT
+. bench/common.sh
+bench_rules "$WORK/current/config"
+"$BIN/rls-load" --frame "$WORK/frame.bin"
+
+SIDECAR=(env RUNTIME_ROOT="$WORK/current" RUNTIME_SUBDIRECTORY= USE_STATSD=false LOG_LEVEL=error
+	DISABLE_STATS=true GRPC_WORKERS=1 HOST=127.0.0.1 DEBUG_HOST=127.0.0.1 GRPC_HOST=127.0.0.1)
+
+load() { # port count
+	h2load -n "$2" -c 4 -m 16 -t 1 -d "$WORK/frame.bin" \
+		-H 'content-type: application/grpc' -H 'te: trailers' \
+		"http://127.0.0.1:$1/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit" |
+		awk '/^requests:/ && $8 != '"$2"' { print "h2load: " $0 > "/dev/stderr"; exit 1 }'
+}
+
+measure() { # name command... (@PORT@ is the gRPC port)
+	local name="$1" port arg command=()
+	shift
+	port=$(free_port)
+	for arg in "$@"; do command+=("${arg//@PORT@/$port}"); done
+	local out="$WORK/callgrind.$name"
+	valgrind --tool=callgrind --trace-children=yes --callgrind-out-file="$out.%p" "${command[@]}" 2>"$WORK/valgrind.$name" &
+	local pid=$!
+	wait_port "$port" 1200
+	load "$port" "$WARM"
+	callgrind_control -z "$pid" >/dev/null
+	load "$port" "$COUNT"
+	callgrind_control -d "$pid" >/dev/null
+	kill "$pid"
+	wait "$pid" 2>/dev/null || true
+	# The dump taken after the counted requests: the highest-numbered part file.
+	local part
+	part=$(ls "$out".*.* 2>/dev/null | sort -t. -k3 -n | tail -n 1)
+	awk -v n="$COUNT" -v name="$name" '/^summary:/ { printf "%-10s %8.0f instructions per request\n", name, $2 / n }' "$part"
+}
+
+for server in "${SERVERS[@]}"; do
+	case "$server" in
+	floor) measure floor "$BIN/rls-floor" 127.0.0.1:@PORT@ ;;
+	tonic) measure tonic "$BIN/rls-tonic" 127.0.0.1:@PORT@ ;;
+	memory) measure memory "${SIDECAR[@]}" PORT=$(free_port) DEBUG_PORT=$(free_port) GRPC_PORT=@PORT@ \
+		BACKEND_TYPE=memory "$BIN/ratelimit" ;;
+	redis)
+		redis_port=$(free_port)
+		redis-server --port "$redis_port" --bind 127.0.0.1 --save '' --appendonly no --dir "$WORK" >/dev/null &
+		wait_port "$redis_port"
+		measure redis "${SIDECAR[@]}" PORT=$(free_port) DEBUG_PORT=$(free_port) GRPC_PORT=@PORT@ \
+			BACKEND_TYPE=redis REDIS_SOCKET_TYPE=tcp REDIS_URL="127.0.0.1:$redis_port" "$BIN/ratelimit" ;;
+	memcache)
+		memcached_port=$(free_port)
+		memcached -l 127.0.0.1 -p "$memcached_port" -U 0 -t 1 -u root >/dev/null &
+		wait_port "$memcached_port"
+		measure memcache "${SIDECAR[@]}" PORT=$(free_port) DEBUG_PORT=$(free_port) GRPC_PORT=@PORT@ \
+			BACKEND_TYPE=memcache MEMCACHE_HOST_PORT="127.0.0.1:$memcached_port" "$BIN/ratelimit" ;;
+	*) echo "unknown server $server" >&2; exit 2 ;;
+	esac
+done
