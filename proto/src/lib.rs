@@ -13,6 +13,8 @@ include!(concat!(env!("OUT_DIR"), "/envoy.service.ratelimit.v3.rs"));
 mod edge;
 #[cfg(feature = "envoy")]
 pub mod envoy;
+#[cfg(feature = "envoy")]
+pub mod wire;
 #[cfg(feature = "xds")]
 pub mod xds;
 
