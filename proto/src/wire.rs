@@ -212,7 +212,6 @@ mod tests {
                 }),
                 hits_addend: hits.map(|value| UInt64Value { value }),
                 is_negative_hits: negative,
-                ..RateLimitDescriptor::default()
             })
     }
 
