@@ -101,12 +101,11 @@ pub async fn open(
         BackendType::Memcache => {
             let jitter = settings.limiter.expiration_jitter_max_seconds;
             let breakers = breakers("memcache", settings, stats);
-            let workers =
-                memcache::per_worker(&settings.memcache, jitter, pool.workers(), &breakers)
-                    .await?
-                    .into_iter()
-                    .map(|c| Box::new(c) as Box<dyn RemoteCounters>)
-                    .collect();
+            let workers = memcache::per_worker(&settings.memcache, jitter, pool, &breakers)
+                .await?
+                .into_iter()
+                .map(|c| Box::new(c) as Box<dyn RemoteCounters>)
+                .collect();
             tracing::warn!(nodes = %settings.memcache.memcache_host_port, "using the memcache backend");
             Ok(Backend::Remote(Remote::new(
                 "memcache",

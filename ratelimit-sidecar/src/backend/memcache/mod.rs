@@ -9,20 +9,25 @@
 //! the window's expiry), and when another client created it first, `incr` again. The
 //! keys and values are upstream's, so both kinds of server can share a memcached.
 
+mod connection;
 mod ops;
 mod protocol;
 mod srv;
 mod tls;
 
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use arc_swap::ArcSwap;
 use futures_util::future::{BoxFuture, join_all, try_join_all};
 use ratelimit_core::Increment;
+use tokio::runtime::Handle;
 
-use self::protocol::{Connection, key_problem};
+use self::connection::{Link, Target};
+use self::protocol::key_problem;
 use super::breaker::{Breaker, Breakers};
 use super::{BackendError, RemoteCounters};
+use crate::ingress::workers::Pool;
 use crate::settings::MemcacheSettings;
 
 /// memcached takes an expiry above 30 days as a unix time, not a duration.
@@ -42,44 +47,75 @@ pub struct NodeAddress {
 /// The node list every worker reads: fixed, or replaced by SRV refreshes.
 type NodeList = Arc<ArcSwap<Vec<NodeAddress>>>;
 
-/// Counters spread over memcached nodes (one per worker, sharing the node list).
+/// Counters spread over memcached nodes (one per worker, sharing the node list), each
+/// node through one pipelined connection of this worker's.
 #[derive(Debug)]
 pub struct MemcacheCounters {
     list: NodeList,
     /// The list last seen, and its nodes with their connections.
-    nodes: Mutex<Seen>,
-    max_idle: usize,
+    seen: Mutex<Seen>,
     jitter_max: u64,
     tls: Option<tls::Tls>,
+    timeout: Duration,
+    /// The worker's runtime, which runs its connections' tasks.
+    runtime: Handle,
     breakers: Arc<Breakers>,
 }
 
-/// A worker's view of the node list: the list, and a node (with its connections) for
+/// A worker's view of the node list: the list, and a node (with its connection) for
 /// each entry.
 #[derive(Debug)]
 struct Seen {
     list: Arc<Vec<NodeAddress>>,
-    nodes: Vec<Arc<Node>>,
+    nodes: Arc<[Arc<Node>]>,
 }
 
-/// One node, its idle connections and its circuit breaker.
+/// One node, its connection and its circuit breaker.
 #[derive(Debug)]
 struct Node {
     address: NodeAddress,
     breaker: Arc<Breaker>,
-    idle: Mutex<Vec<Connection>>,
-    max_idle: usize,
-    tls: Option<tls::Tls>,
+    link: Link,
 }
 
-/// One [`MemcacheCounters`] per worker on the nodes the settings name: MEMCACHE_HOST_PORT,
-/// or MEMCACHE_SRV (looked up now, and every MEMCACHE_SRV_REFRESH after).
+/// What a call does with its counters.
+#[derive(Clone, Copy)]
+enum Mode {
+    Increment,
+    Current,
+}
+
+/// One [`MemcacheCounters`] per worker of `pool` on the nodes the settings name:
+/// MEMCACHE_HOST_PORT, or MEMCACHE_SRV (looked up now, and every MEMCACHE_SRV_REFRESH
+/// after).
 pub async fn per_worker(
     settings: &MemcacheSettings,
     jitter_max: u64,
-    workers: usize,
+    pool: &Pool,
     breakers: &Arc<Breakers>,
 ) -> Result<Vec<MemcacheCounters>, BackendError> {
+    let list = node_list(settings).await?;
+    let tls = tls::Tls::new(settings)?;
+    let runtimes = pool
+        .on_each(vec![(); pool.workers()], |()| async { Handle::current() })
+        .await;
+    let counters = runtimes.into_iter().map(|runtime| MemcacheCounters {
+        list: Arc::clone(&list),
+        seen: Mutex::new(Seen {
+            list: Arc::new(Vec::new()),
+            nodes: Arc::new([]),
+        }),
+        jitter_max,
+        tls: tls.clone(),
+        timeout: settings.memcache_timeout,
+        runtime,
+        breakers: Arc::clone(breakers),
+    });
+    Ok(counters.collect())
+}
+
+/// The node list the settings name, kept up to date from MEMCACHE_SRV when set.
+async fn node_list(settings: &MemcacheSettings) -> Result<NodeList, BackendError> {
     let fixed: Vec<NodeAddress> = settings
         .memcache_host_port
         .split(',')
@@ -90,18 +126,15 @@ pub async fn per_worker(
             connect: a.to_owned(),
         })
         .collect();
-    let list = match (fixed.is_empty(), settings.memcache_srv.as_str()) {
-        (false, "") => Arc::new(ArcSwap::from_pointee(fixed)),
-        (true, "") => {
-            return Err(BackendError::Settings(
-                "BACKEND_TYPE=memcache needs MEMCACHE_HOST_PORT (host:port,host:port) or MEMCACHE_SRV".into(),
-            ));
-        }
-        (false, _) => {
-            return Err(BackendError::Settings(
-                "MEMCACHE_HOST_PORT and MEMCACHE_SRV are both set; set one".into(),
-            ));
-        }
+    match (fixed.is_empty(), settings.memcache_srv.as_str()) {
+        (false, "") => Ok(Arc::new(ArcSwap::from_pointee(fixed))),
+        (true, "") => Err(BackendError::Settings(
+            "BACKEND_TYPE=memcache needs MEMCACHE_HOST_PORT (host:port,host:port) or MEMCACHE_SRV"
+                .into(),
+        )),
+        (false, _) => Err(BackendError::Settings(
+            "MEMCACHE_HOST_PORT and MEMCACHE_SRV are both set; set one".into(),
+        )),
         (true, name) => {
             let discovery = srv::Discovery::new(name, &settings.memcache_srv_dns_server)?;
             let nodes = discovery.nodes().await.map_err(BackendError::Settings)?;
@@ -110,63 +143,58 @@ pub async fn per_worker(
                 let every = settings.memcache_srv_refresh;
                 tokio::spawn(discovery.refresh(every, Arc::clone(&list)));
             }
-            list
+            Ok(list)
         }
-    };
-    let tls = tls::Tls::new(settings)?;
-    let counters = (0..workers).map(|_| MemcacheCounters {
-        list: Arc::clone(&list),
-        nodes: Mutex::new(Seen {
-            list: Arc::new(Vec::new()),
-            nodes: Vec::new(),
-        }),
-        max_idle: settings.memcache_max_idle_conns.max(1),
-        jitter_max,
-        tls: tls.clone(),
-        breakers: Arc::clone(breakers),
-    });
-    Ok(counters.collect())
+    }
 }
 
 impl MemcacheCounters {
     /// The current nodes; when the list changed, nodes still listed keep their
-    /// connections.
-    fn nodes(&self) -> Vec<Arc<Node>> {
-        let list = self.list.load_full();
-        let mut seen = self.nodes.lock().unwrap_or_else(|p| p.into_inner());
+    /// connections, and the others' connections close.
+    fn nodes(&self) -> Arc<[Arc<Node>]> {
+        let list = self.list.load();
+        let mut seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
         if !Arc::ptr_eq(&seen.list, &list) {
             let nodes = list
                 .iter()
                 .map(|address| {
                     let kept = seen.nodes.iter().find(|node| node.address == *address);
-                    kept.cloned().unwrap_or_else(|| {
-                        Arc::new(Node {
-                            address: address.clone(),
-                            breaker: self.breakers.node(&address.label),
-                            idle: Mutex::new(Vec::new()),
-                            max_idle: self.max_idle,
-                            tls: self.tls.clone(),
-                        })
-                    })
+                    kept.cloned()
+                        .unwrap_or_else(|| Arc::new(self.node(address)))
                 })
                 .collect();
-            *seen = Seen { list, nodes };
+            *seen = Seen {
+                list: Arc::clone(&list),
+                nodes,
+            };
         }
-        seen.nodes.clone()
+        Arc::clone(&seen.nodes)
     }
 
-    /// The items' indexes grouped by node.
-    fn by_node(
-        &self,
-        nodes: &[Arc<Node>],
-        items: &[&Increment],
-    ) -> Result<Vec<Vec<usize>>, BackendError> {
+    fn node(&self, address: &NodeAddress) -> Node {
+        let target = Target {
+            label: address.label.clone(),
+            connect: address.connect.clone(),
+            tls: self.tls.clone(),
+            timeout: self.timeout,
+        };
+        Node {
+            address: address.clone(),
+            breaker: self.breakers.node(&address.label),
+            link: Link::new(target, &self.runtime),
+        }
+    }
+
+    /// Runs `mode` on each node with its share of `items`, all at once, each through its
+    /// node's breaker, and returns the results in item order. Every node's call runs to
+    /// its end, so that a failed node does not count against the others.
+    async fn counters(&self, items: &[&Increment], mode: Mode) -> Result<Vec<u64>, BackendError> {
+        let nodes = self.nodes();
         if nodes.is_empty() {
             return Err(BackendError::Unavailable(
                 "no memcached node is known".into(),
             ));
         }
-        let mut groups = vec![Vec::new(); nodes.len()];
         for (index, item) in items.iter().enumerate() {
             if let Some(problem) = key_problem(&item.key) {
                 let error = format!(
@@ -175,60 +203,45 @@ impl MemcacheCounters {
                 tracing::warn!(%error, "request refused");
                 return Err(BackendError::Key(error));
             }
+        }
+        if let [node] = &nodes[..] {
+            return self.call(node, items, mode).await;
+        }
+        let mut groups = vec![Vec::new(); nodes.len()];
+        for (index, item) in items.iter().enumerate() {
             groups[node_of(&item.key, nodes.len())].push(index);
         }
-        Ok(groups)
-    }
-
-    async fn incr(&self, items: &[&Increment]) -> Result<Vec<u64>, BackendError> {
-        self.on_each_node(items, |node, group| async move {
-            let mut connection = node.connection().await?;
-            let totals = ops::run(&mut connection, &group, self.jitter_max).await;
-            node.release(connection, totals)
-        })
-        .await
-    }
-
-    async fn get(&self, items: &[&Increment]) -> Result<Vec<u64>, BackendError> {
-        self.on_each_node(items, |node, group| async move {
-            let keys: Vec<&str> = group.iter().map(|item| item.key.as_str()).collect();
-            let mut connection = node.connection().await?;
-            let values = connection.get(&keys).await;
-            node.release(connection, values)
-        })
-        .await
-    }
-
-    /// Runs `work` on each node with its share of `items`, all at once, each through its
-    /// node's breaker, and returns the results in item order. Every node's call runs to
-    /// its end, so that a failed node does not count against the others.
-    async fn on_each_node<'a, F, Fut>(
-        &self,
-        items: &'a [&'a Increment],
-        work: F,
-    ) -> Result<Vec<u64>, BackendError>
-    where
-        F: Fn(Arc<Node>, Vec<&'a Increment>) -> Fut,
-        Fut: Future<Output = Result<Vec<u64>, BackendError>>,
-    {
-        let nodes = self.nodes();
-        let groups = self.by_node(&nodes, items)?;
-        let calls = groups
+        let shares: Vec<Vec<&Increment>> = groups
             .iter()
-            .enumerate()
-            .filter(|(_, group)| !group.is_empty())
-            .map(|(node, group)| {
-                let share = group.iter().map(|&i| items[i]).collect();
-                let node = Arc::clone(&nodes[node]);
-                let breaker = Arc::clone(&node.breaker);
-                let call = work(node, share);
-                async move { breaker.call(call).await }
-            });
+            .map(|group| group.iter().map(|&i| items[i]).collect())
+            .collect();
+        let calls = shares
+            .iter()
+            .zip(nodes.iter())
+            .filter(|(share, _)| !share.is_empty())
+            .map(|(share, node)| self.call(node, share, mode));
         let results = join_all(calls)
             .await
             .into_iter()
             .collect::<Result<Vec<_>, _>>()?;
         Ok(reassemble(items.len(), &groups, results))
+    }
+
+    /// `mode` on one node's share, through its breaker.
+    async fn call(
+        &self,
+        node: &Node,
+        share: &[&Increment],
+        mode: Mode,
+    ) -> Result<Vec<u64>, BackendError> {
+        let work = async {
+            let result = match mode {
+                Mode::Increment => ops::increment(&node.link, share, self.jitter_max).await,
+                Mode::Current => ops::current(&node.link, share).await,
+            };
+            result.map_err(|error| node.failed(&error))
+        };
+        node.breaker.call(work).await
     }
 }
 
@@ -254,38 +267,7 @@ fn reassemble(len: usize, groups: &[Vec<usize>], results: Vec<Vec<u64>>) -> Vec<
 }
 
 impl Node {
-    /// An idle connection, or a new one.
-    async fn connection(&self) -> Result<Connection, BackendError> {
-        let idle = self.idle.lock().unwrap_or_else(|p| p.into_inner()).pop();
-        match idle {
-            Some(connection) => Ok(connection),
-            None => Connection::open(
-                &self.address.connect,
-                self.tls.as_ref(),
-                &self.address.label,
-            )
-            .await
-            .map_err(|e| self.failed(&e)),
-        }
-    }
-
-    /// `result` of work on `connection`, which is kept for the next call when the work
-    /// succeeded and fewer than `max_idle` are idle. After a failure it is dropped (its
-    /// replies may be out of step): the next call opens another.
-    fn release<T>(
-        &self,
-        connection: Connection,
-        result: std::io::Result<T>,
-    ) -> Result<T, BackendError> {
-        let result = result.map_err(|e| self.failed(&e))?;
-        let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
-        if idle.len() < self.max_idle {
-            idle.push(connection);
-        }
-        Ok(result)
-    }
-
-    fn failed(&self, error: &std::io::Error) -> BackendError {
+    fn failed(&self, error: &str) -> BackendError {
         BackendError::Unavailable(format!("memcached {}: {error}", self.address.label))
     }
 }
@@ -295,25 +277,21 @@ impl RemoteCounters for MemcacheCounters {
         &'a self,
         increments: &'a [&'a Increment],
     ) -> BoxFuture<'a, Result<Vec<u64>, BackendError>> {
-        Box::pin(self.incr(increments))
+        Box::pin(self.counters(increments, Mode::Increment))
     }
 
     fn current<'a>(
         &'a self,
         increments: &'a [&'a Increment],
     ) -> BoxFuture<'a, Result<Vec<u64>, BackendError>> {
-        Box::pin(self.get(increments))
+        Box::pin(self.counters(increments, Mode::Current))
     }
 
     /// Every node answers `version`.
     fn ping(&self) -> BoxFuture<'_, bool> {
         Box::pin(async move {
             let nodes = self.nodes();
-            let checks = nodes.iter().map(|node| async move {
-                let mut connection = node.connection().await?;
-                let answered = connection.version().await;
-                node.release(connection, answered)
-            });
+            let checks = nodes.iter().map(|node| ops::version(&node.link));
             try_join_all(checks).await.is_ok()
         })
     }

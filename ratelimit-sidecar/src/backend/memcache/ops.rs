@@ -1,197 +1,254 @@
-//! A node's share of a request's counters on one connection: `incr` (then `add` for a
-//! counter that does not exist yet) for a window's counter, `get` for a sliding window's
-//! previous one, and `gets` then `cas` (or `add`) for a token bucket, retried when
-//! another client changed it in between.
-
-use std::io;
+//! A node's share of a request's counters, in rounds on the node's connection: each
+//! round sends the next command of every counter not yet settled, in one batch.
+//!
+//! A window's counter is `incr`ed; one that does not exist yet is created with `add`,
+//! and when another client created it first, `incr`ed again. A sliding window's
+//! previous counter is read with `get`, a refund is a `decr`. A token bucket is read
+//! with `gets` and written with `cas` (or `add` when there is none), and read again when
+//! another client changed it in between. Most requests settle in one round.
 
 use ratelimit_core::{Bucket, CounterOp, Increment};
 use ratelimit_service_kit::clock::unix_now;
+use smallvec::{SmallVec, smallvec};
 
-use super::protocol::{Added, Connection, Incremented};
+use super::connection::Link;
+use super::protocol::{Commands, Reply};
 use super::{LONGEST_RELATIVE_EXPIRY, RACE_ATTEMPTS};
 
-/// Runs each item's operation and returns what the store reports, in item order.
-pub(super) async fn run(
-    connection: &mut Connection,
+/// What a counter does next, with the rounds its races have taken so far.
+#[derive(Clone, Copy, Debug)]
+enum Step {
+    /// `incr` by the hits.
+    Incr(usize),
+    /// `add` the hits: the counter did not exist.
+    Add(usize),
+    /// `incr` by this much: the counter wrapped at 2^64, and goes back to the top.
+    Unwrap(u64),
+    /// `decr` by the hits: a refund.
+    Decr,
+    /// `get`: a sliding window's previous counter, or a current count.
+    Get,
+    /// `gets` a token bucket (or a refund's).
+    Gets(usize),
+    /// Store a bucket's new time with `cas` (`add` when it had none), then answer.
+    Swap(Swap),
+    Done(u64),
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Swap {
+    tries: usize,
+    value: u64,
+    expiry: u64,
+    /// `None`: no bucket yet, so `add`.
+    token: Option<u64>,
+    answer: u64,
+}
+
+/// Why a counter's operation failed.
+pub(super) type Failure = String;
+
+/// Adds each item's hits (or runs its operation) and returns what the store reports,
+/// in item order.
+pub(super) async fn increment(
+    link: &Link,
     items: &[&Increment],
     jitter_max: u64,
-) -> io::Result<Vec<u64>> {
-    let mut out = vec![0; items.len()];
-    let (mut adds, mut reads, mut refunds) = (Vec::new(), Vec::new(), Vec::new());
-    for (i, item) in items.iter().enumerate() {
-        match item.op {
-            CounterOp::Add => adds.push(i),
-            CounterOp::Read => reads.push(i),
-            CounterOp::Refund => refunds.push((item.key.as_str(), item.store_hits())),
-            CounterOp::Gcra(bucket) => out[i] = gcra(connection, item, bucket).await?,
-            CounterOp::GcraRefund(bucket) => {
-                out[i] = gcra_refund(connection, item, bucket).await?;
-            }
-        }
-    }
-    if !refunds.is_empty() {
-        // A counter nobody has stays so, at 0.
-        let left = connection.decr(&refunds).await?;
-        let indexes = items
-            .iter()
-            .enumerate()
-            .filter(|(_, i)| i.op == CounterOp::Refund);
-        for ((i, _), reply) in indexes.zip(left) {
-            out[i] = match reply {
-                Incremented::To(left) => left,
-                Incremented::Missing => 0,
-            };
-        }
-    }
-    if !adds.is_empty() {
-        let share: Vec<&Increment> = adds.iter().map(|&i| items[i]).collect();
-        let totals = count(connection, &share, jitter_max).await?;
-        adds.iter()
-            .zip(totals)
-            .for_each(|(&i, total)| out[i] = total);
-    }
-    if !reads.is_empty() {
-        let keys: Vec<&str> = reads.iter().map(|&i| items[i].key.as_str()).collect();
-        let values = connection.get(&keys).await?;
-        reads
-            .iter()
-            .zip(values)
-            .for_each(|(&i, value)| out[i] = value);
-    }
-    Ok(out)
+) -> Result<Vec<u64>, Failure> {
+    let steps = items.iter().map(|item| match item.op {
+        CounterOp::Add => Step::Incr(0),
+        CounterOp::Read => Step::Get,
+        CounterOp::Refund => Step::Decr,
+        CounterOp::Gcra(_) | CounterOp::GcraRefund(_) => Step::Gets(0),
+    });
+    rounds(link, items, steps.collect(), jitter_max).await
 }
 
-/// One step of a token bucket with compare-and-swap; returns the TAT asked for.
-async fn gcra(connection: &mut Connection, item: &Increment, bucket: Bucket) -> io::Result<u64> {
-    let key = item.key.as_str();
-    let now = item.now_ms / 1_000;
-    for _ in 0..RACE_ATTEMPTS {
-        let current = connection.gets(key).await?;
-        let (keep, next) = bucket.step(current.map_or(0, |(tat, _)| tat), item.now_ms, item.hits);
-        // memcached takes whole seconds: the bucket stays until it is full again.
-        let lifetime = Bucket::expiry_ms(keep, item.now_ms).div_ceil(1_000) + 1;
-        let stored = match current {
-            Some((tat, _)) if tat == keep => true,
-            Some((_, token)) => {
-                connection
-                    .cas(key, keep, expiry(lifetime, now), token)
-                    .await?
-            }
-            None => matches!(
-                connection
-                    .add(&[(key, keep, expiry(lifetime, now))])
-                    .await?[..],
-                [Added::Stored]
-            ),
-        };
-        if stored {
-            return Ok(next);
-        }
-    }
-    Err(io::Error::other(
-        "a token bucket kept changing between gets and cas",
-    ))
+/// The items' current totals (0 for a missing counter), in order.
+pub(super) async fn current(link: &Link, items: &[&Increment]) -> Result<Vec<u64>, Failure> {
+    rounds(link, items, items.iter().map(|_| Step::Get).collect(), 0).await
 }
 
-/// Gives a refund's tokens back to a bucket with compare-and-swap; returns its new TAT (0
-/// when there is no bucket: it is full).
-async fn gcra_refund(
-    connection: &mut Connection,
-    item: &Increment,
-    bucket: Bucket,
-) -> io::Result<u64> {
-    let key = item.key.as_str();
-    for _ in 0..RACE_ATTEMPTS {
-        let Some((tat, token)) = connection.gets(key).await? else {
-            return Ok(0);
-        };
-        let back = bucket.refund(tat, item.now_ms, item.hits);
-        if back == tat {
-            return Ok(back);
-        }
-        let lifetime = Bucket::expiry_ms(back, item.now_ms).div_ceil(1_000) + 1;
-        let now = item.now_ms / 1_000;
-        if connection
-            .cas(key, back, expiry(lifetime, now), token)
-            .await?
-        {
-            return Ok(back);
-        }
+/// Whether the node answers `version`.
+pub(super) async fn version(link: &Link) -> Result<(), Failure> {
+    match link.query(|commands| commands.version()).await?.as_slice() {
+        [Reply::Version] => Ok(()),
+        other => Err(format!("unexpected answer to version: {other:?}")),
     }
-    Err(io::Error::other(
-        "a token bucket kept changing between gets and cas",
-    ))
 }
 
-/// Adds each item's hits on one connection and returns the totals.
-async fn count(
-    connection: &mut Connection,
+/// Runs the steps, one round trip per round, until every one is done.
+async fn rounds(
+    link: &Link,
     items: &[&Increment],
+    mut steps: SmallVec<[Step; 4]>,
     jitter_max: u64,
-) -> std::io::Result<Vec<u64>> {
-    let mut totals = vec![0; items.len()];
-    let mut pending: Vec<usize> = (0..items.len()).collect();
-    for _ in 0..RACE_ATTEMPTS {
-        let asks: Vec<(&str, u64)> = pending
-            .iter()
-            .map(|&i| (items[i].key.as_str(), items[i].store_hits()))
-            .collect();
-        let replies = connection.incr(&asks).await?;
-        let mut missing = Vec::new();
-        let mut wrapped = Vec::new();
-        for (&i, reply) in pending.iter().zip(replies) {
-            match reply {
-                // memcached wraps at 2^64: a total below what was just added went round.
-                Incremented::To(total) if total < items[i].store_hits() => {
-                    totals[i] = u64::MAX;
-                    wrapped.push((items[i].key.as_str(), u64::MAX - total));
-                }
-                Incremented::To(total) => totals[i] = total,
-                Incremented::Missing => missing.push(i),
-            }
-        }
-        if !wrapped.is_empty() {
-            // Back to the top, so that the counter stays over every limit.
-            connection.incr(&wrapped).await?;
-        }
-        if missing.is_empty() {
-            return Ok(totals);
-        }
+) -> Result<Vec<u64>, Failure> {
+    loop {
         let now = unix_now();
-        let adds: Vec<(&str, u64, u64)> = missing
-            .iter()
-            .map(|&i| {
-                let jitter = if jitter_max > 0 {
-                    fastrand::u64(0..jitter_max)
-                } else {
-                    0
-                };
-                (
-                    items[i].key.as_str(),
-                    items[i].store_hits(),
-                    // memcached expires by whole seconds of its own clock, so a counter
-                    // can go up to a second early: one more keeps it for its window (its
-                    // key names the window, so living longer changes nothing else).
-                    expiry(items[i].expiry_seconds(jitter) + 1, now),
-                )
+        let held = held(items, &steps);
+        let replies = link
+            .query(|commands| {
+                for ((item, step), held) in items.iter().zip(&steps).zip(&held) {
+                    if !held {
+                        send(commands, item, *step, jitter_max, now);
+                    }
+                }
             })
-            .collect();
-        let added = connection.add(&adds).await?;
-        pending = Vec::new();
-        for (&i, reply) in missing.iter().zip(added) {
-            match reply {
-                Added::Stored => totals[i] = items[i].store_hits(),
-                Added::Exists => pending.push(i),
+            .await?;
+        let mut replies = replies.into_iter();
+        let mut pending = false;
+        for ((item, step), held) in items.iter().zip(steps.iter_mut()).zip(held) {
+            if !held && !matches!(step, Step::Done(_)) {
+                let reply = replies.next().ok_or("fewer replies than commands")?;
+                *step = next(item, *step, reply)?;
             }
+            pending |= !matches!(step, Step::Done(_));
         }
-        if pending.is_empty() {
-            return Ok(totals);
+        if !pending {
+            return Ok(steps
+                .iter()
+                .map(|step| match step {
+                    Step::Done(value) => *value,
+                    _ => unreachable!("every step is done"),
+                })
+                .collect());
         }
     }
-    Err(std::io::Error::other(
-        "a counter kept appearing and disappearing between incr and add",
-    ))
+}
+
+/// The steps held back this round: a request may name the same token bucket more than
+/// once, and its steps on it go one after the other (in request order), as separate
+/// requests' would, instead of racing each other's `cas`.
+fn held(items: &[&Increment], steps: &[Step]) -> SmallVec<[bool; 4]> {
+    let mut held = smallvec![false; steps.len()];
+    let mut buckets: SmallVec<[usize; 4]> = (0..steps.len())
+        .filter(|&i| matches!(steps[i], Step::Gets(_) | Step::Swap(_)))
+        .collect();
+    if buckets.len() < 2 {
+        return held;
+    }
+    // A stable sort: of the steps on one bucket, the first in request order goes.
+    buckets.sort_by(|&a, &b| items[a].key.cmp(&items[b].key));
+    for pair in buckets.windows(2) {
+        if items[pair[0]].key == items[pair[1]].key {
+            held[pair[1]] = true;
+        }
+    }
+    held
+}
+
+/// Writes a step's command (none once it is done).
+fn send(commands: &mut Commands<'_>, item: &Increment, step: Step, jitter_max: u64, now: u64) {
+    let key = item.key.as_str();
+    match step {
+        Step::Incr(_) => commands.incr(key, item.store_hits()),
+        Step::Add(_) => {
+            let jitter = if jitter_max > 0 {
+                fastrand::u64(0..jitter_max)
+            } else {
+                0
+            };
+            // memcached expires by whole seconds of its own clock, so a counter can go
+            // up to a second early: one more keeps it for its window (its key names the
+            // window, so living longer changes nothing else).
+            let lifetime = item.expiry_seconds(jitter) + 1;
+            commands.add(key, item.store_hits(), expiry(lifetime, now));
+        }
+        Step::Unwrap(by) => commands.incr(key, by),
+        Step::Decr => commands.decr(key, item.store_hits()),
+        Step::Get => commands.get(key),
+        Step::Gets(_) => commands.gets(key),
+        Step::Swap(swap) => match swap.token {
+            Some(token) => commands.cas(key, swap.value, swap.expiry, token),
+            None => commands.add(key, swap.value, swap.expiry),
+        },
+        Step::Done(_) => {}
+    }
+}
+
+/// The step after `step`'s `reply`.
+fn next(item: &Increment, step: Step, reply: Reply) -> Result<Step, Failure> {
+    let hits = item.store_hits();
+    Ok(match (step, reply) {
+        (_, Reply::Error(error)) => return Err(format!("memcached answered {error}")),
+        // memcached wraps at 2^64: a total below what was just added went round.
+        (Step::Incr(_), Reply::Number(total)) if total < hits => Step::Unwrap(u64::MAX - total),
+        (Step::Incr(_), Reply::Number(total)) => Step::Done(total),
+        (Step::Incr(tries), Reply::NotFound) => Step::Add(tries),
+        (Step::Add(_), Reply::Stored) => Step::Done(hits),
+        (Step::Add(tries), Reply::NotStored) if tries + 1 < RACE_ATTEMPTS => Step::Incr(tries + 1),
+        (Step::Add(_), Reply::NotStored) => {
+            return Err("a counter kept appearing and disappearing between incr and add".into());
+        }
+        // The counter stays at the top, over every limit.
+        (Step::Unwrap(_), Reply::Number(_) | Reply::NotFound) => Step::Done(u64::MAX),
+        // A counter nobody has stays so, at 0.
+        (Step::Decr, Reply::Number(left)) => Step::Done(left),
+        (Step::Decr | Step::Get, Reply::NotFound) => Step::Done(0),
+        (Step::Get, Reply::Found { value, .. }) => Step::Done(value),
+        (Step::Gets(tries), found @ (Reply::Found { .. } | Reply::NotFound)) => {
+            let current = match found {
+                Reply::Found { value, token } => Some((value, token)),
+                _ => None,
+            };
+            match item.op {
+                CounterOp::GcraRefund(bucket) => refund(item, bucket, current, tries),
+                CounterOp::Gcra(bucket) => take(item, bucket, current, tries),
+                _ => unreachable!("only buckets are read with gets"),
+            }
+        }
+        (Step::Swap(swap), Reply::Stored) => Step::Done(swap.answer),
+        (Step::Swap(swap), Reply::Exists | Reply::NotFound | Reply::NotStored)
+            if swap.tries + 1 < RACE_ATTEMPTS =>
+        {
+            Step::Gets(swap.tries + 1)
+        }
+        (Step::Swap(_), Reply::Exists | Reply::NotFound | Reply::NotStored) => {
+            return Err("a token bucket kept changing between gets and cas".into());
+        }
+        (step, reply) => return Err(format!("unexpected reply to {step:?}: {reply:?}")),
+    })
+}
+
+/// One step of a token bucket whose stored time and token are `current`.
+fn take(item: &Increment, bucket: Bucket, current: Option<(u64, u64)>, tries: usize) -> Step {
+    let (keep, answer) = bucket.step(current.map_or(0, |(tat, _)| tat), item.now_ms, item.hits);
+    match current {
+        Some((tat, _)) if tat == keep => Step::Done(answer),
+        _ => swap(item, keep, current, tries, answer),
+    }
+}
+
+/// A refund's tokens given back to a bucket whose stored time and token are `current`;
+/// its new time is the answer (0 when there is no bucket: it is full).
+fn refund(item: &Increment, bucket: Bucket, current: Option<(u64, u64)>, tries: usize) -> Step {
+    let Some((tat, _)) = current else {
+        return Step::Done(0);
+    };
+    let back = bucket.refund(tat, item.now_ms, item.hits);
+    match back == tat {
+        true => Step::Done(back),
+        false => swap(item, back, current, tries, back),
+    }
+}
+
+fn swap(
+    item: &Increment,
+    value: u64,
+    current: Option<(u64, u64)>,
+    tries: usize,
+    answer: u64,
+) -> Step {
+    // memcached takes whole seconds: the bucket stays until it is full again.
+    let lifetime = Bucket::expiry_ms(value, item.now_ms).div_ceil(1_000) + 1;
+    Step::Swap(Swap {
+        tries,
+        value,
+        expiry: expiry(lifetime, item.now_ms / 1_000),
+        token: current.map(|(_, token)| token),
+        answer,
+    })
 }
 
 /// The expiry field for a counter living `seconds`: relative up to 30 days, an

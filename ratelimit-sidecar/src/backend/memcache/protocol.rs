@@ -1,16 +1,19 @@
-//! memcached's text protocol, as far as counters need it: `incr`, `add`, `get` and
-//! `version`, pipelined on one connection (every command written, then every reply
-//! read in order).
+//! memcached's text protocol, as far as counters need it: `incr`, `decr`, `add`, `cas`,
+//! `get`, `gets` and `version`, encoded straight into a connection's write buffer, and
+//! their replies parsed from its read buffer. A reply says nothing of the command it
+//! answers, so each command leaves its [`Kind`] for the parser, in order.
+//!
+//! Replies are bounded: a line longer than [`MAX_LINE`] or a value longer than
+//! [`MAX_VALUE`] is not one the counters ask for, and the connection is failed.
 
-use std::io;
-
-use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader};
-use tokio::net::TcpStream;
-
-use super::tls::Tls;
+use std::collections::VecDeque;
 
 /// The longest key memcached takes.
 pub const MAX_KEY_BYTES: usize = 250;
+/// The longest reply line (a `VALUE` line: a key and three numbers).
+const MAX_LINE: usize = 1024;
+/// The longest value read (counters and bucket times are numbers).
+const MAX_VALUE: usize = 64 * 1024;
 
 /// Why a key cannot be sent: it would be refused, or break the command line.
 pub fn key_problem(key: &str) -> Option<String> {
@@ -25,224 +28,244 @@ pub fn key_problem(key: &str) -> Option<String> {
     })
 }
 
-/// A reply to `incr`.
+/// What a command's reply looks like.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Incremented {
-    /// The counter's value after the addition.
-    To(u64),
-    /// No such counter.
-    Missing,
+pub enum Kind {
+    /// `incr`, `decr`: the new value or `NOT_FOUND`.
+    Change,
+    /// `add`, `cas`: `STORED`, `NOT_STORED`, `EXISTS` or `NOT_FOUND`.
+    Store,
+    /// `get`, `gets` of one key: a `VALUE` block or none, then `END`.
+    Retrieve,
+    /// `version`.
+    Version,
 }
 
-/// A reply to `add`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Added {
-    /// Created.
+/// One reply.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Reply {
+    /// `incr`/`decr`: the counter's value after the change.
+    Number(u64),
+    /// `incr`/`decr`/`cas`: no such key; `get`/`gets`: no value.
+    NotFound,
+    /// `add`/`cas`: stored.
     Stored,
-    /// Another client created it first.
+    /// `add`: another client created it first.
+    NotStored,
+    /// `cas`: another client changed it since `gets`.
     Exists,
+    /// `get`/`gets`: the value as a number (0 when it is not one) and its
+    /// compare-and-swap token (0 for `get`).
+    Found { value: u64, token: u64 },
+    /// `version`.
+    Version,
+    /// An error reply that leaves the connection in step (`SERVER_ERROR ...`, or a
+    /// client error to a one-line command such as `incr` of a value that is not a
+    /// number).
+    Error(String),
 }
 
-/// A byte stream: TCP, or TLS over it.
-trait Stream: AsyncRead + AsyncWrite + Unpin + Send {}
-
-impl<T: AsyncRead + AsyncWrite + Unpin + Send> Stream for T {}
-
-/// One connection.
-pub struct Connection {
-    stream: BufReader<Box<dyn Stream>>,
-    line: String,
+/// Commands going into a connection's write buffer.
+pub struct Commands<'a> {
+    out: &'a mut Vec<u8>,
+    kinds: &'a mut VecDeque<Kind>,
+    count: usize,
 }
 
-impl std::fmt::Debug for Connection {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("Connection")
-    }
-}
-
-impl Connection {
-    /// Connects to `address`, over TLS to the node named `name` (`host:port`) when
-    /// `tls` is given.
-    pub async fn open(address: &str, tls: Option<&Tls>, name: &str) -> io::Result<Connection> {
-        let tcp = TcpStream::connect(address).await?;
-        tcp.set_nodelay(true)?;
-        let stream: Box<dyn Stream> = match tls {
-            Some(tls) => Box::new(tls.wrap(name, tcp).await?),
-            None => Box::new(tcp),
-        };
-        Ok(Connection {
-            stream: BufReader::new(stream),
-            line: String::new(),
-        })
-    }
-
-    /// `incr key by` for each pair.
-    pub async fn incr(&mut self, items: &[(&str, u64)]) -> io::Result<Vec<Incremented>> {
-        self.change("incr", items).await
-    }
-
-    /// `decr key by` for each pair: memcached stops a counter at 0 by itself.
-    pub async fn decr(&mut self, items: &[(&str, u64)]) -> io::Result<Vec<Incremented>> {
-        self.change("decr", items).await
-    }
-
-    /// `verb key by` for each pair, `incr` or `decr`.
-    async fn change(
-        &mut self,
-        verb: &'static str,
-        items: &[(&str, u64)],
-    ) -> io::Result<Vec<Incremented>> {
-        let mut commands = Vec::new();
-        for (key, by) in items {
-            commands.extend_from_slice(format!("{verb} {key} {by}\r\n").as_bytes());
-        }
-        self.stream.get_mut().write_all(&commands).await?;
-        let mut replies = Vec::with_capacity(items.len());
-        for _ in items {
-            let line = self.reply_line().await?;
-            let reply = match line {
-                "NOT_FOUND" => Incremented::Missing,
-                number => Incremented::To(number.parse().map_err(|_| unexpected(verb, number))?),
-            };
-            replies.push(reply);
-        }
-        Ok(replies)
-    }
-
-    /// `add key 0 expiry` with `value`, for each triple.
-    pub async fn add(&mut self, items: &[(&str, u64, u64)]) -> io::Result<Vec<Added>> {
-        let mut commands = Vec::new();
-        for (key, value, expiry) in items {
-            let value = value.to_string();
-            let command = format!("add {key} 0 {expiry} {}\r\n{value}\r\n", value.len());
-            commands.extend_from_slice(command.as_bytes());
-        }
-        self.stream.get_mut().write_all(&commands).await?;
-        let mut replies = Vec::with_capacity(items.len());
-        for _ in items {
-            let reply = match self.reply_line().await? {
-                "STORED" => Added::Stored,
-                "NOT_STORED" => Added::Exists,
-                other => return Err(unexpected("add", other)),
-            };
-            replies.push(reply);
-        }
-        Ok(replies)
-    }
-
-    /// The values of `keys` (0 for a missing or non-numeric one), in order.
-    pub async fn get(&mut self, keys: &[&str]) -> io::Result<Vec<u64>> {
-        let command = format!("get {}\r\n", keys.join(" "));
-        self.stream.get_mut().write_all(command.as_bytes()).await?;
-        let mut values = vec![0; keys.len()];
-        loop {
-            let line = self.reply_line().await?.to_owned();
-            if line == "END" {
-                return Ok(values);
-            }
-            let mut fields = line.split(' ');
-            let (Some("VALUE"), Some(key), Some(_flags), Some(length)) =
-                (fields.next(), fields.next(), fields.next(), fields.next())
-            else {
-                return Err(unexpected("get", &line));
-            };
-            let length: usize = length.parse().map_err(|_| unexpected("get", &line))?;
-            let value = self.value(length).await?;
-            for (slot, _) in keys.iter().enumerate().filter(|(_, k)| **k == key) {
-                values[slot] = value;
-            }
+impl<'a> Commands<'a> {
+    /// Commands appended to `out`, each leaving its reply's kind in `kinds`.
+    pub fn new(out: &'a mut Vec<u8>, kinds: &'a mut VecDeque<Kind>) -> Commands<'a> {
+        Commands {
+            out,
+            kinds,
+            count: 0,
         }
     }
 
-    /// A `VALUE` line's data block of `length` bytes (and its line end), as a number: 0
-    /// when it is not one.
-    async fn value(&mut self, length: usize) -> io::Result<u64> {
-        let mut data = vec![0; length + 2];
-        self.stream.read_exact(&mut data).await?;
-        Ok(std::str::from_utf8(&data[..length])
-            .ok()
-            .and_then(|text| text.trim().parse().ok())
-            .unwrap_or(0))
+    /// How many commands were written.
+    pub fn count(&self) -> usize {
+        self.count
     }
 
-    /// `gets key`: its value and compare-and-swap token, `None` when missing.
-    pub async fn gets(&mut self, key: &str) -> io::Result<Option<(u64, u64)>> {
-        self.stream
-            .get_mut()
-            .write_all(format!("gets {key}\r\n").as_bytes())
-            .await?;
-        let mut found = None;
-        loop {
-            let line = self.reply_line().await?.to_owned();
-            if line == "END" {
-                return Ok(found);
-            }
-            let fields: Vec<&str> = line.split(' ').collect();
-            let (["VALUE", _, _, length, token] | ["VALUE", _, _, length, token, ..]) =
-                fields.as_slice()
-            else {
-                return Err(unexpected("gets", &line));
-            };
-            let length: usize = length.parse().map_err(|_| unexpected("gets", &line))?;
-            let token: u64 = token.parse().map_err(|_| unexpected("gets", &line))?;
-            found = Some((self.value(length).await?, token));
-        }
+    /// `incr key by`.
+    pub fn incr(&mut self, key: &str, by: u64) {
+        self.change(b"incr ", key, by);
     }
 
-    /// `cas key 0 expiry` with `value` if the token is still `token`: whether it was
-    /// stored.
-    pub async fn cas(
-        &mut self,
-        key: &str,
-        value: u64,
-        expiry: u64,
-        token: u64,
-    ) -> io::Result<bool> {
-        let value = value.to_string();
-        let command = format!(
-            "cas {key} 0 {expiry} {} {token}\r\n{value}\r\n",
-            value.len()
-        );
-        self.stream.get_mut().write_all(command.as_bytes()).await?;
-        match self.reply_line().await? {
-            "STORED" => Ok(true),
-            "EXISTS" | "NOT_FOUND" => Ok(false),
-            other => Err(unexpected("cas", other)),
-        }
+    /// `decr key by`: memcached stops a counter at 0 by itself.
+    pub fn decr(&mut self, key: &str, by: u64) {
+        self.change(b"decr ", key, by);
     }
 
-    /// Whether the server answers `version`.
-    pub async fn version(&mut self) -> io::Result<()> {
-        self.stream.get_mut().write_all(b"version\r\n").await?;
-        match self.reply_line().await? {
-            line if line.starts_with("VERSION ") => Ok(()),
-            other => Err(unexpected("version", other)),
-        }
+    fn change(&mut self, verb: &[u8], key: &str, by: u64) {
+        self.head(verb, key);
+        self.number(by);
+        self.end(Kind::Change);
     }
 
-    /// The next reply line, without its line end; an error reply is an error.
-    async fn reply_line(&mut self) -> io::Result<&str> {
-        self.line.clear();
-        let read = self.stream.read_line(&mut self.line).await?;
-        if read == 0 {
-            return Err(io::Error::new(
-                io::ErrorKind::UnexpectedEof,
-                "memcached closed the connection",
-            ));
+    /// `add key 0 expiry` with `value`.
+    pub fn add(&mut self, key: &str, value: u64, expiry: u64) {
+        self.store(b"add ", key, value, expiry, None);
+    }
+
+    /// `cas key 0 expiry` with `value`, if the key's token is still `token`.
+    pub fn cas(&mut self, key: &str, value: u64, expiry: u64, token: u64) {
+        self.store(b"cas ", key, value, expiry, Some(token));
+    }
+
+    fn store(&mut self, verb: &[u8], key: &str, value: u64, expiry: u64, token: Option<u64>) {
+        let mut digits = itoa::Buffer::new();
+        let value = digits.format(value).as_bytes();
+        self.head(verb, key);
+        self.out.extend_from_slice(b"0 ");
+        self.number(expiry);
+        self.out.push(b' ');
+        self.number(value.len() as u64);
+        if let Some(token) = token {
+            self.out.push(b' ');
+            self.number(token);
         }
-        let line = self.line.trim_end_matches(['\r', '\n']);
-        if line == "ERROR" || line.starts_with("CLIENT_ERROR") || line.starts_with("SERVER_ERROR") {
-            return Err(io::Error::other(format!("memcached answered {line}")));
-        }
-        Ok(line)
+        self.out.extend_from_slice(b"\r\n");
+        self.out.extend_from_slice(value);
+        self.end(Kind::Store);
+    }
+
+    /// `get key`.
+    pub fn get(&mut self, key: &str) {
+        self.retrieve(b"get ", key);
+    }
+
+    /// `gets key`: with its compare-and-swap token.
+    pub fn gets(&mut self, key: &str) {
+        self.retrieve(b"gets ", key);
+    }
+
+    fn retrieve(&mut self, verb: &[u8], key: &str) {
+        self.out.extend_from_slice(verb);
+        self.out.extend_from_slice(key.as_bytes());
+        self.end(Kind::Retrieve);
+    }
+
+    /// `version`.
+    pub fn version(&mut self) {
+        self.out.extend_from_slice(b"version");
+        self.end(Kind::Version);
+    }
+
+    fn head(&mut self, verb: &[u8], key: &str) {
+        self.out.extend_from_slice(verb);
+        self.out.extend_from_slice(key.as_bytes());
+        self.out.push(b' ');
+    }
+
+    fn number(&mut self, number: u64) {
+        self.out
+            .extend_from_slice(itoa::Buffer::new().format(number).as_bytes());
+    }
+
+    fn end(&mut self, kind: Kind) {
+        self.out.extend_from_slice(b"\r\n");
+        self.kinds.push_back(kind);
+        self.count += 1;
     }
 }
 
-fn unexpected(command: &str, line: &str) -> io::Error {
-    io::Error::new(
-        io::ErrorKind::InvalidData,
-        format!("unexpected memcached reply to {command}: {line:?}"),
-    )
+/// The reply of `kind` at the start of `input` and the bytes it takes, `None` while it
+/// is incomplete; an error when it is not a reply to that kind of command (the
+/// connection is out of step and must be failed).
+pub fn parse(input: &[u8], kind: Kind) -> Result<Option<(Reply, usize)>, String> {
+    let Some((line, mut used)) = line(input)? else {
+        return Ok(None);
+    };
+    let reply = match (kind, line) {
+        (_, line) if in_step_error(kind, line) => Reply::Error(text(line)),
+        (Kind::Change, b"NOT_FOUND") => Reply::NotFound,
+        (Kind::Change, digits) => Reply::Number(number(digits).ok_or_else(|| wrong(kind, line))?),
+        (Kind::Store, b"STORED") => Reply::Stored,
+        (Kind::Store, b"NOT_STORED") => Reply::NotStored,
+        (Kind::Store, b"EXISTS") => Reply::Exists,
+        (Kind::Store, b"NOT_FOUND") => Reply::NotFound,
+        (Kind::Retrieve, b"END") => Reply::NotFound,
+        (Kind::Retrieve, line) if line.starts_with(b"VALUE ") => {
+            let Some((found, rest)) = value(line, &input[used..])? else {
+                return Ok(None);
+            };
+            used += rest;
+            found
+        }
+        (Kind::Version, line) if line.starts_with(b"VERSION ") => Reply::Version,
+        _ => return Err(wrong(kind, line)),
+    };
+    Ok(Some((reply, used)))
+}
+
+/// Whether `line` is an error reply after which the connection is still in step: a
+/// server error to anything, and any error to a one-line command. (A client error to a
+/// storage command may leave its data line to be read as a command.)
+fn in_step_error(kind: Kind, line: &[u8]) -> bool {
+    line.starts_with(b"SERVER_ERROR")
+        || (kind != Kind::Store && (line == b"ERROR" || line.starts_with(b"CLIENT_ERROR")))
+}
+
+/// A `VALUE <key> <flags> <bytes> [<cas>]` line's data block in `rest`, and the `END`
+/// after it (one key is asked at a time): the value and the bytes they take.
+fn value(header: &[u8], rest: &[u8]) -> Result<Option<(Reply, usize)>, String> {
+    let bad = || wrong(Kind::Retrieve, header);
+    let mut fields = header.split(|&b| b == b' ').skip(3);
+    let length = fields.next().and_then(number).ok_or_else(bad)?;
+    let token = fields.next().map_or(Some(0), number).ok_or_else(bad)?;
+    let length = usize::try_from(length)
+        .ok()
+        .filter(|&l| l <= MAX_VALUE)
+        .ok_or_else(|| format!("a memcached value of {length} bytes"))?;
+    let Some(data) = rest.get(..length + 2) else {
+        return Ok(None);
+    };
+    if !data.ends_with(b"\r\n") {
+        return Err(bad());
+    }
+    match line(&rest[length + 2..])? {
+        None => Ok(None),
+        Some((b"END", end)) => {
+            let value = std::str::from_utf8(&data[..length])
+                .ok()
+                .and_then(|text| text.trim().parse().ok())
+                .unwrap_or(0);
+            Ok(Some((Reply::Found { value, token }, length + 2 + end)))
+        }
+        Some((other, _)) => Err(wrong(Kind::Retrieve, other)),
+    }
+}
+
+/// The first line of `input`, without its line end, and its length with it.
+fn line(input: &[u8]) -> Result<Option<(&[u8], usize)>, String> {
+    match input.iter().take(MAX_LINE).position(|&b| b == b'\n') {
+        Some(end) if end > 0 && input[end - 1] == b'\r' => Ok(Some((&input[..end - 1], end + 1))),
+        Some(_) => Err(format!(
+            "a memcached reply line without \\r: {:?}",
+            text(&input[..input.len().min(80)])
+        )),
+        None if input.len() >= MAX_LINE => Err(format!(
+            "a memcached reply line longer than {MAX_LINE} bytes"
+        )),
+        None => Ok(None),
+    }
+}
+
+/// A decimal number that fits in 64 bits.
+fn number(digits: &[u8]) -> Option<u64> {
+    if digits.is_empty() || !digits.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    std::str::from_utf8(digits).ok()?.parse().ok()
+}
+
+fn text(line: &[u8]) -> String {
+    String::from_utf8_lossy(line).into_owned()
+}
+
+fn wrong(kind: Kind, line: &[u8]) -> String {
+    format!("unexpected memcached reply to {kind:?}: {:?}", text(line))
 }
 
 #[cfg(test)]
@@ -257,5 +280,92 @@ mod tests {
         for bad in ["a b", "a\tb", "a\r\nget x", "a\u{7f}"] {
             assert!(key_problem(bad).is_some(), "{bad:?}");
         }
+    }
+
+    #[test]
+    fn commands_are_written_with_their_reply_kinds() {
+        let (mut out, mut kinds) = (Vec::new(), VecDeque::new());
+        let mut commands = Commands::new(&mut out, &mut kinds);
+        commands.incr("a", 3);
+        commands.add("a", 12, 3601);
+        commands.cas("b", 7, 60, 99);
+        commands.gets("b");
+        commands.version();
+        assert_eq!(commands.count(), 5);
+        assert_eq!(
+            String::from_utf8(out).unwrap(),
+            "incr a 3\r\nadd a 0 3601 2\r\n12\r\ncas b 0 60 1 99\r\n7\r\ngets b\r\nversion\r\n"
+        );
+        assert_eq!(
+            Vec::from(kinds),
+            [
+                Kind::Change,
+                Kind::Store,
+                Kind::Store,
+                Kind::Retrieve,
+                Kind::Version
+            ]
+        );
+    }
+
+    #[test]
+    fn replies_are_parsed_by_the_kind_asked_for() {
+        let whole = |input: &[u8], kind| parse(input, kind).unwrap().unwrap();
+        assert_eq!(whole(b"42\r\nrest", Kind::Change), (Reply::Number(42), 4));
+        assert_eq!(whole(b"NOT_FOUND\r\n", Kind::Change), (Reply::NotFound, 11));
+        assert_eq!(
+            whole(b"NOT_STORED\r\n", Kind::Store),
+            (Reply::NotStored, 12)
+        );
+        assert_eq!(whole(b"EXISTS\r\n", Kind::Store).0, Reply::Exists);
+        assert_eq!(whole(b"END\r\n", Kind::Retrieve), (Reply::NotFound, 5));
+        let block = b"VALUE k 0 2 77\r\n12\r\nEND\r\n";
+        let found = Reply::Found {
+            value: 12,
+            token: 77,
+        };
+        assert_eq!(whole(block, Kind::Retrieve), (found, block.len()));
+        assert_eq!(
+            whole(b"VALUE k 0 3\r\nabc\r\nEND\r\n", Kind::Retrieve).0,
+            Reply::Found { value: 0, token: 0 }
+        );
+        assert_eq!(
+            whole(b"VERSION 1.6.18\r\n", Kind::Version).0,
+            Reply::Version
+        );
+        let refused = b"CLIENT_ERROR cannot increment or decrement non-numeric value\r\n";
+        assert!(matches!(whole(refused, Kind::Change).0, Reply::Error(_)));
+        assert!(matches!(
+            whole(b"SERVER_ERROR out of memory\r\n", Kind::Store).0,
+            Reply::Error(_)
+        ));
+    }
+
+    #[test]
+    fn incomplete_replies_wait_for_more() {
+        let block = b"VALUE k 0 2 77\r\n12\r\nEND\r\n";
+        for end in 0..block.len() {
+            assert_eq!(parse(&block[..end], Kind::Retrieve), Ok(None), "{end}");
+        }
+        assert_eq!(parse(b"12", Kind::Change), Ok(None));
+    }
+
+    #[test]
+    fn replies_out_of_step_fail_the_connection() {
+        for (input, kind) in [
+            (&b"STORED\r\n"[..], Kind::Change),
+            (b"12\r\n", Kind::Store),
+            (b"CLIENT_ERROR bad data chunk\r\n", Kind::Store),
+            (b"ERROR\r\n", Kind::Store),
+            (b"VALUE k 0 2\r\n12\r\nVALUE k 0 2\r\n", Kind::Retrieve),
+            (b"VALUE k 0 2\r\n123\r\nEND\r\n", Kind::Retrieve),
+            (b"VALUE k 0 99999999\r\n", Kind::Retrieve),
+            (b"-1\r\n", Kind::Change),
+            (b"99999999999999999999\r\n", Kind::Change),
+            (b"bare\n", Kind::Change),
+        ] {
+            assert!(parse(input, kind).is_err(), "{:?}", text(input));
+        }
+        assert!(parse(&[b'1'; MAX_LINE], Kind::Change).is_err());
     }
 }
