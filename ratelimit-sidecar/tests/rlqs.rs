@@ -429,3 +429,51 @@ async fn a_stream_that_does_not_read_its_answers_is_ended() {
     assert!(fresh.message().await.unwrap().is_some());
     drop((reports, answers));
 }
+
+/// An Envoy that leaves gives back what it did not spend, once its assignment would have
+/// expired in it: the Envoy that stays gets it when it runs dry.
+#[tokio::test]
+async fn a_leaving_envoy_gives_back_its_unspent_share_after_its_ttl() {
+    let options = Options::rules(RULES).set("RLQS_ASSIGNMENT_TTL", "1s");
+    let server = Server::start_with(options);
+    let (first, mut first_answers) = open(&server).await;
+    send(&first, "q", vec![usage("user", "leaving", 3)]).await;
+    // (Not `next`: it checks the default assignment TTL.)
+    assert_eq!(next_tokens(&mut first_answers).await, [7]);
+    let (second, mut second_answers) = open(&server).await;
+    send(&second, "q", vec![usage("user", "leaving", 0)]).await;
+    let held = "the first holds the window";
+    assert_eq!(
+        next_tokens(&mut second_answers).await,
+        Vec::<u32>::new(),
+        "{held}"
+    );
+    let given = "the first gave back above its even share";
+    assert_eq!(next_tokens(&mut second_answers).await, [5], "{given}");
+    drop((first, first_answers));
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    let mut denied = usage("user", "leaving", 5);
+    denied.num_requests_denied = 1;
+    send(&second, "q", vec![denied]).await;
+    // The first kept 5 and used 3: 2 came back.
+    assert_eq!(next_tokens(&mut second_answers).await, [2]);
+}
+
+/// The token buckets the next answer assigns (any assignment TTL).
+async fn next_tokens(answers: &mut Streaming<RateLimitQuotaResponse>) -> Vec<u32> {
+    let answer = tokio::time::timeout(Duration::from_secs(5), answers.message()).await;
+    answer
+        .expect("an answer in time")
+        .unwrap()
+        .unwrap()
+        .bucket_action
+        .into_iter()
+        .filter_map(|action| match action.bucket_action? {
+            Action::QuotaAssignmentAction(q) => match q.rate_limit_strategy?.strategy? {
+                Strategy::TokenBucket(bucket) => Some(bucket.max_tokens),
+                _ => None,
+            },
+            Action::AbandonAction(_) => None,
+        })
+        .collect()
+}

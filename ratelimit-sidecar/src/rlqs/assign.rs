@@ -37,8 +37,10 @@ pub struct Grant {
     /// Requests (allowed and denied) it reported in the window, since `since_ms`.
     pub requested: u64,
     pub since_ms: u64,
-    /// Its last report of the bucket (unix milliseconds).
+    /// Its last report of the bucket (unix milliseconds), and that report's requests
+    /// (allowed and denied) and the time they took.
     pub reported_ms: u64,
+    pub last_rate: (u64, u64),
     /// The limit the grant was made under.
     pub requests_per_unit: Option<u32>,
     /// The assignment last sent.
@@ -61,14 +63,15 @@ impl Grant {
         true
     }
 
-    /// Counts a report of `allowed` and `denied` requests at `now_ms`.
-    pub fn report(&mut self, allowed: u64, denied: u64, now_ms: u64) {
+    /// Counts a report of `allowed` and `denied` requests over `elapsed_ms` at `now_ms`.
+    pub fn report(&mut self, allowed: u64, denied: u64, elapsed_ms: u64, now_ms: u64) {
         self.holding.used = self.holding.used.saturating_add(allowed);
         self.requested = self
             .requested
             .saturating_add(allowed)
             .saturating_add(denied);
         self.reported_ms = now_ms;
+        self.last_rate = (allowed.saturating_add(denied), elapsed_ms);
     }
 
     /// Demand over the rest of the window at `now_ms`: the rate of the last report
@@ -80,11 +83,10 @@ impl Grant {
     }
 
     /// What is surely unspent at `now_ms`, after the stream ended: the grant less what was
-    /// reported used, less what the window's rate spent since the last report.
+    /// reported used, less what the last report's rate spent since.
     pub fn unspent(&self, now_ms: u64) -> u64 {
-        let window = self.reported_ms.saturating_sub(self.since_ms);
         let since = now_ms.saturating_sub(self.reported_ms);
-        let spent = grants::need(self.requested, window, since);
+        let spent = grants::need(self.last_rate.0, self.last_rate.1, since);
         self.holding
             .granted
             .saturating_sub(self.holding.used)
@@ -155,7 +157,7 @@ mod tests {
         assert!(grant.enter_window(60_000, 0));
         assert!(!grant.enter_window(60_000, 1));
         grant.holding.granted = 10;
-        grant.report(4, 2, 10_000);
+        grant.report(4, 2, 5_000, 10_000);
         assert_eq!(grant.requested, 6);
         assert!(grant.enter_window(120_000, 60_000));
         assert_eq!((grant.holding, grant.requested), (Holding::default(), 0));
@@ -165,13 +167,13 @@ mod tests {
     fn demand_is_the_higher_of_the_last_report_and_the_window_rates() {
         let mut grant = Grant::default();
         grant.enter_window(60_000, 0);
-        grant.report(10, 0, 10_000);
+        grant.report(10, 0, 5_000, 10_000);
         // 10 in 10 s of window; the last report's 10 in 5 s is twice that: 2/s for 50 s.
         assert_eq!(grant.need(10, 5_000, 10_000), 100);
         assert_eq!(grant.need(0, 5_000, 10_000), 50);
         grant.holding.granted = 30;
-        // Reported 10 used; at 1/s, 5 more spent in the 5 s since the report.
-        assert_eq!(grant.unspent(15_000), 15);
+        // Reported 10 used; at the last report's 2/s, 10 more spent in the 5 s since.
+        assert_eq!(grant.unspent(15_000), 10);
     }
 
     #[test]

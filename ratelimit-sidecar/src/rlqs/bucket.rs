@@ -13,9 +13,9 @@ use ratelimit_core::grants::{self, Moment, Split, Tokens};
 use ratelimit_core::{Entry, QuotaLimit, QuotaRule};
 use tonic::Status;
 
-use super::Shared;
 use super::assign::{Assignment, Grant, abandon, actions};
 use super::reserve;
+use super::{Nudge, Shared};
 
 /// Entries of a bucket id, and bytes of each key or value.
 const MAX_BUCKET_ENTRIES: usize = 32;
@@ -117,8 +117,11 @@ async fn limited(
 ) -> (Assignment, bool) {
     let new_window = grant.enter_window(limit.window_end_ms, now_ms);
     let (allowed, denied) = usage.map_or((0, 0), |u| (u.allowed, u.denied));
+    let elapsed = usage.map_or(0, |u| {
+        u64::try_from(u.elapsed.as_millis()).unwrap_or(u64::MAX)
+    });
     if usage.is_some() {
-        grant.report(allowed, denied, now_ms);
+        grant.report(allowed, denied, elapsed, now_ms);
     }
     let lowered = grant
         .requests_per_unit
@@ -129,8 +132,7 @@ async fn limited(
     }
     let moment = match usage {
         _ if new_window || grant.sent.is_none() => Moment::Start,
-        Some(usage) => {
-            let elapsed = u64::try_from(usage.elapsed.as_millis()).unwrap_or(u64::MAX);
+        Some(_) => {
             let need = grant.need(allowed.saturating_add(denied), elapsed, now_ms);
             Moment::Report { denied, need }
         }
@@ -199,7 +201,8 @@ fn told(tokens: Tokens, sent: Option<Assignment>) -> (Assignment, bool) {
 
 /// An ended stream's buckets: what its Envoy surely did not spend goes back to the
 /// window's counter once its assignments have expired in that Envoy (`ttl` later), if the
-/// window has not ended by then; the buckets then leave the process's budget.
+/// window has not ended by then (and a joiner that started short may take it); the
+/// buckets then leave the process's budget.
 pub async fn leave(shared: Arc<Shared>, domain: String, buckets: HashMap<Arc<str>, Bucket>) {
     let limited = |b: &Bucket| matches!(b.grant.sent, Some(Assignment::Tokens(_)));
     if buckets.values().any(limited) {
@@ -219,7 +222,9 @@ pub async fn leave(shared: Arc<Shared>, domain: String, buckets: HashMap<Arc<str
             && limit.window_end_ms == bucket.grant.window_end_ms
         {
             let unspent = bucket.grant.unspent(now_ms);
-            reserve::give_back(&shared, key, &limit, unspent).await;
+            if reserve::give_back(&shared, key, &limit, unspent).await {
+                shared.nudge(key, u64::MAX, &Nudge::Take(Arc::clone(key)));
+            }
         }
     }
     for bucket in buckets.values() {

@@ -64,12 +64,13 @@ async fn release(shared: &Shared, bucket: &str, limit: &QuotaLimit, now: u64, sk
     }
 }
 
-/// Gives `unspent` back to the window's counter (an Envoy left).
-pub async fn give_back(shared: &Shared, bucket: &str, limit: &QuotaLimit, unspent: u64) {
-    if unspent > 0 {
-        let back = limit.quota(CounterOp::Refund, unspent);
-        counters(shared, bucket, limit, vec![back]).await;
+/// Gives `unspent` back to the window's counter (an Envoy left); whether it went back.
+pub async fn give_back(shared: &Shared, bucket: &str, limit: &QuotaLimit, unspent: u64) -> bool {
+    if unspent == 0 {
+        return false;
     }
+    let back = limit.quota(CounterOp::Refund, unspent);
+    counters(shared, bucket, limit, vec![back]).await.is_some()
 }
 
 /// Shadow mode: usage is counted in the rule's counter, and what went past the limit in
