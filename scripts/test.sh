@@ -113,6 +113,7 @@ ensure_apt openssl openssl
 # The documented commands (scripts/readme.sh) use curl, and setsid to stop what they start.
 ensure_apt curl curl
 ensure_apt setsid util-linux
+ensure_apt ss iproute2
 ensure_apt chromium chromium
 # librdkafka is built from source by rdkafka's cmake-build feature.
 ensure_apt cmake cmake
