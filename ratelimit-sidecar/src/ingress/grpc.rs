@@ -20,8 +20,12 @@ use http_body_util::{BodyExt, Either};
 use hyper::body::Frame;
 use prost::Message;
 use tonic::Status;
-use tonic::codegen::http::header::{CONTENT_TYPE, HeaderMap, HeaderValue};
+use tonic::codegen::http::header::{CONTENT_TYPE, HeaderMap, HeaderName, HeaderValue};
 use tonic::codegen::{Body, StdError, http};
+
+use ratelimit_core::Request;
+use ratelimit_proto::envoy::InvalidRequest;
+use ratelimit_proto::wire::{self, RequestError};
 
 use crate::backend::BackendError;
 use crate::service::{Service as Decider, ServiceError};
@@ -62,11 +66,15 @@ where
 {
     refuse_compressed(request.headers())?;
     let (parts, body) = request.into_parts();
-    let (request, trailers) = read_request(body).await?;
-    // A decision that waits for nothing and is not traced reads no header.
+    // A decision that waits for nothing and is not traced reads no header, and decodes
+    // the message straight into the core's request.
     let answer = match service.decides_now() {
-        Some(store) => service.should_rate_limit_grpc_now(store, request),
+        Some(store) => {
+            let (request, _) = read_request(body, to_core).await?;
+            service.should_rate_limit_grpc_now(store, request)
+        }
         None => {
+            let (request, trailers) = read_request(body, to_pb).await?;
             let mut headers = parts.headers;
             headers.extend(trailers.unwrap_or_default());
             service.should_rate_limit_grpc(request, &headers).await
@@ -75,10 +83,31 @@ where
     answer.map_err(|error| status(&error))
 }
 
+/// A message as envoy-types' request.
+fn to_pb(message: &[u8]) -> Result<RateLimitRequest, Status> {
+    RateLimitRequest::decode(message).map_err(not_a_request)
+}
+
+/// A message as the core's request, or the reason the core cannot take it (which the
+/// service counts as it counts every request error).
+fn to_core(message: &[u8]) -> Result<Result<Request, InvalidRequest>, Status> {
+    match wire::decode_request(message) {
+        Ok(request) => Ok(Ok(request)),
+        Err(RequestError::Invalid(invalid)) => Ok(Err(invalid)),
+        Err(RequestError::Decode(error)) => Err(not_a_request(error)),
+    }
+}
+
+fn not_a_request(error: impl std::fmt::Display) -> Status {
+    Status::invalid_argument(format!("the body is not a RateLimitRequest: {error}"))
+}
+
 /// No compression is enabled, so a request that says it is compressed is refused as
 /// tonic refuses it.
 fn refuse_compressed(headers: &HeaderMap) -> Result<(), Status> {
-    match headers.get("grpc-encoding").map(HeaderValue::as_bytes) {
+    // A name made once: looking a `&str` up parses and classifies it on every call.
+    static GRPC_ENCODING: HeaderName = HeaderName::from_static("grpc-encoding");
+    match headers.get(&GRPC_ENCODING).map(HeaderValue::as_bytes) {
         None | Some(b"identity") => Ok(()),
         Some(other) => {
             let other = match std::str::from_utf8(other) {
@@ -100,7 +129,10 @@ fn refuse_compressed(headers: &HeaderMap) -> Result<(), Status> {
 /// The first message of `body`, and its trailers. Later messages, which a unary call
 /// should not carry, are decoded and dropped, as tonic does. At most one message is
 /// buffered, and a message is at most [`MAX_MESSAGE`] bytes.
-async fn read_request<B>(body: B) -> Result<(RateLimitRequest, Option<HeaderMap>), Status>
+async fn read_request<B, T>(
+    body: B,
+    decode: fn(&[u8]) -> Result<T, Status>,
+) -> Result<(T, Option<HeaderMap>), Status>
 where
     B: Body,
     B::Error: Into<StdError>,
@@ -120,12 +152,12 @@ where
             // A frame that starts on a message boundary is decoded where it lies.
             Ok(mut data) if pending.is_empty() => {
                 let data = data.copy_to_bytes(data.remaining());
-                let used = decode_messages(&data, &mut first)?;
+                let used = decode_messages(&data, &mut first, decode)?;
                 pending.extend_from_slice(&data[used..]);
             }
             Ok(mut data) => {
                 pending.extend_from_slice(&data.copy_to_bytes(data.remaining()));
-                let used = decode_messages(&pending, &mut first)?;
+                let used = decode_messages(&pending, &mut first, decode)?;
                 let _ = pending.split_to(used);
             }
             Err(frame) => trailers = frame.into_trailers().ok().or(trailers),
@@ -140,7 +172,11 @@ where
 
 /// Decodes the complete messages at the start of `bytes` (keeping the first in `first`)
 /// and returns how many bytes they took.
-fn decode_messages(bytes: &[u8], first: &mut Option<RateLimitRequest>) -> Result<usize, Status> {
+fn decode_messages<T>(
+    bytes: &[u8],
+    first: &mut Option<T>,
+    decode: fn(&[u8]) -> Result<T, Status>,
+) -> Result<usize, Status> {
     let mut at = 0;
     while let Some(prefix) = bytes.get(at..at + PREFIX) {
         match prefix[0] {
@@ -166,9 +202,7 @@ fn decode_messages(bytes: &[u8], first: &mut Option<RateLimitRequest>) -> Result
         let Some(message) = bytes.get(at + PREFIX..at + PREFIX + len) else {
             break;
         };
-        let request = RateLimitRequest::decode(message).map_err(|error| {
-            Status::invalid_argument(format!("the body is not a RateLimitRequest: {error}"))
-        })?;
+        let request = decode(message)?;
         first.get_or_insert(request);
         at += PREFIX + len;
     }
@@ -289,7 +323,7 @@ mod tests {
     }
 
     async fn read(chunks: Vec<Vec<u8>>) -> Result<RateLimitRequest, Status> {
-        read_request(body(chunks, None)).await.map(|(r, _)| r)
+        read_request(body(chunks, None), to_pb).await.map(|(r, _)| r)
     }
 
     #[tokio::test]
@@ -300,7 +334,7 @@ mod tests {
         let chunks = bytes.iter().map(|b| vec![*b]).collect();
         let mut trailers = HeaderMap::new();
         trailers.insert("x-trailer", HeaderValue::from_static("t"));
-        let (first, got) = read_request(body(chunks, Some(trailers))).await.unwrap();
+        let (first, got) = read_request(body(chunks, Some(trailers)), to_pb).await.unwrap();
         assert_eq!(first, request("first"));
         assert_eq!(got.unwrap()["x-trailer"], "t");
         assert_eq!(read(vec![bytes]).await.unwrap(), request("first"));
@@ -355,7 +389,7 @@ mod tests {
                 Err(error),
             ];
             let body = StreamBody::new(futures_util::stream::iter(frames));
-            let read = read_request(body).await.map(|(r, _)| r);
+            let read = read_request(body, to_pb).await.map(|(r, _)| r);
             assert_eq!(read.map_err(|e| e.code()), expected);
         }
     }

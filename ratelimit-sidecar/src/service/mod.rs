@@ -150,16 +150,19 @@ impl Service {
     /// [`Service::should_rate_limit_grpc`] without a future, counted the same way, on
     /// the store [`Service::decides_now`] gave. It never waits, so it takes no place among
     /// the requests in flight (MAX_INFLIGHT_REQUESTS bounds the ones that wait).
+    /// The request comes decoded into the core's form (or the reason it cannot be).
     pub fn should_rate_limit_grpc_now(
         &self,
         store: &MemoryStore,
-        request: RateLimitRequest,
+        request: Result<Request, InvalidRequest>,
     ) -> Result<RateLimitResponse, ServiceError> {
         // One clock for the decision and the response time: two reads instead of three
         // (a wall clock stepped back during the request records zero).
         let started = SystemTime::now();
         self.total_requests.add(1);
-        let result = self.decide_in_process(store, request, unix_ms(started));
+        let result = request
+            .map_err(ServiceError::from)
+            .and_then(|request| self.decide_core(store, &request, unix_ms(started)));
         self.count_error(&result);
         let elapsed = SystemTime::now().duration_since(started);
         self.response_time.record(elapsed.unwrap_or_default());
@@ -236,11 +239,20 @@ impl Service {
         request: RateLimitRequest,
         now_ms: u64,
     ) -> Result<RateLimitResponse, ServiceError> {
-        let request = request_from_pb(request)?;
+        self.decide_core(store, &request_from_pb(request)?, now_ms)
+    }
+
+    /// [`Service::decide_in_process`] of a request in the core's form.
+    fn decide_core(
+        &self,
+        store: &MemoryStore,
+        request: &Request,
+        now_ms: u64,
+    ) -> Result<RateLimitResponse, ServiceError> {
         let response = self
             .limiter
-            .should_rate_limit_millis(&request, store, now_ms)?;
-        Ok(self.answer(&request, &response))
+            .should_rate_limit_millis(request, store, now_ms)?;
+        Ok(self.answer(request, &response))
     }
 
     /// The Envoy response to `request` for `response`.
