@@ -323,7 +323,9 @@ mod tests {
     }
 
     async fn read(chunks: Vec<Vec<u8>>) -> Result<RateLimitRequest, Status> {
-        read_request(body(chunks, None), to_pb).await.map(|(r, _)| r)
+        read_request(body(chunks, None), to_pb)
+            .await
+            .map(|(r, _)| r)
     }
 
     #[tokio::test]
@@ -334,7 +336,9 @@ mod tests {
         let chunks = bytes.iter().map(|b| vec![*b]).collect();
         let mut trailers = HeaderMap::new();
         trailers.insert("x-trailer", HeaderValue::from_static("t"));
-        let (first, got) = read_request(body(chunks, Some(trailers)), to_pb).await.unwrap();
+        let (first, got) = read_request(body(chunks, Some(trailers)), to_pb)
+            .await
+            .unwrap();
         assert_eq!(first, request("first"));
         assert_eq!(got.unwrap()["x-trailer"], "t");
         assert_eq!(read(vec![bytes]).await.unwrap(), request("first"));
