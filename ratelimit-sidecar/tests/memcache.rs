@@ -1,8 +1,11 @@
 //! The memcached backend on the real binary and real memcached servers: upstream's keys
 //! on upstream's node, exact counting under simultaneous requests, keys memcached cannot
-//! hold, long windows, and a node that dies and comes back.
+//! hold, long windows, a node that dies and comes back, and the one pipelined
+//! connection per node and worker (shared, matched in order, failed as a whole when
+//! frozen or cut, and opened again).
 
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
+use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use ratelimit_tests::memcached::{Dns, Memcached};
 use ratelimit_tests::pki::temp_pki;
 use ratelimit_tests::sidecar as support;
@@ -16,13 +19,23 @@ use tonic::transport::Channel;
 const RULES: &str = include_str!("fixtures/memcache.yaml");
 
 fn server(nodes: &[&Memcached]) -> Server {
+    server_with(nodes, vec![])
+}
+
+/// A server on `nodes`, with `extra` settings.
+fn server_with(nodes: &[&Memcached], extra: Vec<(&'static str, String)>) -> Server {
     let list: Vec<String> = nodes.iter().map(|n| n.address()).collect();
+    let mut env = vec![
+        ("BACKEND_TYPE", "memcache"),
+        ("EXPIRATION_JITTER_MAX_SECONDS", "0"),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k, v.to_owned()))
+    .chain([("MEMCACHE_HOST_PORT", list.join(","))])
+    .collect::<Vec<_>>();
+    env.extend(extra);
     Server::start_with(Options {
-        env: vec![
-            ("BACKEND_TYPE", "memcache".into()),
-            ("MEMCACHE_HOST_PORT", list.join(",")),
-            ("EXPIRATION_JITTER_MAX_SECONDS", "0".into()),
-        ],
+        env,
         ..Options::rules(RULES)
     })
 }
@@ -190,32 +203,22 @@ async fn a_node_that_dies_fails_calls_promptly_and_is_used_again_when_it_returns
 #[tokio::test]
 async fn a_dead_node_opens_its_own_breaker_and_the_other_node_keeps_deciding() {
     let (mut dead, alive) = (Memcached::start(), Memcached::start());
-    let list = format!("{},{}", dead.address(), alive.address());
-    let server = Server::start_with(Options {
-        env: vec![
-            ("BACKEND_TYPE", "memcache".into()),
-            ("MEMCACHE_HOST_PORT", list),
+    let server = server_with(
+        &[&dead, &alive],
+        vec![
             ("BACKEND_BREAKER_FAILURES", "2".into()),
             ("BACKEND_BREAKER_OPEN_DURATION", "1h".into()),
         ],
-        ..Options::rules(RULES)
-    });
-    // Yearly counters: each user's node cannot change during the test.
-    let home = |user: &str| {
-        let key = format!("m_yearly_{user}_{}", yearly_window_start());
-        crc32fast::hash(key.as_bytes()) as usize % 2
-    };
-    let users: Vec<String> = (0..40).map(|i| format!("y{i}")).collect();
-    let (on_dead, on_alive): (Vec<&String>, Vec<&String>) =
-        users.iter().partition(|user| home(user) == 0);
+    );
+    let (on_dead, on_alive) = yearly_users_by_node();
     dead.kill();
     let mut client = server.client().await;
     let mut refusals = Vec::new();
     for round in 0..4 {
         let ask = |user: &str| request("m", &[&[("yearly", user)]]);
-        let answer = client.should_rate_limit(ask(on_alive[round])).await;
+        let answer = client.should_rate_limit(ask(&on_alive[round])).await;
         assert_eq!(answer.unwrap().into_inner().overall_code, 1);
-        let failed = client.should_rate_limit(ask(on_dead[round])).await;
+        let failed = client.should_rate_limit(ask(&on_dead[round])).await;
         let failed = failed.unwrap_err();
         assert_eq!(failed.code(), Code::Unavailable);
         refusals.push(failed.message().contains("circuit breaker open"));
@@ -229,6 +232,222 @@ async fn a_dead_node_opens_its_own_breaker_and_the_other_node_keeps_deciding() {
         server.stat("ratelimit.memcache.breaker_opened").await,
         Some(1)
     );
+}
+
+/// Users whose yearly counter is on the first of two nodes, and those on the second
+/// (yearly: a user's node cannot change during a test).
+fn yearly_users_by_node() -> (Vec<String>, Vec<String>) {
+    let home = |user: &String| {
+        let key = format!("m_yearly_{user}_{}", yearly_window_start());
+        crc32fast::hash(key.as_bytes()) as usize % 2
+    };
+    (0..60)
+        .map(|i| format!("y{i}"))
+        .partition(|user| home(user) == 0)
+}
+
+/// Sends `requests` all at once over eight client connections; the answers, in order.
+async fn all_at_once(
+    server: &Server,
+    requests: Vec<RateLimitRequest>,
+) -> Vec<Result<RateLimitResponse, tonic::Status>> {
+    let mut clients = Vec::new();
+    for _ in 0..8 {
+        clients.push(server.client().await);
+    }
+    let calls: Vec<_> = requests
+        .into_iter()
+        .enumerate()
+        .map(|(i, request)| {
+            let mut client = clients[i % clients.len()].clone();
+            tokio::spawn(async move {
+                let answer = client.should_rate_limit(request).await;
+                answer.map(tonic::Response::into_inner)
+            })
+        })
+        .collect();
+    let mut answers = Vec::new();
+    for call in calls {
+        answers.push(call.await.unwrap());
+    }
+    answers
+}
+
+/// A request for `user` under the `burst` limit (20 an hour), adding `hits`.
+fn burst(user: &str, hits: u32) -> RateLimitRequest {
+    RateLimitRequest {
+        hits_addend: hits,
+        ..request("m", &[&[("burst", user)]])
+    }
+}
+
+#[tokio::test]
+async fn concurrent_requests_on_a_worker_share_one_connection_per_node() {
+    let nodes = [Memcached::start(), Memcached::start()];
+    let server = server_with(&[&nodes[0], &nodes[1]], vec![("GRPC_WORKERS", "1".into())]);
+    let requests = (0..400).map(|i| burst(&format!("c{i}"), 1)).collect();
+    let answers = all_at_once(&server, requests).await;
+    assert!(
+        answers
+            .iter()
+            .all(|a| a.as_ref().unwrap().overall_code == 1)
+    );
+    // Every node got its share of the keys, over one connection.
+    for node in &nodes {
+        assert_eq!(
+            node.accepted(),
+            1,
+            "connections node {} accepted",
+            node.port
+        );
+        assert!(
+            node.stat("incr_misses") > 100,
+            "node {} got its keys",
+            node.port
+        );
+    }
+}
+
+#[tokio::test]
+async fn replies_are_matched_to_their_requests_under_concurrency() {
+    let nodes = [Memcached::start(), Memcached::start()];
+    let server = server_with(&[&nodes[0], &nodes[1]], vec![("GRPC_WORKERS", "1".into())]);
+    // Each user adds its own number of hits: a reply handed to another request would
+    // show as another remaining count.
+    let hits = |i: u32| 1 + i % 19;
+    for round in 0..2 {
+        let requests = (0..300).map(|i| burst(&format!("m{i}"), hits(i))).collect();
+        let answers = all_at_once(&server, requests).await;
+        for (i, answer) in (0..).zip(answers) {
+            let answer = answer.unwrap();
+            let total = hits(i) * (round + 1);
+            let expected = match total <= 20 {
+                true => (1, 20 - total),
+                false => (2, 0),
+            };
+            assert_eq!(codes(&answer), [expected], "user m{i}, round {round}");
+        }
+    }
+    let start = window_start(3600);
+    for i in 0..300 {
+        let key = format!("m_burst_m{i}_{start}");
+        let home = &nodes[crc32fast::hash(key.as_bytes()) as usize % 2];
+        assert_eq!(home.get(&key), Some((2 * hits(i)).to_string()), "{key}");
+    }
+}
+
+#[tokio::test]
+async fn a_frozen_node_fails_waiting_requests_by_the_deadline_and_its_connection_recovers() {
+    let node = Memcached::start();
+    let server = server_with(
+        &[&node],
+        vec![
+            ("GRPC_WORKERS", "1".into()),
+            ("MEMCACHE_TIMEOUT", "300ms".into()),
+            ("BACKEND_BREAKER_FAILURES", "1000".into()),
+        ],
+    );
+    let mut client = server.client().await;
+    assert_eq!(
+        ask(&mut client, "m", &[&[("user", "f")]])
+            .await
+            .overall_code,
+        1
+    );
+    node.freeze();
+    let started = Instant::now();
+    let requests = (0..20).map(|i| burst(&format!("f{i}"), 1)).collect();
+    for answer in all_at_once(&server, requests).await {
+        let failed = answer.unwrap_err();
+        assert_eq!(failed.code(), Code::Unavailable, "{failed:?}");
+    }
+    assert!(
+        started.elapsed() < Duration::from_millis(1500),
+        "{:?}",
+        started.elapsed()
+    );
+    // The late connection is failed as a whole, and the next request opens another.
+    let late = support::eventually(Duration::from_secs(3), || async {
+        server.log().contains("no reply within MEMCACHE_TIMEOUT")
+    })
+    .await;
+    assert!(late, "{}", server.log());
+    node.thaw();
+    assert_eq!(
+        ask(&mut client, "m", &[&[("user", "f")]])
+            .await
+            .overall_code,
+        1
+    );
+    assert_eq!(node.accepted(), 2);
+}
+
+#[tokio::test]
+async fn a_connection_cut_mid_pipeline_fails_only_the_requests_in_flight() {
+    let (cut, other) = (Memcached::start(), Memcached::start());
+    let server = server_with(
+        &[&cut, &other],
+        vec![
+            ("GRPC_WORKERS", "1".into()),
+            ("MEMCACHE_TIMEOUT", "10s".into()),
+            ("BACKEND_BREAKER_FAILURES", "1000".into()),
+        ],
+    );
+    let (on_cut, on_other) = yearly_users_by_node();
+    let yearly = |user: &String| request("m", &[&[("yearly", user)]]);
+    let mut client = server.client().await;
+    for user in [&on_cut[0], &on_other[0]] {
+        assert_eq!(
+            client
+                .should_rate_limit(yearly(user))
+                .await
+                .unwrap()
+                .into_inner()
+                .overall_code,
+            1
+        );
+    }
+    // Requests wait on the frozen node's connection when it is cut.
+    cut.freeze();
+    let in_flight: Vec<_> = on_cut[1..11].iter().map(yearly).collect();
+    let waiting = {
+        let server_client = server.client().await;
+        tokio::spawn(async move {
+            let mut answers = Vec::new();
+            let calls = in_flight.into_iter().map(|request| {
+                let mut client = server_client.clone();
+                tokio::spawn(async move { client.should_rate_limit(request).await })
+            });
+            for call in calls.collect::<Vec<_>>() {
+                answers.push(call.await.unwrap());
+            }
+            answers
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let answer = client.should_rate_limit(yearly(&on_other[1])).await;
+    assert_eq!(
+        answer.unwrap().into_inner().overall_code,
+        1,
+        "the other node decides"
+    );
+    let cut_at = Instant::now();
+    cut.cut_connections();
+    for answer in waiting.await.unwrap() {
+        let failed = answer.unwrap_err();
+        assert_eq!(failed.code(), Code::Unavailable, "{failed:?}");
+        assert!(failed.message().contains("memcached"), "{failed:?}");
+    }
+    assert!(
+        cut_at.elapsed() < Duration::from_secs(2),
+        "{:?}",
+        cut_at.elapsed()
+    );
+    cut.thaw();
+    // The next request opens a new connection at once.
+    let answer = client.should_rate_limit(yearly(&on_cut[0])).await;
+    assert_eq!(answer.unwrap().into_inner().overall_code, 1);
+    assert_eq!((cut.accepted(), other.accepted()), (2, 1));
 }
 
 #[tokio::test]

@@ -3,9 +3,13 @@
 use std::io::{BufRead, BufReader, Write};
 use std::net::TcpStream;
 use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use crate::free_port;
+
+/// The connections a start makes to see that memcached listens.
+const STARTUP_PROBES: u64 = 1;
 
 /// A running `memcached`.
 pub struct Memcached {
@@ -14,6 +18,9 @@ pub struct Memcached {
     pub port: u16,
     /// Extra arguments (TLS), kept for restarts.
     extra: Vec<String>,
+    /// Connections this helper opened since the start (to see that it listens, to read
+    /// keys and statistics).
+    probes: AtomicU64,
 }
 
 impl Memcached {
@@ -46,6 +53,7 @@ impl Memcached {
             child: Memcached::spawn(port, &extra),
             port,
             extra,
+            probes: AtomicU64::new(STARTUP_PROBES),
         }
     }
 
@@ -75,11 +83,64 @@ impl Memcached {
     pub fn restart(&mut self) {
         self.kill();
         self.child = Memcached::spawn(self.port, &self.extra);
+        self.probes.store(STARTUP_PROBES, Ordering::Relaxed);
+    }
+
+    /// Freezes it (SIGSTOP): connections stay open and nothing answers.
+    pub fn freeze(&self) {
+        self.signal("-STOP");
+    }
+
+    /// Lets it run again (SIGCONT).
+    pub fn thaw(&self) {
+        self.signal("-CONT");
+    }
+
+    fn signal(&self, signal: &str) {
+        let status = Command::new("kill")
+            .args([signal, &self.child.id().to_string()])
+            .status()
+            .expect("kill runs");
+        assert!(status.success(), "kill {signal} memcached");
+    }
+
+    /// Closes every client's connection to it (`ss -K`, as root), as a network fault
+    /// would: the clients' sockets are aborted, the server keeps running.
+    pub fn cut_connections(&self) {
+        let output = Command::new("ss")
+            .args([
+                "-K",
+                "-t",
+                "dst",
+                "127.0.0.1",
+                "dport",
+                "=",
+                &self.port.to_string(),
+            ])
+            .output()
+            .expect("ss (iproute2, which scripts/test.sh installs) runs");
+        assert!(
+            String::from_utf8_lossy(&output.stdout).contains(&format!(":{}", self.port)),
+            "ss -K closed a connection to {}: {output:?}",
+            self.port
+        );
+    }
+
+    /// The connections it accepted since it started, besides this helper's own.
+    pub fn accepted(&self) -> u64 {
+        // memcached counts its listening socket as one.
+        self.stat("total_connections") - 1 - self.probes.load(Ordering::Relaxed)
+    }
+
+    /// A connection of this helper's.
+    fn connect(&self) -> TcpStream {
+        self.probes.fetch_add(1, Ordering::Relaxed);
+        TcpStream::connect(("127.0.0.1", self.port)).unwrap()
     }
 
     /// The value of `key`, if it is there.
     pub fn get(&self, key: &str) -> Option<String> {
-        let mut stream = TcpStream::connect(("127.0.0.1", self.port)).unwrap();
+        let mut stream = self.connect();
         write!(stream, "get {key}\r\n").unwrap();
         let mut reader = BufReader::new(stream);
         let mut line = String::new();
@@ -94,7 +155,7 @@ impl Memcached {
 
     /// The server's `stats` line `name`.
     pub fn stat(&self, name: &str) -> u64 {
-        let mut stream = TcpStream::connect(("127.0.0.1", self.port)).unwrap();
+        let mut stream = self.connect();
         stream.write_all(b"stats\r\n").unwrap();
         let reader = BufReader::new(stream);
         for line in reader.lines() {
