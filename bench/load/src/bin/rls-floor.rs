@@ -45,15 +45,21 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     Ok(())
 }
 
+/// A listener on `address`; `shared` lets the other threads' listeners take the port too.
 fn listener(address: SocketAddr, shared: bool) -> std::io::Result<std::net::TcpListener> {
-    let socket = Socket::new(
-        Domain::for_address(address),
-        Type::STREAM,
-        Some(Protocol::TCP),
-    )?;
-    socket.set_reuse_address(true)?;
-    socket.set_reuse_port(shared)?;
-    socket.set_nonblocking(true)?;
+    let domain = if address.is_ipv4() {
+        Domain::IPV4
+    } else {
+        Domain::IPV6
+    };
+    let socket = Socket::new(domain, Type::STREAM, Some(Protocol::TCP))?;
+    for (set, on) in [
+        (Socket::set_reuse_address as fn(&Socket, bool) -> _, true),
+        (Socket::set_reuse_port, shared),
+        (Socket::set_nonblocking, true),
+    ] {
+        set(&socket, on)?;
+    }
     socket.bind(&address.into())?;
     socket.listen(1024)?;
     Ok(socket.into())
@@ -96,7 +102,7 @@ fn framed_ok() -> Bytes {
 }
 
 fn answer(message: Bytes) -> Response<OneMessage> {
-    let mut response = Response::new(OneMessage(Some(message), true));
+    let mut response = Response::new(OneMessage::Message(message));
     response.headers_mut().insert(
         http::header::CONTENT_TYPE,
         HeaderValue::from_static("application/grpc"),
@@ -105,28 +111,37 @@ fn answer(message: Bytes) -> Response<OneMessage> {
 }
 
 /// One data frame, then the `grpc-status: 0` trailers.
-struct OneMessage(Option<Bytes>, bool);
+enum OneMessage {
+    Message(Bytes),
+    Trailers,
+    Done,
+}
 
 impl http_body::Body for OneMessage {
     type Data = Bytes;
     type Error = Infallible;
 
     fn poll_frame(
-        mut self: Pin<&mut Self>,
+        self: Pin<&mut Self>,
         _: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
-        if let Some(message) = self.0.take() {
-            return Poll::Ready(Some(Ok(Frame::data(message))));
-        }
-        if std::mem::take(&mut self.1) {
-            let mut trailers = HeaderMap::with_capacity(1);
-            trailers.insert("grpc-status", HeaderValue::from_static("0"));
-            return Poll::Ready(Some(Ok(Frame::trailers(trailers))));
-        }
-        Poll::Ready(None)
+        let this = self.get_mut();
+        let frame = match std::mem::replace(this, OneMessage::Done) {
+            OneMessage::Message(message) => {
+                *this = OneMessage::Trailers;
+                Frame::data(message)
+            }
+            OneMessage::Trailers => {
+                let mut trailers = HeaderMap::with_capacity(1);
+                trailers.insert("grpc-status", HeaderValue::from_static("0"));
+                Frame::trailers(trailers)
+            }
+            OneMessage::Done => return Poll::Ready(None),
+        };
+        Poll::Ready(Some(Ok(frame)))
     }
 
     fn is_end_stream(&self) -> bool {
-        self.0.is_none() && !self.1
+        matches!(self, OneMessage::Done)
     }
 }
