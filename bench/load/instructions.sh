@@ -5,6 +5,7 @@
 # requests, the counters are reset, then it sends COUNT more, and the instructions of
 # those COUNT requests, divided by COUNT, are the figure (start-up and warm-up left out).
 #   bench/load/instructions.sh [COUNT=40000] [WARM=4000] [SERVERS...]
+# KEEP=DIR keeps the callgrind files (for callgrind_annotate).
 # SERVERS: floor tonic memory redis memcache (default: all that can run here).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
@@ -16,13 +17,16 @@ SERVERS=("$@")
 cargo build --quiet --release -p ratelimit-sidecar -p ratelimit-load-bench
 BIN=target/release
 WORK="$(mktemp -d)"
-trap 'kill $(jobs -p) 2>/dev/null || true; wait 2>/dev/null || true; rm -rf "$WORK"' EXIT
+trap 'kill $(jobs -p) 2>/dev/null || true; wait 2>/dev/null || true; [ -n "${KEEP:-}" ] && cp "$WORK"/callgrind.* "$KEEP"/ 2>/dev/null; rm -rf "$WORK"' EXIT
 . bench/common.sh
 bench_rules "$WORK/current/config"
 "$BIN/rls-load" --frame "$WORK/frame.bin"
 
+# valgrind names the pipes callgrind_control talks through after $HOST, which the sidecar
+# reads as its HTTP address: the same value everywhere keeps the two in step.
+export HOST=127.0.0.1
 SIDECAR=(env RUNTIME_ROOT="$WORK/current" RUNTIME_SUBDIRECTORY= USE_STATSD=false LOG_LEVEL=error
-	DISABLE_STATS=true GRPC_WORKERS=1 HOST=127.0.0.1 DEBUG_HOST=127.0.0.1 GRPC_HOST=127.0.0.1)
+	DISABLE_STATS=true GRPC_WORKERS=1 DEBUG_HOST=127.0.0.1 GRPC_HOST=127.0.0.1)
 
 load() { # port count
 	h2load -n "$2" -c 4 -m 16 -t 1 -d "$WORK/frame.bin" \
@@ -36,16 +40,21 @@ measure() { # name command... (@PORT@ is the gRPC port)
 	shift
 	port=$(free_port)
 	for arg in "$@"; do command+=("${arg//@PORT@/$port}"); done
-	local out="$WORK/callgrind.$name"
-	valgrind --tool=callgrind --trace-children=yes --callgrind-out-file="$out.%p" "${command[@]}" 2>"$WORK/valgrind.$name" &
-	local pid=$!
+	local out="$WORK/callgrind.$name" i=0
+	# valgrind goes after `env` and its assignments, straight before the server.
+	while [ "${command[$i]}" = env ] || [[ "${command[$i]}" == *=* ]]; do i=$((i + 1)); done
+	command=("${command[@]:0:$i}" valgrind --tool=callgrind --callgrind-out-file="$out.%p" "${command[@]:$i}")
+	"${command[@]}" 2>"$WORK/valgrind.$name" &
+	local job=$! pid
 	wait_port "$port" 1200
+	# The process valgrind runs the server in (its launcher may be another process).
+	pid=$(pgrep -n -f "valgrind.*--callgrind-out-file=$out")
 	load "$port" "$WARM"
 	callgrind_control -z "$pid" >/dev/null
 	load "$port" "$COUNT"
 	callgrind_control -d "$pid" >/dev/null
 	kill "$pid"
-	wait "$pid" 2>/dev/null || true
+	wait "$job" 2>/dev/null || true
 	# The dump taken after the counted requests: the highest-numbered part file.
 	local part
 	part=$(ls "$out".*.* 2>/dev/null | sort -t. -k3 -n | tail -n 1)
