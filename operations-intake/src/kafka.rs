@@ -1,18 +1,24 @@
-//! The Kafka side: an idempotent `acks=all` producer, replaced by a new one when it
-//! cannot go on, and the broker's health as last seen by a background probe, so neither
+//! The Kafka side: a transactional `acks=all` producer, replaced by a new one when it
+//! cannot go on, a read-back of the topic for retries whose first attempt was not
+//! acknowledged, and the broker's health as last seen by a background probe, so neither
 //! `/health` nor a POST waits on a dead broker.
 
+mod commit;
 mod producer;
+mod readback;
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use bytes::Bytes;
 use rdkafka::config::ClientConfig;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{Header, OwnedHeaders};
-use rdkafka::producer::{FutureRecord, Producer};
+use rdkafka::producer::Producer;
 use serde::Serialize;
+use tokio::sync::{mpsc, oneshot};
 
+use commit::{Bounds, Committer, Job};
 use producer::{Producers, Shared};
 
 /// How often the background probe asks the broker for metadata.
@@ -54,9 +60,49 @@ pub enum ProduceError {
     /// The message is larger than the broker accepts: nothing was recorded.
     #[error("the batch is larger than the broker accepts ({0})")]
     TooLarge(String),
-    /// Sent, but not acknowledged: the broker may or may not have it.
+    /// Sent, but not acknowledged: the broker may or may not have it, at the place the
+    /// [`Unsettled`] names.
     #[error("{0}")]
-    Unacknowledged(String),
+    Unacknowledged(String, Unsettled),
+}
+
+/// A batch sent but not acknowledged: where it would be, and which producer sent it.
+/// Once that producer is fenced, reading the partition from `from` tells whether it is
+/// there.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Unsettled {
+    /// The partition it was sent to.
+    pub partition: i32,
+    /// No offset below this one can hold it.
+    pub from: i64,
+    /// The producer generation that sent it, in that process.
+    pub generation: u64,
+    /// When the attempt was given up, in milliseconds since the epoch.
+    pub since_ms: u64,
+    /// The process that sent it: its transactional id and a number of its own run.
+    pub producer: String,
+}
+
+impl Unsettled {
+    /// As text, for the idempotency store.
+    pub fn note(&self) -> String {
+        format!(
+            "{} {} {} {} {}",
+            self.partition, self.from, self.generation, self.since_ms, self.producer
+        )
+    }
+
+    /// From [`Unsettled::note`]'s text.
+    pub fn from_note(note: &str) -> Option<Unsettled> {
+        let mut parts = note.splitn(5, ' ');
+        Some(Unsettled {
+            partition: parts.next()?.parse().ok()?,
+            from: parts.next()?.parse().ok()?,
+            generation: parts.next()?.parse().ok()?,
+            since_ms: parts.next()?.parse().ok()?,
+            producer: parts.next()?.to_owned(),
+        })
+    }
 }
 
 /// Where an acknowledged batch landed.
@@ -87,10 +133,29 @@ pub const CONTENT_TYPE: &str = "application/json";
 
 /// The producer and the broker's last known health.
 pub struct Kafka {
-    producers: Producers,
+    producers: Arc<Producers>,
     shared: Arc<Shared>,
     topic: String,
     health_timeout: Duration,
+    delivery_timeout: Duration,
+    /// How long another process's transaction may stay open before the broker aborts it.
+    transaction_timeout: Duration,
+    jobs: mpsc::Sender<Job>,
+    bounds: Arc<Bounds>,
+    /// Who sends, as [`Unsettled::producer`] names it.
+    identity: String,
+    /// The client configuration a read-back consumer starts from.
+    readback: ClientConfig,
+}
+
+/// `health`, seen up with the topic's `partitions`.
+fn up(health: &BrokerHealth, partitions: usize) -> BrokerHealth {
+    BrokerHealth {
+        status: "UP",
+        partitions: Some(partitions),
+        reason: None,
+        ..health.clone()
+    }
 }
 
 fn down(health: &BrokerHealth, reason: String) -> BrokerHealth {
@@ -105,7 +170,7 @@ fn down(health: &BrokerHealth, reason: String) -> BrokerHealth {
 /// librdkafka properties the service sets itself, because its promises rest on them: no
 /// loss (`acks=all`), no duplicates from producer retries (idempotence), a 503 at the
 /// delivery timeout, and no topic created by accident.
-pub const MANAGED_PROPERTIES: [&str; 8] = [
+pub const MANAGED_PROPERTIES: [&str; 10] = [
     "bootstrap.servers",
     "metadata.broker.list",
     "enable.idempotence",
@@ -114,6 +179,8 @@ pub const MANAGED_PROPERTIES: [&str; 8] = [
     "message.timeout.ms",
     "delivery.timeout.ms",
     "allow.auto.create.topics",
+    "transactional.id",
+    "transaction.timeout.ms",
 ];
 
 /// Why the producer could not be made.
@@ -121,7 +188,7 @@ pub const MANAGED_PROPERTIES: [&str; 8] = [
 pub enum SetupError {
     /// A property the service manages was given.
     #[error(
-        "the librdkafka property `{0}` is set by the service (use KAFKA_BOOTSTRAP_SERVERS or KAFKA_DELIVERY_TIMEOUT); remove it from KAFKA_PROPERTIES"
+        "the librdkafka property `{0}` is set by the service (use KAFKA_BOOTSTRAP_SERVERS, KAFKA_DELIVERY_TIMEOUT, KAFKA_TRANSACTIONAL_ID or IDEMPOTENCY_CLAIM_TTL); remove it from KAFKA_PROPERTIES"
     )]
     Managed(String),
     /// librdkafka refused the configuration.
@@ -144,16 +211,26 @@ pub struct ProducerSettings<'a> {
     pub health_timeout: Duration,
     /// Largest message value the service will send.
     pub max_value_bytes: usize,
+    /// The producer's `transactional.id`: stable for this replica, unique in the fleet.
+    pub transactional_id: &'a str,
+    /// How long a transaction may stay open before the broker aborts it (and fences its
+    /// producer): the longest another replica waits before reading back a batch this
+    /// one did not settle.
+    pub transaction_timeout: Duration,
 }
+
+/// Batches waiting for a transaction, at most.
+const QUEUED_JOBS: usize = 4096;
 
 /// Room for the key, headers and batch framing around a value.
 const MESSAGE_OVERHEAD: usize = 64 * 1024;
 
 impl Kafka {
-    /// A producer with the service's guarantees (idempotence, `acks=all`,
+    /// A producer with the service's guarantees (transactions, `acks=all`,
     /// `message.timeout.ms` from the delivery timeout, no topic auto-creation) and the
-    /// extra properties, which may not touch [`MANAGED_PROPERTIES`].
-    pub fn new(settings: &ProducerSettings<'_>) -> Result<Kafka, SetupError> {
+    /// extra properties, which may not touch [`MANAGED_PROPERTIES`]; and the task that
+    /// commits its transactions (so this runs inside the tokio runtime).
+    pub fn new(settings: &ProducerSettings<'_>) -> Result<Arc<Kafka>, SetupError> {
         if let Some((name, _)) = settings
             .properties
             .iter()
@@ -161,6 +238,11 @@ impl Kafka {
         {
             return Err(SetupError::Managed(name.clone()));
         }
+        let mut common = ClientConfig::new();
+        for (name, value) in settings.properties {
+            common.set(name, value);
+        }
+        common.set("bootstrap.servers", settings.bootstrap_servers);
         let mut config = ClientConfig::new();
         config.set("linger.ms", "2").set(
             "message.max.bytes",
@@ -168,18 +250,19 @@ impl Kafka {
         );
         // The producer's statistics show an epoch bumped again and again (see `producer`).
         config.set("statistics.interval.ms", producer::STATISTICS_INTERVAL_MS);
-        for (name, value) in settings.properties {
+        for (name, value) in common.config_map() {
             config.set(name, value);
         }
         config
-            .set("bootstrap.servers", settings.bootstrap_servers)
             .set("enable.idempotence", "true")
             .set("acks", "all")
             .set("allow.auto.create.topics", "false")
+            .set("transactional.id", settings.transactional_id)
             .set(
-                "message.timeout.ms",
-                settings.delivery_timeout.as_millis().max(1).to_string(),
-            );
+                "transaction.timeout.ms",
+                millis(settings.transaction_timeout.max(settings.delivery_timeout)),
+            )
+            .set("message.timeout.ms", millis(settings.delivery_timeout));
         let shared = Arc::new(Shared::new(BrokerHealth {
             status: "DOWN",
             bootstrap_servers: settings.bootstrap_servers.to_owned(),
@@ -189,12 +272,35 @@ impl Kafka {
         }));
         // A replaced producer has as long as a delivery may take to finish its own.
         let retire_timeout = settings.delivery_timeout + Duration::from_secs(1);
-        Ok(Kafka {
-            producers: Producers::new(config, shared.clone(), retire_timeout)?,
+        let producers = Arc::new(Producers::new(config, shared.clone(), retire_timeout)?);
+        let identity = format!(
+            "{}#{}",
+            settings.transactional_id,
+            uuid::Uuid::new_v4().simple()
+        );
+        let (jobs, queued) = mpsc::channel(QUEUED_JOBS);
+        let bounds = Arc::new(Bounds::default());
+        let committer = Committer {
+            producers: producers.clone(),
+            shared: shared.clone(),
+            bounds: bounds.clone(),
+            topic: settings.topic.to_owned(),
+            timeout: settings.delivery_timeout,
+            identity: identity.clone(),
+        };
+        tokio::spawn(committer.run(queued));
+        Ok(Arc::new(Kafka {
+            producers,
             shared,
             topic: settings.topic.to_owned(),
             health_timeout: settings.health_timeout,
-        })
+            delivery_timeout: settings.delivery_timeout,
+            transaction_timeout: settings.transaction_timeout,
+            jobs,
+            bounds,
+            identity,
+            readback: readback::config(common),
+        }))
     }
 
     /// The broker as last seen.
@@ -223,12 +329,9 @@ impl Kafka {
         let current = self.shared.health.load_full();
         let next = match tokio::time::timeout(timeout + Duration::from_millis(100), asked).await {
             Ok(Ok(Ok(metadata))) => match metadata.topics().first() {
-                Some(t) if t.error().is_none() && !t.partitions().is_empty() => BrokerHealth {
-                    status: "UP",
-                    partitions: Some(t.partitions().len()),
-                    reason: None,
-                    ..(*current).clone()
-                },
+                Some(t) if t.error().is_none() && !t.partitions().is_empty() => {
+                    up(&current, t.partitions().len())
+                }
                 Some(t) => down(
                     &current,
                     match t.error() {
@@ -279,11 +382,14 @@ impl Kafka {
         }
     }
 
-    /// Produces one batch and waits for the broker's acknowledgement. A failure that
-    /// leaves the producer unusable marks the service down at once, before the answer,
-    /// and the next probe replaces the producer.
-    pub async fn produce(&self, value: &[u8], meta: MessageMeta<'_>) -> Result<Ack, ProduceError> {
+    /// Produces one batch and waits for the broker's acknowledgement: it goes in the
+    /// next transaction, with the batches that come meanwhile. A failure that leaves the
+    /// producer unusable marks the service down at once, before the answer, and the next
+    /// probe replaces the producer.
+    pub async fn produce(&self, value: &Bytes, meta: MessageMeta<'_>) -> Result<Ack, ProduceError> {
         self.available()?;
+        let partitions = self.shared.health.load().partitions.unwrap_or(1);
+        let partition = partition_for(meta.key, partitions);
         let headers = OwnedHeaders::new_with_capacity(4)
             .insert(Header {
                 key: "request-id",
@@ -301,46 +407,95 @@ impl Kafka {
                 key: "content-type",
                 value: Some(CONTENT_TYPE),
             });
-        let record = FutureRecord::to(&self.topic)
-            .key(meta.key)
-            .payload(value)
-            .headers(headers);
-        // Held until the answer, so a replaced producer stays open for this delivery.
-        let generation = self.producers.current();
-        let delivery = match generation.producer.send_result(record) {
-            Ok(delivery) => delivery,
-            Err((error, _)) => {
-                self.producers.check(&generation, Some(&error));
-                return Err(refused(&error));
-            }
+        let (reply, answer) = oneshot::channel();
+        let job = Job {
+            value: value.clone(),
+            key: meta.key.to_owned(),
+            headers,
+            partition,
+            from: self.bounds.get(partition),
+            reply,
         };
-        match delivery.await {
-            Ok(Ok(done)) => {
-                generation.acknowledged();
-                Ok(Ack {
-                    partition: done.partition,
-                    offset: done.offset,
-                })
-            }
-            Ok(Err((error, _))) => {
-                self.producers.check(&generation, Some(&error));
-                Err(match error.rdkafka_error_code() {
-                    Some(RDKafkaErrorCode::MessageSizeTooLarge) => {
-                        ProduceError::TooLarge(error.to_string())
-                    }
-                    _ => ProduceError::Unacknowledged(error.to_string()),
-                })
-            }
-            Err(_) => Err(ProduceError::Unacknowledged(
-                "the producer was closed before the broker answered".to_owned(),
-            )),
+        if let Err(error) = self.jobs.try_send(job) {
+            return Err(match error {
+                mpsc::error::TrySendError::Full(_) => ProduceError::QueueFull,
+                mpsc::error::TrySendError::Closed(_) => {
+                    ProduceError::Unavailable("the producer has stopped".to_owned())
+                }
+            });
         }
+        answer.await.unwrap_or_else(|_| {
+            Err(ProduceError::Unavailable(
+                "the producer stopped before sending the batch".to_owned(),
+            ))
+        })
+    }
+
+    /// Waits until the batch `unsettled` describes can no longer reach the topic: at once
+    /// when its producer is fenced already; for one of this process, until the producer
+    /// that replaced it is initialised, for at most the delivery timeout; for another
+    /// process's (another replica, or before a restart), until the broker has aborted
+    /// its transaction, [`ProducerSettings::transaction_timeout`] after it was given up.
+    pub async fn settle(&self, unsettled: &Unsettled) -> Result<(), String> {
+        if unsettled.producer != self.identity {
+            let now = SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+            let waited = Duration::from_millis(now.saturating_sub(unsettled.since_ms));
+            return if waited >= self.transaction_timeout {
+                Ok(())
+            } else {
+                Err(format!(
+                    "it was sent by another process ({}), whose transaction the broker aborts within {:?} of the attempt",
+                    unsettled.producer,
+                    self.transaction_timeout - waited
+                ))
+            };
+        }
+        let deadline = tokio::time::Instant::now() + self.delivery_timeout;
+        while !self.shared.is_fenced(unsettled.generation) {
+            if tokio::time::Instant::now() >= deadline {
+                return Err(
+                    "the producer that sent it is not fenced yet: no new producer has initialised its transactions with the broker"
+                        .to_owned(),
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        Ok(())
+    }
+
+    /// Reads the partition of `unsettled` back from its `from` offset to its end, for a
+    /// message with `key`: where it is, or `None`. Only meaningful once
+    /// [`Kafka::settle`] returned.
+    pub async fn find(&self, unsettled: &Unsettled, key: &str) -> Result<Option<Ack>, String> {
+        let (config, topic, key) = (self.readback.clone(), self.topic.clone(), key.to_owned());
+        let (partition, from, timeout) =
+            (unsettled.partition, unsettled.from, self.delivery_timeout);
+        tokio::task::spawn_blocking(move || {
+            readback::find(&config, &topic, partition, from, key.as_bytes(), timeout)
+        })
+        .await
+        .map_err(|e| format!("the read-back failed: {e}"))?
     }
 
     /// Waits up to `timeout` for every queued message to be acknowledged.
     pub fn flush(&self, timeout: Duration) -> Result<(), KafkaError> {
         self.producers.current().producer.flush(timeout)
     }
+}
+
+/// The partition of the batch with message `key`, among `partitions`: FNV-1a of the key.
+/// The service chooses it itself so that an unacknowledged batch's partition is known.
+fn partition_for(key: &str, partitions: usize) -> i32 {
+    let hash = key.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |hash, byte| {
+        (hash ^ u64::from(byte)).wrapping_mul(0x0100_0000_01b3)
+    });
+    i32::try_from(hash % partitions.max(1) as u64).unwrap_or(0)
+}
+
+fn millis(duration: Duration) -> String {
+    duration.as_millis().max(1).to_string()
 }
 
 /// The error for a message librdkafka would not even queue.

@@ -24,7 +24,7 @@ use crate::auth::{self, Caller, Client, Scopes};
 use crate::batch::{self, Batch, Rejection};
 use crate::health;
 use crate::idempotency::{self, Claim, Pending};
-use crate::kafka::{MessageMeta, ProduceError};
+use crate::kafka::{Ack, MessageMeta, ProduceError, Unsettled};
 use crate::limits::{LimitHeaders, Verdict};
 use crate::problem::{self, Style};
 use crate::request::{self, client_header, peer_id, read_body};
@@ -164,23 +164,31 @@ where
         .clone()
         .unwrap_or_else(|| uuid::Uuid::new_v4().to_string());
     let message_key = idempotency::scoped(&client.id, &id);
-    let pending = match claim(app, key.is_some(), &message_key, &body).await? {
+    let (pending, earlier) = match claim(app, key.is_some(), &message_key, &body).await? {
         Claimed::Replay(reply) => return Ok(reply),
-        Claimed::Held(pending) => pending,
+        Claimed::Held(pending, earlier) => (pending, earlier),
     };
     let batch_id = BatchId {
         id: &id,
         key: &message_key,
         client_id: &client.id,
     };
-    let answer = if batch.count == 0 {
-        Ok(answer::nothing_to_do())
-    } else {
-        limit_and_produce(app, &body, &batch, batch_id, received).await
+    let (answer, unsettled) = match earlier {
+        _ if batch.count == 0 => (Ok(answer::nothing_to_do()), None),
+        Some(note) => retry_unsure(app, &note, &body, &batch, batch_id, received).await,
+        None => limit_and_produce(app, &body, &batch, batch_id, received).await,
     };
     // An unfinished claim is released when dropped, so a refused batch can be retried.
-    if let (Some(pending), Ok(reply)) = (pending, &answer) {
-        pending.finish(reply.body().clone()).await;
+    match (pending, &answer, unsettled) {
+        (Some(pending), Ok(reply), _) => pending.finish(reply.body().clone()).await,
+        (Some(pending), Err(_), Some(unsettled)) => pending.unsure(unsettled.note()).await,
+        // The 503 gives the id to retry with as Idempotency-Key: that retry must look too.
+        (None, Err(_), Some(unsettled)) => {
+            if let Ok(Claim::New(pending)) = app.idempotency.claim(&message_key, &body).await {
+                pending.unsure(unsettled.note()).await;
+            }
+        }
+        _ => {}
     }
     answer
 }
@@ -246,8 +254,9 @@ fn validate(
 
 /// What the idempotency store said about a request.
 enum Claimed<'a> {
-    /// Go on, holding the key if there is one.
-    Held(Option<Pending<'a>>),
+    /// Go on, holding the key if there is one; with the note of an earlier attempt that
+    /// was not acknowledged, if there was one.
+    Held(Option<Pending<'a>>, Option<String>),
     /// The remembered answer.
     Replay(Reply),
 }
@@ -260,10 +269,11 @@ async fn claim<'a>(
     body: &[u8],
 ) -> Result<Claimed<'a>, Failure> {
     if !keyed {
-        return Ok(Claimed::Held(None));
+        return Ok(Claimed::Held(None, None));
     }
     match app.idempotency.claim(message_key, body).await {
-        Ok(Claim::New(pending)) => Ok(Claimed::Held(Some(pending))),
+        Ok(Claim::New(pending)) => Ok(Claimed::Held(Some(pending), None)),
+        Ok(Claim::Unsure(pending, note)) => Ok(Claimed::Held(Some(pending), Some(note))),
         Ok(Claim::Replay(answer)) => {
             app.metrics.idempotent_replays.add(1);
             // Only acceptances are remembered: the replay has the first answer's status.
@@ -301,6 +311,71 @@ struct BatchId<'a> {
     client_id: &'a str,
 }
 
+/// An answer, and where its batch may be when it was sent but not acknowledged.
+type Outcome = (Result<Reply, Failure>, Option<Unsettled>);
+
+/// The answer to a retry whose earlier attempt was not acknowledged: once that attempt
+/// can no longer reach the topic, from the topic if it is there, else from producing the
+/// batch now.
+async fn retry_unsure(
+    app: &App,
+    note: &str,
+    body: &Bytes,
+    batch: &Batch,
+    batch_id: BatchId<'_>,
+    received: SystemTime,
+) -> Outcome {
+    let Some(earlier) = Unsettled::from_note(note) else {
+        tracing::error!(
+            note,
+            key = batch_id.key,
+            "unreadable note of an unacknowledged batch"
+        );
+        return (
+            Err(not_settled(batch_id.id, "its record is unreadable")),
+            None,
+        );
+    };
+    if let Err(why) = app.kafka.settle(&earlier).await {
+        return (Err(not_settled(batch_id.id, &why)), None);
+    }
+    match app.kafka.find(&earlier, batch_id.key).await {
+        Ok(Some(ack)) => {
+            tracing::info!(
+                id = batch_id.id,
+                partition = ack.partition,
+                offset = ack.offset,
+                "an unacknowledged batch was on the topic; answered from there"
+            );
+            (Ok(accepted(batch_id.id, batch, ack)), None)
+        }
+        Ok(None) => limit_and_produce(app, body, batch, batch_id, received).await,
+        Err(why) => (Err(not_settled(batch_id.id, &why)), None),
+    }
+}
+
+/// The 503 for a retry whose earlier attempt could not be looked for yet.
+fn not_settled(id: &str, why: &str) -> Failure {
+    tracing::warn!(id, why, "an unacknowledged batch cannot be looked for yet");
+    Failure::new(
+        Kind::Unacknowledged,
+        format!(
+            "an earlier attempt with this Idempotency-Key was not acknowledged and cannot be looked for on the topic yet ({why}); it may or may not have been recorded. Retry with the header Idempotency-Key: {id}"
+        ),
+    )
+    .with_id(id)
+}
+
+/// The 202 for batch `id`, acknowledged at `ack`.
+fn accepted(id: &str, batch: &Batch, ack: Ack) -> Reply {
+    answer::accepted(&Accepted {
+        id,
+        count: batch.count,
+        partition: ack.partition,
+        offset: ack.offset,
+    })
+}
+
 /// The rate-limit check, then the message, for a valid batch.
 async fn limit_and_produce(
     app: &App,
@@ -308,10 +383,13 @@ async fn limit_and_produce(
     batch: &Batch,
     batch_id: BatchId<'_>,
     received: SystemTime,
-) -> Result<Reply, Failure> {
+) -> Outcome {
     // A known outage is answered before the batch counts against any limit.
     if let Err(error) = app.kafka.available() {
-        return Err(Failure::new(Kind::Unavailable, error.to_string()));
+        return (
+            Err(Failure::new(Kind::Unavailable, error.to_string())),
+            None,
+        );
     }
     let limit_headers = match app
         .limits
@@ -325,13 +403,14 @@ async fn limit_and_produce(
             violated,
         } => {
             app.metrics.limit_refusals.add(1);
-            return Err(over_limit(headers, retry, violated));
+            return (Err(over_limit(headers, retry, violated)), None);
         }
         Verdict::Unavailable => {
-            return Err(Failure::new(
+            let refusal = Failure::new(
                 Kind::Unavailable,
                 "the rate-limit service is unavailable; nothing was recorded",
-            ));
+            );
+            return (Err(refusal), None);
         }
     };
     let id = batch_id.id;
@@ -350,16 +429,18 @@ async fn limit_and_produce(
     // The limits counted the batch: a refusal now still says where they stand.
     let ack = match produced {
         Ok(ack) => ack,
-        Err(error) => return Err(produce_failure(error, id).with_limit_headers(limit_headers)),
+        Err(error) => {
+            let unsettled = match &error {
+                ProduceError::Unacknowledged(_, unsettled) => Some(unsettled.clone()),
+                _ => None,
+            };
+            let refusal = produce_failure(error, id).with_limit_headers(limit_headers);
+            return (Err(refusal), unsettled);
+        }
     };
-    let mut reply = answer::accepted(&Accepted {
-        id,
-        count: batch.count,
-        partition: ack.partition,
-        offset: ack.offset,
-    });
+    let mut reply = accepted(id, batch, ack);
     add_limit_headers(reply.headers_mut(), limit_headers);
-    Ok(reply)
+    (Ok(reply), None)
 }
 
 /// The 429 for a batch over the `violated` limits, with their headers.
@@ -389,12 +470,12 @@ fn produce_failure(error: ProduceError, id: &str) -> Failure {
             tracing::warn!(%error, id, "batch refused");
             Failure::new(Kind::Unavailable, error.to_string())
         }
-        ProduceError::Unacknowledged(why) => {
+        ProduceError::Unacknowledged(why, _) => {
             tracing::warn!(error = why, id, "batch not acknowledged");
             Failure::new(
                 Kind::Unacknowledged,
                 format!(
-                    "the broker did not acknowledge the operations ({why}); they may or may not have been recorded. Retry with the header Idempotency-Key: {id}; the id is also the message key, so consumers can drop a duplicate"
+                    "the broker did not acknowledge the operations ({why}); they may or may not have been recorded. Retry with the header Idempotency-Key: {id}: the retry looks for them on the topic before producing them again"
                 ),
             )
         }

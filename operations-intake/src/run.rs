@@ -173,14 +173,22 @@ pub async fn run(settings: Settings) -> Result<(), StartError> {
         || settings.kafka_bootstrap_servers.clone(),
         MockCluster::bootstrap_servers,
     );
-    let kafka = Arc::new(Kafka::new(&ProducerSettings {
+    let transactional_id = settings.kafka_transactional_id.clone().unwrap_or_else(|| {
+        let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
+        let host = host.trim();
+        let host = if host.is_empty() { "localhost" } else { host };
+        format!("operations-intake-{host}-{}", settings.port)
+    });
+    let kafka = Kafka::new(&ProducerSettings {
         bootstrap_servers: &bootstrap,
         topic: &settings.kafka_topic,
         properties: &properties,
         delivery_timeout: settings.kafka_delivery_timeout,
         health_timeout: settings.kafka_health_timeout,
         max_value_bytes: settings.max_body_bytes,
-    })?);
+        transactional_id: &transactional_id,
+        transaction_timeout: settings.idempotency_claim_ttl,
+    })?;
     let first = kafka.probe().await;
     if first.is_up() {
         tracing::info!(status = first.status, bootstrap_servers = %bootstrap, topic = %settings.kafka_topic, "Kafka probed");

@@ -113,6 +113,10 @@ pub struct Settings {
     /// How long `/health` waits for the broker's metadata answer.
     #[arg(long, env = "KAFKA_HEALTH_TIMEOUT", default_value = "1s", value_parser = duration)]
     pub kafka_health_timeout: Duration,
+    /// The producer's transactional.id: stable across restarts of this replica and unique
+    /// among replicas. Unset: operations-intake-<host name>-<PORT>
+    #[arg(long, env = "KAFKA_TRANSACTIONAL_ID")]
+    pub kafka_transactional_id: Option<String>,
     /// Start an in-process mock broker and produce to it. Nothing is durable: for trying
     /// the service out only.
     #[arg(long, env = "KAFKA_MOCK_BROKER", default_value_t = false, action = ArgAction::Set)]

@@ -3,8 +3,9 @@
 Usage: read_topic.py BOOTSTRAP TOPIC
 
 Partitions are assigned by hand and read from offset 0 up to their high watermark
-(consumer-group joins are slow on tansu). Keys and values are printed as hex so the
-caller compares bytes, not decoded text.
+(consumer-group joins are slow on tansu), with isolation.level=read_committed, as every
+consumer of the intake's topic must read (the intake produces in transactions). Keys and
+values are printed as hex so the caller compares bytes, not decoded text.
 """
 
 import json
@@ -19,6 +20,7 @@ consumer = Consumer({
     "group.id": "operations-intake-tests",
     "enable.auto.commit": False,
     "enable.partition.eof": True,
+    "isolation.level": "read_committed",
 })
 partitions = consumer.list_topics(topic, timeout=10).topics[topic].partitions
 remaining = set()

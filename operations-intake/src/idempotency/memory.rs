@@ -19,6 +19,9 @@ pub enum Found {
     InProgress,
     /// The key was used with a different body.
     Mismatch,
+    /// An earlier attempt was not acknowledged: the note says where it may be. The key is
+    /// now held, as with [`Found::New`]; released, it goes back to this state.
+    Unsure(String),
 }
 
 /// Remembered answers, by key.
@@ -37,7 +40,17 @@ struct State {
 
 struct Entry {
     body_hash: [u8; 32],
-    answer: Option<Bytes>,
+    state: Held,
+}
+
+/// Where a key stands.
+enum Held {
+    /// A request holds it; `unsure` is the note to go back to when it gives it up.
+    Claimed { unsure: Option<String> },
+    /// Answered.
+    Done(Bytes),
+    /// Not acknowledged: the note says where the batch may be.
+    Unsure(String),
 }
 
 impl Store {
@@ -54,19 +67,25 @@ impl Store {
     pub fn claim(&self, key: &str, body_hash: [u8; 32], now: Instant) -> Found {
         let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
         state.expire(now, self.ttl);
-        match state.entries.get(key) {
+        match state.entries.get_mut(key) {
             Some(entry) if entry.body_hash != body_hash => Found::Mismatch,
-            Some(Entry {
-                answer: Some(answer),
-                ..
-            }) => Found::Replay(answer.clone()),
-            Some(_) => Found::InProgress,
+            Some(entry) => match &entry.state {
+                Held::Done(answer) => Found::Replay(answer.clone()),
+                Held::Claimed { .. } => Found::InProgress,
+                Held::Unsure(note) => {
+                    let note = note.clone();
+                    entry.state = Held::Claimed {
+                        unsure: Some(note.clone()),
+                    };
+                    Found::Unsure(note)
+                }
+            },
             None => {
                 state.entries.insert(
                     key.to_owned(),
                     Entry {
                         body_hash,
-                        answer: None,
+                        state: Held::Claimed { unsure: None },
                     },
                 );
                 Found::New
@@ -76,9 +95,19 @@ impl Store {
 
     /// Remembers `answer` for a claimed key, from `now`.
     pub fn finish(&self, key: String, answer: Bytes, now: Instant) {
+        self.settle(key, Held::Done(answer), now);
+    }
+
+    /// Records that the batch of a claimed key was not acknowledged, with the `note`
+    /// saying where it may be, from `now`.
+    pub fn unsure(&self, key: String, note: String, now: Instant) {
+        self.settle(key, Held::Unsure(note), now);
+    }
+
+    fn settle(&self, key: String, next: Held, now: Instant) {
         let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(entry) = state.entries.get_mut(&key) {
-            entry.answer = Some(answer);
+            entry.state = next;
             state.order.push_back((now, key));
         }
         while state.order.len() > self.max_keys {
@@ -88,11 +117,20 @@ impl Store {
         }
     }
 
-    /// Forgets a claimed key that has no answer.
+    /// Gives up a claimed key: forgotten, or back to unsure if it was.
     pub fn release(&self, key: &str) {
         let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        if state.entries.get(key).is_some_and(|e| e.answer.is_none()) {
-            state.entries.remove(key);
+        let Some(entry) = state.entries.get_mut(key) else {
+            return;
+        };
+        match &mut entry.state {
+            Held::Claimed { unsure: Some(note) } => {
+                entry.state = Held::Unsure(std::mem::take(note))
+            }
+            Held::Claimed { unsure: None } => {
+                state.entries.remove(key);
+            }
+            Held::Done(_) | Held::Unsure(_) => {}
         }
     }
 }
@@ -142,6 +180,35 @@ mod tests {
         assert_eq!(store.claim("k", BODY, t0), Found::New);
         store.release("k");
         assert_eq!(store.claim("k", BODY, t0), Found::New);
+    }
+
+    #[test]
+    fn an_unsure_key_is_held_by_one_retry_and_unsure_again_when_released() {
+        let store = Store::new(Duration::from_secs(10), 100);
+        let t0 = Instant::now();
+        assert_eq!(store.claim("k", BODY, t0), Found::New);
+        store.unsure("k".into(), "0 5 1 2 p".into(), t0);
+        assert_eq!(store.claim("k", OTHER, t0), Found::Mismatch);
+        assert_eq!(
+            store.claim("k", BODY, t0),
+            Found::Unsure("0 5 1 2 p".into())
+        );
+        assert_eq!(store.claim("k", BODY, t0), Found::InProgress);
+        store.release("k");
+        assert_eq!(
+            store.claim("k", BODY, t0),
+            Found::Unsure("0 5 1 2 p".into())
+        );
+        store.finish("k".into(), Bytes::from_static(b"found"), t0);
+        assert_eq!(
+            store.claim("k", BODY, t0),
+            Found::Replay(Bytes::from_static(b"found"))
+        );
+        assert_eq!(
+            store.claim("k", BODY, t0 + Duration::from_secs(10)),
+            Found::New,
+            "expired"
+        );
     }
 
     #[test]

@@ -6,9 +6,10 @@
 //! becomes the Kafka message key, as `<client id> <key>` (neither may contain a space,
 //! so the pair is unambiguous and the message key is unique across clients).
 //!
-//! Only acknowledged batches are remembered: a refused batch recorded nothing, and a
-//! batch whose fate is unknown must be retried (with the same key, so consumers can drop
-//! the duplicate if both arrived).
+//! Acknowledged batches are remembered with their answer. A refused batch recorded
+//! nothing and is forgotten. A batch sent but not acknowledged is remembered as unsure,
+//! with where it may be on the topic: its retry finds out (reading the topic back) before
+//! producing it again.
 
 pub mod memory;
 pub mod redis;
@@ -55,16 +56,20 @@ pub enum Claim<'a> {
     InProgress,
     /// The key was used with a different body.
     Mismatch,
+    /// An earlier attempt with this key was not acknowledged; the note says where it may
+    /// be. The key is now held by the caller, as with [`Claim::New`].
+    Unsure(Pending<'a>, String),
 }
 
-/// A claimed key. [`Pending::finish`] remembers the answer; dropping it unfinished (a
-/// refused batch, or a panic) gives the key up so it can be used again.
+/// A claimed key. [`Pending::finish`] remembers the answer and [`Pending::unsure`] an
+/// unacknowledged attempt; dropping it otherwise (a refused batch, or a panic) gives the
+/// key up so it can be used again (unsure again, if it was).
 pub struct Pending<'a> {
     store: &'a Store,
     key: Option<String>,
-    /// With Redis: the body's SHA-256 in hexadecimal, and the claim's token.
+    /// With Redis: the body's SHA-256 in hexadecimal, and the value held.
     digest: String,
-    token: String,
+    held: String,
 }
 
 impl std::fmt::Debug for Pending<'_> {
@@ -78,7 +83,7 @@ impl Store {
     /// the shared store could not be asked.
     pub async fn claim(&self, scoped_key: &str, body: &[u8]) -> Result<Claim<'_>, String> {
         let hash: [u8; 32] = Sha256::digest(body).into();
-        let (found, digest, token) = match self {
+        let (found, digest, held) = match self {
             Store::Memory(store) => (
                 store.claim(scoped_key, hash, Instant::now()),
                 String::new(),
@@ -87,20 +92,19 @@ impl Store {
             Store::Redis(store) => {
                 let digest = hex(&hash);
                 let token = uuid::Uuid::new_v4().simple().to_string();
-                (
-                    store.claim(scoped_key, &digest, &token).await?,
-                    digest,
-                    token,
-                )
+                let (found, held) = store.claim(scoped_key, &digest, &token).await?;
+                (found, digest, held)
             }
         };
+        let pending = |store| Pending {
+            store,
+            key: Some(scoped_key.to_owned()),
+            digest,
+            held,
+        };
         Ok(match found {
-            Found::New => Claim::New(Pending {
-                store: self,
-                key: Some(scoped_key.to_owned()),
-                digest,
-                token,
-            }),
+            Found::New => Claim::New(pending(self)),
+            Found::Unsure(note) => Claim::Unsure(pending(self), note),
             Found::Replay(answer) => Claim::Replay(answer),
             Found::InProgress => Claim::InProgress,
             Found::Mismatch => Claim::Mismatch,
@@ -126,19 +130,40 @@ impl Pending<'_> {
         match self.store {
             Store::Memory(store) => store.finish(key, answer, Instant::now()),
             Store::Redis(store) => {
-                match store.finish(&key, &self.digest, &self.token, &answer).await {
-                    Ok(true) => {}
-                    Ok(false) => tracing::error!(
-                        key,
-                        "the idempotency claim expired before the batch was acknowledged (IDEMPOTENCY_CLAIM_TTL is too short): a retry may record it again"
-                    ),
-                    Err(error) => tracing::error!(
-                        key,
-                        %error,
-                        "cannot store the answer in Redis: a retry may record the batch again"
-                    ),
-                }
+                let stored = store.finish(&key, &self.digest, &self.held, &answer).await;
+                lost_claim(&key, stored, "a retry may record the batch again");
             }
+        }
+    }
+
+    /// Remembers that the key's batch was sent but not acknowledged, with the `note`
+    /// saying where it may be, so that its retry looks there before producing again.
+    pub async fn unsure(mut self, note: String) {
+        let Some(key) = self.key.take() else { return };
+        match self.store {
+            Store::Memory(store) => store.unsure(key, note, Instant::now()),
+            Store::Redis(store) => {
+                let stored = store.unsure(&key, &self.digest, &self.held, &note).await;
+                lost_claim(
+                    &key,
+                    stored,
+                    "a retry will not look for the unacknowledged batch and may record it twice",
+                );
+            }
+        }
+    }
+}
+
+/// Logs a Redis write of a held key that did not happen, and what it may cost.
+fn lost_claim(key: &str, stored: Result<bool, String>, cost: &str) {
+    match stored {
+        Ok(true) => {}
+        Ok(false) => tracing::error!(
+            key,
+            "the idempotency claim expired before the batch was answered (IDEMPOTENCY_CLAIM_TTL is too short): {cost}",
+        ),
+        Err(error) => {
+            tracing::error!(key, %error, "cannot write the idempotency key to Redis: {cost}")
         }
     }
 }
@@ -149,11 +174,10 @@ impl Drop for Pending<'_> {
         match self.store {
             Store::Memory(store) => store.release(&key),
             Store::Redis(store) => {
-                let (store, digest, token) =
-                    (store.clone(), self.digest.clone(), self.token.clone());
+                let (store, digest, held) = (store.clone(), self.digest.clone(), self.held.clone());
                 // Off the request: a failure only leaves the claim to expire.
                 tokio::spawn(async move {
-                    if let Err(error) = store.release(&key, &digest, &token).await {
+                    if let Err(error) = store.release(&key, &digest, &held).await {
                         tracing::warn!(key, %error, "cannot release an idempotency claim; it expires after IDEMPOTENCY_CLAIM_TTL");
                     }
                 });

@@ -1,11 +1,15 @@
 //! The shared store (`IDEMPOTENCY_STORE=redis`): every replica claims and answers keys in
 //! one Redis, so a retry is recognised whichever replica it reaches, and after a restart.
 //!
-//! A key's value is `P<body sha256><token>` while a request holds it and
-//! `D<body sha256><answer>` once answered. The claim is `SET NX PX IDEMPOTENCY_CLAIM_TTL`:
-//! one request in the whole fleet wins it, and if its replica dies the claim expires. The
-//! answer replaces the claim only while the claim is still the holder's (a script
-//! compares), and is kept for `IDEMPOTENCY_TTL`.
+//! A key's value is `P<body sha256><token>` while a request holds it,
+//! `D<body sha256><answer>` once answered, and `U<body sha256><note>` when its batch was
+//! not acknowledged (the note says where it may be on the topic). The claim is `SET NX PX
+//! IDEMPOTENCY_CLAIM_TTL`: one request in the whole fleet wins it, and if its replica dies
+//! the claim expires. A retry of an unsure key holds it as `Q<body sha256><token><lease
+//! end, ms><note>`, kept for `IDEMPOTENCY_TTL` so the note outlives a replica that dies
+//! holding it: once the lease (`IDEMPOTENCY_CLAIM_TTL`) ends, another retry takes it over.
+//! Every change of a held value is made only while the value is still the holder's (a
+//! script compares), and an answer is kept for `IDEMPOTENCY_TTL`.
 
 use std::time::Duration;
 
@@ -18,8 +22,8 @@ use super::memory::Found;
 /// Prefix of every key the intake writes.
 pub const KEY_PREFIX: &str = "operations-intake:idempotency:";
 
-/// Replaces the holder's claim with the answer: KEYS[1], ARGV = claim, answer, ttl ms.
-const FINISH_LUA: &str = r"
+/// Replaces the holder's value: KEYS[1], ARGV = held value, next value, ttl ms.
+const REPLACE_LUA: &str = r"
 if redis.call('GET', KEYS[1]) == ARGV[1] then
   redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
   return 1
@@ -42,9 +46,14 @@ pub struct Store {
     claim_ttl: Duration,
     ttl: Duration,
     timeout: Duration,
-    finish: Script,
+    replace: Script,
     release: Script,
 }
+
+/// The length of a claim's token (a UUID's 32 hexadecimal digits).
+const TOKEN_LEN: usize = 32;
+/// The length of a lease's end, in milliseconds, zero-padded.
+const LEASE_LEN: usize = 20;
 
 impl Store {
     /// Connects to `url`; an unreachable Redis is an error, so start-up stops.
@@ -72,7 +81,7 @@ impl Store {
             claim_ttl,
             ttl,
             timeout,
-            finish: Script::new(FINISH_LUA),
+            replace: Script::new(REPLACE_LUA),
             release: Script::new(RELEASE_LUA),
         };
         let _: String = store
@@ -105,11 +114,16 @@ impl Store {
     }
 
     /// Claims `key` (already scoped to its client) for a body hashing to `digest`,
-    /// holding it with `token`.
-    pub async fn claim(&self, key: &str, digest: &str, token: &str) -> Result<Found, String> {
+    /// holding it with `token`: what was found, and the value now held (if any).
+    pub async fn claim(
+        &self,
+        key: &str,
+        digest: &str,
+        token: &str,
+    ) -> Result<(Found, String), String> {
         let redis_key = format!("{KEY_PREFIX}{key}");
         let claim = format!("P{digest}{token}");
-        // A value that expires between the SET and the GET is claimed again.
+        // A value that expires or changes between the calls is looked at again.
         for _ in 0..3 {
             let mut set = redis::cmd("SET");
             set.arg(&redis_key)
@@ -119,37 +133,66 @@ impl Store {
                 .arg(millis(self.claim_ttl));
             let won: Option<String> = self.run(set).await?;
             if won.is_some() {
-                return Ok(Found::New);
+                return Ok((Found::New, claim));
             }
             let mut get = redis::cmd("GET");
             get.arg(&redis_key);
             let Some(value): Option<Vec<u8>> = self.run(get).await? else {
                 continue;
             };
-            return Ok(found(&value, digest));
+            let Some(note) = takeable(&value, digest, now_ms()) else {
+                return Ok((found(&value, digest), String::new()));
+            };
+            let lease = now_ms().saturating_add(millis(self.claim_ttl));
+            let held = format!("Q{digest}{token}{lease:0LEASE_LEN$}{note}");
+            if self.replace(key, &value, held.as_bytes(), self.ttl).await? {
+                return Ok((Found::Unsure(note), held));
+            }
         }
         Err("the key changed hands three times in a row".into())
     }
 
-    /// Stores `answer` for a key this `token` holds; `false` when the claim was lost
-    /// (it expired, so another request may hold the key now).
+    /// Replaces the value `held` of `key` with `next`, kept for `ttl`; `false` when the
+    /// value was no longer `held` (a claim that expired, so another request may hold it).
+    pub async fn replace(
+        &self,
+        key: &str,
+        held: &[u8],
+        next: &[u8],
+        ttl: Duration,
+    ) -> Result<bool, String> {
+        let mut invocation = self.replace.key(format!("{KEY_PREFIX}{key}"));
+        invocation.arg(held).arg(next).arg(millis(ttl));
+        Ok(self.invoke(invocation).await? == 1)
+    }
+
+    /// Stores `answer` for a key held as `held`; `false` when the claim was lost.
     pub async fn finish(
         &self,
         key: &str,
         digest: &str,
-        token: &str,
+        held: &str,
         answer: &[u8],
     ) -> Result<bool, String> {
         let mut done = Vec::with_capacity(1 + digest.len() + answer.len());
         done.push(b'D');
         done.extend_from_slice(digest.as_bytes());
         done.extend_from_slice(answer);
-        let mut invocation = self.finish.key(format!("{KEY_PREFIX}{key}"));
-        invocation
-            .arg(format!("P{digest}{token}"))
-            .arg(done)
-            .arg(millis(self.ttl));
-        Ok(self.invoke(invocation).await? == 1)
+        self.replace(key, held.as_bytes(), &done, self.ttl).await
+    }
+
+    /// Records that the batch of a key held as `held` was not acknowledged, with the
+    /// `note` saying where it may be; `false` when the claim was lost.
+    pub async fn unsure(
+        &self,
+        key: &str,
+        digest: &str,
+        held: &str,
+        note: &str,
+    ) -> Result<bool, String> {
+        let unsure = format!("U{digest}{note}");
+        self.replace(key, held.as_bytes(), unsure.as_bytes(), self.ttl)
+            .await
     }
 
     /// Whether Redis answers a `PING` within IDEMPOTENCY_REDIS_TIMEOUT.
@@ -157,12 +200,50 @@ impl Store {
         self.run::<String>(redis::cmd("PING")).await.map(drop)
     }
 
-    /// Gives up a key this `token` holds, so the batch can be sent again at once.
-    pub async fn release(&self, key: &str, digest: &str, token: &str) -> Result<(), String> {
+    /// Gives up a key held as `held`, so the batch can be sent again at once: deleted,
+    /// or, when the holder took it over from an unsure value, unsure again.
+    pub async fn release(&self, key: &str, digest: &str, held: &str) -> Result<(), String> {
+        if let Some(note) = held_note(held.as_bytes(), digest) {
+            let unsure = format!("U{digest}{note}");
+            return self
+                .replace(key, held.as_bytes(), unsure.as_bytes(), self.ttl)
+                .await
+                .map(drop);
+        }
         let mut invocation = self.release.key(format!("{KEY_PREFIX}{key}"));
-        invocation.arg(format!("P{digest}{token}"));
+        invocation.arg(held);
         self.invoke(invocation).await.map(drop)
     }
+}
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+/// The note of an unsure value for a body hashing to `digest` that a retry may take at
+/// `now`: an unsure one, or one held by a retry whose lease has ended.
+fn takeable(value: &[u8], digest: &str, now: u64) -> Option<String> {
+    let rest = value.get(1..)?.strip_prefix(digest.as_bytes())?;
+    let note = match value.first()? {
+        b'U' => rest,
+        b'Q' => {
+            let lease = rest.get(TOKEN_LEN..TOKEN_LEN + LEASE_LEN)?;
+            let lease: u64 = std::str::from_utf8(lease).ok()?.parse().ok()?;
+            if lease > now {
+                return None;
+            }
+            rest.get(TOKEN_LEN + LEASE_LEN..)?
+        }
+        _ => return None,
+    };
+    String::from_utf8(note.to_vec()).ok()
+}
+
+/// The note of a value held by a retry of an unsure key.
+fn held_note(held: &[u8], digest: &str) -> Option<String> {
+    takeable(held, digest, u64::MAX)
 }
 
 /// What a value held by someone else means for a body hashing to `digest`.
@@ -198,5 +279,34 @@ mod tests {
         let other = "cd".repeat(32);
         assert_eq!(found(done.as_bytes(), &other), Found::Mismatch);
         assert_eq!(found(held.as_bytes(), &other), Found::Mismatch);
+    }
+
+    #[test]
+    fn an_unsure_value_is_taken_by_a_retry_until_its_lease_holds_it() {
+        let digest = "ab".repeat(32);
+        let unsure = format!("U{digest}0 12 3 1700 p#1");
+        assert_eq!(
+            takeable(unsure.as_bytes(), &digest, 5).as_deref(),
+            Some("0 12 3 1700 p#1")
+        );
+        assert_eq!(takeable(unsure.as_bytes(), &"cd".repeat(32), 5), None);
+        assert_eq!(found(unsure.as_bytes(), &"cd".repeat(32)), Found::Mismatch);
+        let token = "t".repeat(TOKEN_LEN);
+        let held = format!("Q{digest}{token}{:020}0 12 3 1700 p#1", 1_000);
+        assert_eq!(takeable(held.as_bytes(), &digest, 999), None, "leased");
+        assert_eq!(found(held.as_bytes(), &digest), Found::InProgress);
+        assert_eq!(
+            takeable(held.as_bytes(), &digest, 1_000).as_deref(),
+            Some("0 12 3 1700 p#1"),
+            "the lease ended"
+        );
+        assert_eq!(
+            held_note(held.as_bytes(), &digest).as_deref(),
+            Some("0 12 3 1700 p#1")
+        );
+        assert_eq!(
+            held_note(format!("P{digest}{token}").as_bytes(), &digest),
+            None
+        );
     }
 }

@@ -10,6 +10,7 @@
 //! the delivery timeout, batch after batch. It never recovers by itself, while a fresh
 //! producer, with a fresh producer id, is accepted at once: so the service makes one.
 
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -58,9 +59,21 @@ pub(super) struct Generation {
     pub(super) number: u64,
     pub(super) producer: FutureProducer<Context>,
     bumps: Arc<Bumps>,
+    /// Whether its transactions are initialised.
+    ready: AtomicBool,
 }
 
 impl Generation {
+    /// Whether its transactions are initialised, so it may produce.
+    pub(super) fn is_ready(&self) -> bool {
+        self.ready.load(Ordering::Acquire)
+    }
+
+    /// Records that its transactions are initialised.
+    pub(super) fn set_ready(&self) {
+        self.ready.store(true, Ordering::Release);
+    }
+
     /// Records an acknowledged delivery: the epoch bumps so far are forgiven.
     pub(super) fn acknowledged(&self) {
         self.bumps
@@ -121,6 +134,9 @@ struct Eos {
 pub(super) struct Shared {
     pub(super) health: ArcSwap<BrokerHealth>,
     state: Mutex<State>,
+    /// The latest generation whose transactions were initialised: every generation
+    /// before it is fenced, and can no longer write to the topic.
+    fenced_before: AtomicU64,
 }
 
 struct State {
@@ -144,7 +160,25 @@ impl Shared {
                 not_before: Instant::now(),
                 backoff: FIRST_BACKOFF,
             }),
+            fenced_before: AtomicU64::new(0),
         }
+    }
+
+    /// Records that generation `number` initialised its transactions, fencing every
+    /// generation before it.
+    pub(super) fn fenced(&self, number: u64) {
+        self.fenced_before.fetch_max(number, Ordering::AcqRel);
+    }
+
+    /// Whether generation `number` can no longer write to the topic.
+    pub(super) fn is_fenced(&self, number: u64) -> bool {
+        self.fenced_before.load(Ordering::Acquire) > number
+    }
+
+    /// Whether generation `number` is in use and not condemned.
+    pub(super) fn usable(&self, number: u64) -> bool {
+        let state = self.lock();
+        state.current == number && state.unusable.is_none()
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
@@ -322,6 +356,7 @@ fn create(config: &ClientConfig, shared: &Arc<Shared>, number: u64) -> KafkaResu
         number,
         producer,
         bumps,
+        ready: AtomicBool::new(false),
     })
 }
 
