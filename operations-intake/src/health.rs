@@ -20,6 +20,10 @@ use crate::kafka::BrokerHealth;
 /// The application's name, as the original service reported it.
 pub const APP: &str = "operations-service";
 
+/// The health routes: answered past `HTTP_MAX_CONNECTIONS` too, from the listener's
+/// reserve, so that clients holding every connection do not keep a probe unanswered.
+pub const PATHS: &[&str] = &["/health", "/health/live", "/health/ready"];
+
 /// The broker as `/health` shows it.
 #[derive(Serialize)]
 struct Kafka<'a> {

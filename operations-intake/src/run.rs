@@ -234,7 +234,10 @@ pub async fn run(settings: Settings) -> Result<(), StartError> {
         tls.as_ref().map(|tls| Arc::clone(&tls.config)),
         serve::warp_filter(routes(app)),
         connection_limits(&settings),
-        settings.http.connection_slots(),
+        settings
+            .http
+            .connection_slots()
+            .with_health_reserve(crate::health::PATHS),
         async {
             let _ = stop_rx.await;
         },
