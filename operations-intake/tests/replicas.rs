@@ -11,14 +11,21 @@ use ratelimit_tests::sidecar::Redis;
 use support::{Intake, Tansu, batch, post, read_topic};
 
 fn replica(tansu: &Tansu, redis: &Redis, topic: &str) -> Intake {
+    replica_with(tansu, redis, topic, &[])
+}
+
+/// A replica with `more` settings.
+fn replica_with(tansu: &Tansu, redis: &Redis, topic: &str, more: &[(&str, &str)]) -> Intake {
     let bootstrap = tansu.bootstrap();
     let url = format!("redis://127.0.0.1:{}", redis.port);
-    Intake::start(&[
-        ("KAFKA_BOOTSTRAP_SERVERS", &bootstrap),
+    let mut env = vec![
+        ("KAFKA_BOOTSTRAP_SERVERS", bootstrap.as_str()),
         ("KAFKA_TOPIC", topic),
         ("IDEMPOTENCY_STORE", "redis"),
         ("IDEMPOTENCY_REDIS_URL", &url),
-    ])
+    ];
+    env.extend_from_slice(more);
+    Intake::start(&env)
 }
 
 /// The messages on `topic` whose key is `key`.
@@ -191,4 +198,109 @@ async fn a_claim_whose_holder_died_expires_and_a_refused_batch_releases_its_clai
         stored.contains(&"operations-intake:idempotency:acme k1".to_owned()),
         "{stored:?}"
     );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_unacknowledged_batch_retried_on_another_replica_is_on_the_topic_once() {
+    let redis = Redis::start(&[]);
+    let tansu = Tansu::start();
+    tansu.create_topic("unsure", 1).await;
+    let quick = [
+        ("KAFKA_DELIVERY_TIMEOUT", "1s"),
+        ("IDEMPOTENCY_CLAIM_TTL", "3s"),
+    ];
+    let first = replica_with(&tansu, &redis, "unsure", &quick);
+    let second = replica_with(&tansu, &redis, "unsure", &quick);
+    let (body, key) = (batch("sell", 3), [("idempotency-key", "order-u")]);
+    assert_eq!(post(&first, &batch("buy", 1), &[]).await.status, 202);
+
+    tansu.pause();
+    let lost = post(&first, &body, &key).await;
+    tansu.resume();
+    assert_eq!(lost.status, 503, "{}", lost.body);
+    // The other replica cannot fence the first one's producer: it waits for the broker
+    // to end that transaction (IDEMPOTENCY_CLAIM_TTL), and says so meanwhile.
+    let early = post(&second, &body, &key).await;
+    assert_eq!(early.status, 503, "{}", early.body);
+    let message = early.body["message"].as_str().unwrap();
+    assert!(
+        message.contains("cannot be looked for on the topic yet")
+            && message.contains("another process"),
+        "{message}"
+    );
+    let mut answer = early;
+    let deadline = std::time::Instant::now() + Duration::from_secs(15);
+    while answer.status == 503 && std::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        answer = post(&second, &body, &key).await;
+    }
+    assert_eq!(answer.status, 202, "{}", answer.body);
+    let replay = post(&first, &body, &key).await;
+    assert_eq!(
+        replay.body, answer.body,
+        "the one answer, from either replica"
+    );
+    assert_eq!(with_key(&tansu, "unsure", "127.0.0.1 order-u"), 1);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_unsure_key_is_held_by_one_retry_at_a_time_and_outlives_a_holder_that_died() {
+    let redis = Redis::start(&[]);
+    let url = format!("redis://127.0.0.1:{}", redis.port);
+    let connect = || {
+        idempotency::redis::Store::connect(
+            &url,
+            Duration::from_millis(300),
+            Duration::from_secs(60),
+            Duration::from_secs(1),
+        )
+    };
+    let (first, retry) = (
+        idempotency::Store::Redis(connect().await.unwrap()),
+        idempotency::Store::Redis(connect().await.unwrap()),
+    );
+    let key = idempotency::scoped("acme", "u1");
+    let Ok(Claim::New(pending)) = first.claim(&key, b"body").await else {
+        panic!("new")
+    };
+    pending.unsure("0 7 1 1700 p#1".to_owned()).await;
+    let Ok(Claim::Unsure(held, note)) = retry.claim(&key, b"body").await else {
+        panic!("unsure")
+    };
+    assert_eq!(note, "0 7 1 1700 p#1");
+    assert!(matches!(
+        first.claim(&key, b"body").await,
+        Ok(Claim::InProgress)
+    ));
+    assert!(matches!(
+        first.claim(&key, b"other").await,
+        Ok(Claim::Mismatch)
+    ));
+    // Given up (it could not look yet): unsure again, not forgotten.
+    drop(held);
+    support::wait_until("the key is unsure again", || async {
+        match first.claim(&key, b"body").await {
+            Ok(Claim::Unsure(held, _)) => {
+                std::mem::forget(held); // This holder dies, holding it.
+                true
+            }
+            _ => false,
+        }
+    })
+    .await;
+    assert!(matches!(
+        retry.claim(&key, b"body").await,
+        Ok(Claim::InProgress)
+    ));
+    // Its lease (IDEMPOTENCY_CLAIM_TTL) ends; the note is still there for the next retry.
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let Ok(Claim::Unsure(held, note)) = retry.claim(&key, b"body").await else {
+        panic!("taken over")
+    };
+    assert_eq!(note, "0 7 1 1700 p#1");
+    held.finish(Bytes::from_static(b"{\"found\":true}")).await;
+    assert!(matches!(
+        first.claim(&key, b"body").await,
+        Ok(Claim::Replay(answer)) if answer == "{\"found\":true}"
+    ));
 }
