@@ -28,6 +28,18 @@ fn replica_with(tansu: &Tansu, redis: &Redis, topic: &str, more: &[(&str, &str)]
     Intake::start(&env)
 }
 
+/// A store on `redis`, as a replica keeps one, with a claim TTL of 300 ms.
+async fn store(redis: &Redis) -> idempotency::Store {
+    let url = format!("redis://127.0.0.1:{}", redis.port);
+    let store = idempotency::redis::Store::connect(
+        &url,
+        Duration::from_millis(300),
+        Duration::from_secs(60),
+        Duration::from_secs(1),
+    );
+    idempotency::Store::Redis(store.await.unwrap())
+}
+
 /// The messages on `topic` whose key is `key`.
 fn with_key(tansu: &Tansu, topic: &str, key: &str) -> usize {
     read_topic(&tansu.bootstrap(), topic)
@@ -135,19 +147,7 @@ async fn a_replica_killed_between_a_request_and_its_retry_produces_once() {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_claim_whose_holder_died_expires_and_a_refused_batch_releases_its_claim() {
     let redis = Redis::start(&[]);
-    let url = format!("redis://127.0.0.1:{}", redis.port);
-    let connect = || {
-        idempotency::redis::Store::connect(
-            &url,
-            Duration::from_millis(300),
-            Duration::from_secs(60),
-            Duration::from_secs(1),
-        )
-    };
-    let (holder, other) = (
-        idempotency::Store::Redis(connect().await.unwrap()),
-        idempotency::Store::Redis(connect().await.unwrap()),
-    );
+    let (holder, other) = (store(&redis).await, store(&redis).await);
     let key = idempotency::scoped("acme", "k1");
     let Ok(Claim::New(pending)) = holder.claim(&key, b"body").await else {
         panic!("the first claim wins")
@@ -246,19 +246,7 @@ async fn an_unacknowledged_batch_retried_on_another_replica_is_on_the_topic_once
 #[tokio::test(flavor = "multi_thread")]
 async fn an_unsure_key_is_held_by_one_retry_at_a_time_and_outlives_a_holder_that_died() {
     let redis = Redis::start(&[]);
-    let url = format!("redis://127.0.0.1:{}", redis.port);
-    let connect = || {
-        idempotency::redis::Store::connect(
-            &url,
-            Duration::from_millis(300),
-            Duration::from_secs(60),
-            Duration::from_secs(1),
-        )
-    };
-    let (first, retry) = (
-        idempotency::Store::Redis(connect().await.unwrap()),
-        idempotency::Store::Redis(connect().await.unwrap()),
-    );
+    let (first, retry) = (store(&redis).await, store(&redis).await);
     let key = idempotency::scoped("acme", "u1");
     let Ok(Claim::New(pending)) = first.claim(&key, b"body").await else {
         panic!("new")
