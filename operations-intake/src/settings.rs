@@ -114,7 +114,7 @@ pub struct Settings {
     #[arg(long, env = "KAFKA_HEALTH_TIMEOUT", default_value = "1s", value_parser = duration)]
     pub kafka_health_timeout: Duration,
     /// The producer's transactional.id: stable across restarts of this replica and unique
-    /// among replicas. Unset: operations-intake-<host name>-<PORT>
+    /// among replicas. Unset: `operations-intake-<host name>-<PORT>`
     #[arg(long, env = "KAFKA_TRANSACTIONAL_ID")]
     pub kafka_transactional_id: Option<String>,
     /// Start an in-process mock broker and produce to it. Nothing is durable: for trying

@@ -1,14 +1,14 @@
-//! The producer in use, and its replacement when librdkafka's idempotent producer cannot
-//! go on: a fatal error; a delivery failed because the broker no longer accepts its
-//! producer id or epoch (fenced, unknown producer id, sequence out of order); or the
-//! epoch bumped again and again with nothing acknowledged.
+//! The producer in use, and its replacement when it cannot go on: a transaction that did
+//! not commit (see [`super::commit`]); a fatal error; a delivery failed because the broker
+//! no longer accepts its producer id or epoch (fenced, unknown producer id, sequence out
+//! of order); or the epoch bumped again and again with nothing acknowledged.
 //!
 //! librdkafka answers a timed-out batch in flight, or an unknown producer id, by bumping
-//! the epoch itself. A broker that did not hand out that epoch (tansu) then fences every
-//! later batch; one that lost the producer id (restarted with the topic recreated)
-//! answers each retry with an unknown producer id, and librdkafka bumps and retries until
-//! the delivery timeout, batch after batch. It never recovers by itself, while a fresh
-//! producer, with a fresh producer id, is accepted at once: so the service makes one.
+//! the epoch itself, which a broker that did not hand out that epoch (tansu) fences, and
+//! one that lost the producer id answers again and again. A fresh producer is accepted
+//! at once: so the service makes one, with the same transactional id, and its first
+//! `init_transactions` fences the one before (recorded here, for the retries waiting on
+//! it).
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
