@@ -66,8 +66,10 @@ start_load() { # user seconds clients rps-per-client -> starts it on each Envoy;
 	done
 }
 
-counted() { # outputs... -> prints "admitted requests"
-	cat "$@" | awk '/^status codes:/ { ok += $3; done4 += $7 } END { print ok + 0, ok + done4 }'
+counted() { # outputs... -> prints "admitted requests upstream-failures": admitted are what
+	# the filter passed, 2xx and 5xx (a request whose upstream, python's http.server, failed).
+	cat "$@" | awk '/^status codes:/ { ok += $3; done4 += $7; done5 += $9 }
+		END { print ok + done5, ok + done4 + done5, done5 + 0 }'
 }
 
 load() { # user seconds -> runs RPS a second on each Envoy; prints "admitted requests"
@@ -90,9 +92,9 @@ window() { # n -> one window of the heavy user and the light users; prints its l
 		lights+=("${OUTS[@]}")
 	done
 	wait "${LOADS[@]}"
-	read -r heavy_ok heavy_total < <(counted "${heavy[@]}")
-	read -r light_ok light_total < <(counted "${lights[@]}")
-	echo "window $1: heavy user $heavy_ok of $heavy_total admitted, limit $LIMIT: $(python3 -c "print(f'{$heavy_ok / $LIMIT:.3f}')") of the limit; light users (${LIGHT_PERCENTS[*]} % of the limit): $((light_total - light_ok)) false denials of $light_total requests"
+	read -r heavy_ok heavy_total heavy_5xx < <(counted "${heavy[@]}")
+	read -r light_ok light_total light_5xx < <(counted "${lights[@]}")
+	echo "window $1: heavy user $heavy_ok of $heavy_total admitted ($heavy_5xx of them failed upstream), limit $LIMIT: $(python3 -c "print(f'{$heavy_ok / $LIMIT:.3f}')") of the limit; light users (${LIGHT_PERCENTS[*]} % of the limit): $((light_total - light_ok)) false denials of $light_total requests ($light_5xx admitted ones failed upstream)"
 	TOTAL_REQUESTS=$((TOTAL_REQUESTS + heavy_total + light_total))
 }
 
@@ -120,7 +122,7 @@ ENVOY_PIDS=()
 envoys sidecar.yaml
 load warmup 2 >/dev/null
 before=$(cpu_ticks "$SIDECAR")
-read -r rls_ok rls_total < <(load rls-user "$SECONDS_RLS")
+read -r rls_ok rls_total _ < <(load rls-user "$SECONDS_RLS")
 rls_cpu=$(( $(cpu_ticks "$SIDECAR") - before ))
 
 python3 - "$rlqs_total" "$rlqs_cpu" "$rls_ok" "$rls_total" "$rls_cpu" "$ticks_per_second" "$idle_cpu" <<'PY'
