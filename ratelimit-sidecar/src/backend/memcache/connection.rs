@@ -77,6 +77,9 @@ struct State {
     /// The kind of each reply still to come, in order.
     kinds: VecDeque<Kind>,
     waiting: VecDeque<Waiter>,
+    /// Since when the connection has owed a reply with none coming: the last reply, or
+    /// when a request began waiting on a connection that owed none.
+    owing_since: Instant,
     status: Status,
     closed: bool,
 }
@@ -96,7 +99,6 @@ type Answer = Result<Vec<Reply>, String>;
 struct Waiter {
     replies: usize,
     got: Vec<Reply>,
-    since: Instant,
     answer: oneshot::Sender<Answer>,
 }
 
@@ -110,6 +112,7 @@ impl Link {
                 out: Vec::with_capacity(4 * 1024),
                 kinds: VecDeque::new(),
                 waiting: VecDeque::new(),
+                owing_since: Instant::now(),
                 status: Status::Idle,
                 closed: false,
             }),
@@ -135,10 +138,12 @@ impl Link {
             if count == 0 {
                 return Ok(Vec::new());
             }
+            if state.waiting.is_empty() {
+                state.owing_since = Instant::now();
+            }
             state.waiting.push_back(Waiter {
                 replies: count,
                 got: Vec::with_capacity(count),
-                since: Instant::now(),
                 answer,
             });
             if state.status == Status::Idle {
@@ -181,7 +186,7 @@ impl Shared {
         let result = {
             let mut guard = self.lock();
             let state = &mut *guard;
-            loop {
+            let result = loop {
                 let Some(&kind) = state.kinds.front() else {
                     break match at < input.len() {
                         true => Err("memcached sent a reply to no command".to_owned()),
@@ -202,7 +207,11 @@ impl Shared {
                 if waiter.got.len() == waiter.replies {
                     done.extend(state.waiting.pop_front());
                 }
+            };
+            if at > 0 {
+                state.owing_since = Instant::now();
             }
+            result
         };
         for waiter in done {
             let _ = waiter.answer.send(Ok(waiter.got));
@@ -323,16 +332,20 @@ async fn drive(shared: &Shared, (mut reader, mut writer): Halves) -> Option<Stri
     }
 }
 
-/// Returns once the oldest waiting request has had no reply for the target's timeout:
-/// the connection is late as a whole (a frozen or unreachable node).
+/// Returns once the connection has owed a reply for the target's timeout with none
+/// coming: it is late as a whole (a frozen or unreachable node). Replies come in order,
+/// so the oldest waiting request is never late while others' replies arrive.
 async fn watch(shared: &Shared) -> String {
     let timeout = shared.target.timeout;
     let mut alarm = pin!(tokio::time::sleep(timeout));
     loop {
         alarm.as_mut().await;
         let now = Instant::now();
-        let oldest = shared.lock().waiting.front().map(|waiter| waiter.since);
-        match oldest {
+        let owing = {
+            let state = shared.lock();
+            (!state.waiting.is_empty()).then_some(state.owing_since)
+        };
+        match owing {
             Some(since) if now.duration_since(since) >= timeout => {
                 return format!("no reply within MEMCACHE_TIMEOUT ({timeout:?})");
             }

@@ -85,7 +85,11 @@ async fn rounds(
     jitter_max: u64,
 ) -> Result<Vec<u64>, Failure> {
     loop {
-        let now = unix_now();
+        // The clock only for a counter that is created (its expiry may be a unix time).
+        let now = match steps.iter().any(|step| matches!(step, Step::Add(_))) {
+            true => unix_now(),
+            false => 0,
+        };
         let held = held(items, &steps);
         let replies = link
             .query(|commands| {

@@ -254,10 +254,13 @@ fn line(input: &[u8]) -> Result<Option<(&[u8], usize)>, String> {
 
 /// A decimal number that fits in 64 bits.
 fn number(digits: &[u8]) -> Option<u64> {
-    if digits.is_empty() || !digits.iter().all(u8::is_ascii_digit) {
+    if digits.is_empty() {
         return None;
     }
-    std::str::from_utf8(digits).ok()?.parse().ok()
+    digits.iter().try_fold(0u64, |number, &digit| {
+        let digit = digit.is_ascii_digit().then(|| u64::from(digit - b'0'))?;
+        number.checked_mul(10)?.checked_add(digit)
+    })
 }
 
 fn text(line: &[u8]) -> String {
