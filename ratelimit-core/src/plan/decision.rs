@@ -9,6 +9,7 @@ use crate::engine::Engine;
 use crate::local_cache::OverLimitCache;
 use crate::response::Policy;
 use crate::response::{Code, DescriptorStatus, RateLimitHeaders, Response, Statuses};
+use crate::stats::RuleStats;
 
 impl PlanBody {
     /// Every limit of the plan is shared among `deciders`.
@@ -235,13 +236,24 @@ pub(super) fn overall_code(
         }
     }
     let over = over_non_quota || (quota > 0 && quota_over == quota);
-    if over && engine.settings.shadow_mode {
-        if !dry {
-            engine.global_shadow.add(1);
-        }
-        return Code::Ok;
+    if over {
+        code_when_over(engine, dry)
+    } else {
+        Code::Ok
     }
-    if over { Code::OverLimit } else { Code::Ok }
+}
+
+/// The code of a request over its limits: `Ok` in global shadow mode, which counts it
+/// unless `dry`.
+#[inline]
+pub(super) fn code_when_over(engine: &Engine, dry: bool) -> Code {
+    if !engine.settings.shadow_mode {
+        return Code::OverLimit;
+    }
+    if !dry {
+        engine.global_shadow.add(1);
+    }
+    Code::Ok
 }
 
 /// Whether `candidate` rather than `current` reports a descriptor with several limits: an
@@ -297,13 +309,36 @@ pub(super) fn count_hits(
     assessed: Assessed,
     ratio: f32,
 ) -> DescriptorStatus {
-    let (after, reset) = (assessed.after, assessed.reset);
     let limit = applied.bound;
+    let near = near_limit(limit, ratio);
+    let (code, remaining) = tally(
+        applied.stats,
+        applied.shadow,
+        (limit, near),
+        addend,
+        assessed.after,
+    );
+    applied.status(code, remaining, assessed.reset)
+}
+
+/// The count from which hits are near `limit`: its `ratio`, rounded down.
+pub(super) fn near_limit(limit: u64, ratio: f32) -> u64 {
     // Truncation is the floor of a non-negative number (and a cast saturates).
-    let near = (limit as f32 * ratio) as u64;
+    (limit as f32 * ratio) as u64
+}
+
+/// The code and hits remaining of a limit (`bounds`: its bound and [`near_limit`]) whose
+/// count is `after` once `addend` hits are added, and their statistics.
+#[inline]
+pub(super) fn tally(
+    stats: &RuleStats,
+    shadow: bool,
+    (limit, near): (u64, u64),
+    addend: u64,
+    after: u64,
+) -> (Code, u32) {
     let before = after.saturating_sub(addend);
-    let stats = applied.stats;
-    let (code, remaining) = if after > limit {
+    if after > limit {
         stats.add_not_within(addend);
         let over = if before >= limit {
             addend
@@ -312,7 +347,7 @@ pub(super) fn count_hits(
             after - limit
         };
         stats.over_limit.add(over);
-        if applied.shadow {
+        if shadow {
             stats.shadow_mode.add(over);
             (Code::Ok, 0)
         } else {
@@ -326,6 +361,5 @@ pub(super) fn count_hits(
         }
         stats.within_limit.add(addend);
         (Code::Ok, u32::try_from(limit - after).unwrap_or(u32::MAX))
-    };
-    applied.status(code, remaining, reset)
+    }
 }

@@ -16,16 +16,17 @@ use std::sync::Arc;
 use smallvec::SmallVec;
 
 use super::Applied;
-use super::decision::{count_hits, decides_over, overall_code};
+use super::decision::{code_when_over, count_hits, decides_over, near_limit, overall_code, tally};
 use super::keys::{push_entries, push_window_and_suffix};
 use crate::config::Limit;
 use crate::counter_key::{CounterKey, Values};
-use crate::counting::{CounterOp, Span};
+use crate::counting::{CounterOp, Counting, Span};
 use crate::engine::Engine;
 use crate::limiter::Limiter;
 use crate::request::{Descriptor, Request, RequestError};
 use crate::response::{Code, DescriptorStatus, RateLimitHeaders};
 use crate::rules::{Node, NodeId, NodeLimit};
+use crate::stats::RuleStats;
 use crate::store::CounterStore;
 
 /// Why a check cannot be prepared, or a prepared check cannot decide.
@@ -152,8 +153,44 @@ enum Kind {
     /// A whitelist, or every limit replaced.
     NoLimit,
     Unlimited,
+    /// A node with one counted limit left after `replaces` (the common case), with what
+    /// each call needs of it worked out once.
+    One(One),
     /// The node and its limits left after `replaces`.
     Limited(NodeId, SmallVec<[u16; 2]>),
+}
+
+/// Limit `which` of node `node`, as the full decision applies it, ready for
+/// a call.
+#[derive(Debug)]
+struct One {
+    node: NodeId,
+    which: u16,
+    stats: Arc<RuleStats>,
+    counting: Counting,
+    requests_per_unit: u32,
+    /// The bound and the count from which hits are near it.
+    bounds: (u64, u64),
+    shadow: bool,
+}
+
+impl One {
+    fn of(engine: &Engine, node: NodeId, which: u16) -> One {
+        let rule = engine.rules.node(node);
+        let limit = &rule.limits[usize::from(which)];
+        let stats = limit.stats.clone().expect("counted limits have statistics");
+        let applied = engine.applied_node(rule, which, &stats);
+        let near = near_limit(applied.bound, engine.settings.near_limit_ratio);
+        One {
+            node,
+            which,
+            counting: applied.counting,
+            requests_per_unit: applied.requests_per_unit,
+            bounds: (applied.bound, near),
+            shadow: applied.shadow,
+            stats,
+        }
+    }
 }
 
 /// One call's inputs.
@@ -300,6 +337,7 @@ impl Target {
         let (status, quota) = match &self.kind {
             Kind::NoLimit => (DescriptorStatus::NO_LIMIT, engine.settings.quota_mode),
             Kind::Unlimited => (DescriptorStatus::UNLIMITED, false),
+            Kind::One(one) => return self.decide_one(one, call, store),
             Kind::Limited(id, limits) => {
                 let node = engine.rules.node(*id);
                 let quota = node.quota_mode || engine.settings.quota_mode;
@@ -310,6 +348,40 @@ impl Target {
         Decision {
             allowed: overall_code(engine, statuses, &[quota], false) == Code::Ok,
             headers: RateLimitHeaders::choose(statuses, |_| quota),
+        }
+    }
+
+    /// [`Target::decide`] of a lone limit: what the general path answers, without the
+    /// statuses it would choose among.
+    #[inline]
+    fn decide_one<S: CounterStore + ?Sized>(
+        &self,
+        one: &One,
+        call: &Call<'_>,
+        store: &S,
+    ) -> Decision {
+        let engine = &*self.engine;
+        let limit = &engine.rules.node(one.node).limits[usize::from(one.which)];
+        let (bound, addend) = (one.bounds.0, call.addend);
+        let (totals, counted) = self.totals(limit, one.counting, call, |key, span| {
+            engine.count(store, key, addend, span, bound, call.now_ms)
+        });
+        let assessed = one
+            .counting
+            .assess(&totals[..counted], addend, bound, call.now_ms);
+        let (code, remaining) = tally(&one.stats, one.shadow, one.bounds, addend, assessed.after);
+        // One status: the request is over exactly when it is, whatever the quota modes.
+        let code = match code {
+            Code::Ok => Code::Ok,
+            _ => code_when_over(engine, false),
+        };
+        Decision {
+            allowed: code == Code::Ok,
+            headers: Some(RateLimitHeaders {
+                limit: one.requests_per_unit,
+                remaining,
+                reset: assessed.reset,
+            }),
         }
     }
 
@@ -358,7 +430,8 @@ impl Target {
         for &which in limits {
             let (limit, applied) = self.limit(node, which);
             let now = call.now_ms / 1_000;
-            let (current, read) = self.totals(limit, &applied, call, |key, _| store.get(key, now));
+            let (current, read) =
+                self.totals(limit, applied.counting, call, |key, _| store.get(key, now));
             let (addend, bound) = (call.addend, applied.bound);
             let over = applied
                 .counting
@@ -383,7 +456,7 @@ impl Target {
     ) -> DescriptorStatus {
         let engine = &*self.engine;
         let (limit, applied) = self.limit(node, which);
-        let (totals, counted) = self.totals(limit, &applied, call, |key, span| {
+        let (totals, counted) = self.totals(limit, applied.counting, call, |key, span| {
             engine.count(store, key, hits, span, applied.bound, call.now_ms)
         });
         let at = (applied.bound, call.now_ms);
@@ -414,12 +487,12 @@ impl Target {
     fn totals(
         &self,
         limit: &NodeLimit,
-        applied: &Applied<'_>,
+        counting: Counting,
         call: &Call<'_>,
         mut count: impl FnMut(&CounterKey<'_>, Span) -> u64,
     ) -> ([u64; 2], usize) {
         let (mut totals, mut counted) = ([0u64; 2], 0);
-        self.for_each_counter(limit, applied.counting, call, |key, span| {
+        self.for_each_counter(limit, counting, call, |key, span| {
             totals[counted] = count(key, span);
             counted += 1;
         });
@@ -431,7 +504,7 @@ impl Target {
     fn for_each_counter(
         &self,
         limit: &NodeLimit,
-        counting: crate::counting::Counting,
+        counting: Counting,
         call: &Call<'_>,
         mut f: impl FnMut(&CounterKey<'_>, Span),
     ) {
@@ -512,6 +585,9 @@ impl Kind {
                 domain: domain.to_owned(),
                 path: node.yaml_path.to_string(),
             });
+        }
+        if let [which] = *kept {
+            return Ok(Kind::One(One::of(engine, id, which)));
         }
         Ok(Kind::Limited(id, kept))
     }
