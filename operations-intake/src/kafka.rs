@@ -18,7 +18,7 @@ use rdkafka::producer::Producer;
 use serde::Serialize;
 use tokio::sync::{mpsc, oneshot};
 
-use commit::{Bounds, Committer, Job};
+use commit::{Bounds, Committer, Job, Taken};
 use producer::{Producers, Shared};
 
 /// How often the background probe asks the broker for metadata.
@@ -146,7 +146,12 @@ pub struct Kafka {
     identity: String,
     /// The client configuration a read-back consumer starts from.
     readback: ClientConfig,
+    /// Read-backs at once, at most [`READBACKS`].
+    readbacks: tokio::sync::Semaphore,
 }
+
+/// Read-backs at once, at most: each is a consumer of its own, on a blocking thread.
+const READBACKS: usize = 8;
 
 /// `health`, seen up with the topic's `partitions`.
 fn up(health: &BrokerHealth, partitions: usize) -> BrokerHealth {
@@ -300,6 +305,7 @@ impl Kafka {
             bounds,
             identity,
             readback: readback::config(common),
+            readbacks: tokio::sync::Semaphore::new(READBACKS),
         }))
     }
 
@@ -407,7 +413,8 @@ impl Kafka {
                 key: "content-type",
                 value: Some(CONTENT_TYPE),
             });
-        let (reply, answer) = oneshot::channel();
+        let (reply, mut answer) = oneshot::channel();
+        let taken = Arc::new(Taken::default());
         let job = Job {
             value: value.clone(),
             key: meta.key.to_owned(),
@@ -415,6 +422,7 @@ impl Kafka {
             partition,
             from: self.bounds.get(partition),
             reply,
+            taken: taken.clone(),
         };
         if let Err(error) = self.jobs.try_send(job) {
             return Err(match error {
@@ -424,11 +432,21 @@ impl Kafka {
                 }
             });
         }
-        answer.await.unwrap_or_else(|_| {
+        let stopped = || {
             Err(ProduceError::Unavailable(
                 "the producer stopped before sending the batch".to_owned(),
             ))
-        })
+        };
+        // Waiting behind a transaction that does not end is bounded too: a batch not
+        // taken into one within the delivery timeout is given up, unsent.
+        match tokio::time::timeout(self.delivery_timeout, &mut answer).await {
+            Ok(answered) => answered.unwrap_or_else(|_| stopped()),
+            Err(_) if taken.give_up() => Err(ProduceError::Unavailable(format!(
+                "the batch waited {:?} for a transaction without being sent",
+                self.delivery_timeout
+            ))),
+            Err(_) => answer.await.unwrap_or_else(|_| stopped()),
+        }
     }
 
     /// Waits until the batch `unsettled` describes can no longer reach the topic: at once
@@ -469,6 +487,11 @@ impl Kafka {
     /// message with `key`: where it is, or `None`. Only meaningful once
     /// [`Kafka::settle`] returned.
     pub async fn find(&self, unsettled: &Unsettled, key: &str) -> Result<Option<Ack>, String> {
+        let Ok(_permit) = self.readbacks.try_acquire() else {
+            return Err(format!(
+                "{READBACKS} other retries are reading the topic back"
+            ));
+        };
         let (config, topic, key) = (self.readback.clone(), self.topic.clone(), key.to_owned());
         let (partition, from, timeout) =
             (unsettled.partition, unsettled.from, self.delivery_timeout);

@@ -11,6 +11,7 @@
 //! (see [`super::readback`]).
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -43,11 +44,38 @@ pub(super) struct Job {
     /// The first offset the batch can have on its partition (see [`Bounds`]).
     pub(super) from: i64,
     pub(super) reply: oneshot::Sender<Result<Ack, ProduceError>>,
+    /// Whether a transaction took it, or its request gave up waiting.
+    pub(super) taken: Arc<Taken>,
+}
+
+/// Whether a queued batch was taken into a transaction, or given up by its request
+/// (which then answers that nothing was sent): whichever comes first.
+#[derive(Default)]
+pub(super) struct Taken(AtomicU8);
+
+const QUEUED: u8 = 0;
+const TAKEN: u8 = 1;
+const GIVEN_UP: u8 = 2;
+
+impl Taken {
+    /// Marks the batch taken; `false` when its request gave it up.
+    fn take(&self) -> bool {
+        self.0
+            .compare_exchange(QUEUED, TAKEN, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
+    }
+
+    /// Gives the batch up; `false` when a transaction took it already.
+    pub(super) fn give_up(&self) -> bool {
+        self.0
+            .compare_exchange(QUEUED, GIVEN_UP, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
+    }
 }
 
 /// Per partition, an offset no batch sent from now on can be below: the offset after
 /// the last one acknowledged, or the end of the partition when the producer was
-/// initialised. A retry reads the partition back from there.
+/// initialised (0 when unknown). A retry reads the partition back from there.
 #[derive(Default)]
 pub(super) struct Bounds(Mutex<HashMap<i32, i64>>);
 
@@ -56,6 +84,13 @@ impl Bounds {
     pub(super) fn get(&self, partition: i32) -> i64 {
         let bounds = self.0.lock().unwrap_or_else(PoisonError::into_inner);
         bounds.get(&partition).copied().unwrap_or(0)
+    }
+
+    /// Starts over from the partitions' `ends`, as a new producer found them: after a
+    /// broker restart that lost the topic, or its recreation, the old bounds are too high.
+    fn reset(&self, ends: Vec<(i32, i64)>) {
+        let mut bounds = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        *bounds = ends.into_iter().collect();
     }
 
     /// Raises the bound of `partition` to `next` if it is higher.
@@ -130,9 +165,7 @@ impl Committer {
         .await;
         match outcome {
             Ok(Ok((partitions, ends))) => {
-                for (partition, end) in ends {
-                    self.bounds.raise(partition, end);
-                }
+                self.bounds.reset(ends);
                 generation.set_ready();
                 self.shared.fenced(generation.number);
                 tracing::debug!(
@@ -217,7 +250,7 @@ impl Committer {
     /// answered at once (nothing of it was sent).
     fn send(&self, generation: &Generation, group: Vec<Job>) -> Vec<(Sent, DeliveryFuture)> {
         let mut sent = Vec::with_capacity(group.len());
-        for job in group {
+        for job in group.into_iter().filter(|job| job.taken.take()) {
             let record = FutureRecord::to(&self.topic)
                 .partition(job.partition)
                 .key(&job.key)
