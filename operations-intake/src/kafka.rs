@@ -529,3 +529,37 @@ fn refused(error: &KafkaError) -> ProduceError {
         _ => ProduceError::Unavailable(error.to_string()),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_unsettled_batch_survives_its_note() {
+        let unsettled = Unsettled {
+            partition: 2,
+            from: 1_234,
+            generation: 3,
+            since_ms: 1_795_683_000_000,
+            producer: "operations-intake-host 3000#ab12".to_owned(),
+        };
+        assert_eq!(Unsettled::from_note(&unsettled.note()), Some(unsettled));
+        assert_eq!(Unsettled::from_note("2 x 3 4 p"), None);
+        assert_eq!(Unsettled::from_note("2 1 3"), None);
+    }
+
+    #[test]
+    fn a_key_always_goes_to_the_same_partition_in_range() {
+        for partitions in [1, 3, 12] {
+            for key in ["acme batch-1", "acme batch-2", "globex batch-1", ""] {
+                let partition = partition_for(key, partitions);
+                assert!((0..partitions as i32).contains(&partition));
+                assert_eq!(partition, partition_for(key, partitions));
+            }
+        }
+        let spread: std::collections::HashSet<i32> = (0..100)
+            .map(|n| partition_for(&format!("acme batch-{n}"), 3))
+            .collect();
+        assert_eq!(spread.len(), 3, "keys spread over every partition");
+    }
+}

@@ -344,3 +344,29 @@ struct Sent {
     from: i64,
     delivered: Result<Ack, KafkaError>,
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_queued_batch_is_taken_or_given_up_never_both() {
+        let taken = Taken::default();
+        assert!(taken.take());
+        assert!(!taken.give_up(), "taken: its request waits for the answer");
+        let given_up = Taken::default();
+        assert!(given_up.give_up());
+        assert!(!given_up.take(), "given up: not sent");
+    }
+
+    #[test]
+    fn bounds_only_rise_until_a_new_producer_starts_them_over() {
+        let bounds = Bounds::default();
+        assert_eq!(bounds.get(0), 0, "unknown: the partition's start");
+        bounds.raise(0, 10);
+        bounds.raise(0, 7);
+        assert_eq!(bounds.get(0), 10);
+        bounds.reset(vec![(1, 4)]);
+        assert_eq!((bounds.get(0), bounds.get(1)), (0, 4));
+    }
+}
