@@ -202,5 +202,8 @@ async fn the_sidecar_started_as_envoy_gateway_starts_it_refuses_clients_without_
     // The handshake fails: the service never answers, not even with an error of its own.
     let error = format!("{answer:?}");
     // (The alert or the closed connection, whichever the client reads first.)
-    assert!(error.contains("tonic::transport::Error(Transport"), "{error}");
+    assert!(
+        error.contains("tonic::transport::Error(Transport"),
+        "{error}"
+    );
 }
