@@ -17,6 +17,7 @@ use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::Producer;
 use serde::Serialize;
 use tokio::sync::{mpsc, oneshot};
+use tokio::time::Instant;
 
 use commit::{Bounds, Committer, Job, Taken};
 use producer::{Producers, Shared};
@@ -449,12 +450,21 @@ impl Kafka {
         }
     }
 
+    /// Where the batch `unsettled` describes, with message `key`, is on the topic, or
+    /// `None` when it is not there, once it can no longer reach it; within the delivery
+    /// timeout, else an error saying why it cannot be told yet.
+    pub async fn look_for(&self, unsettled: &Unsettled, key: &str) -> Result<Option<Ack>, String> {
+        let deadline = Instant::now() + self.delivery_timeout;
+        self.settle(unsettled, deadline).await?;
+        self.find(unsettled, key, deadline).await
+    }
+
     /// Waits until the batch `unsettled` describes can no longer reach the topic: at once
     /// when its producer is fenced already; for one of this process, until the producer
-    /// that replaced it is initialised, for at most the delivery timeout; for another
-    /// process's (another replica, or before a restart), until the broker has aborted
-    /// its transaction, [`ProducerSettings::transaction_timeout`] after it was given up.
-    pub async fn settle(&self, unsettled: &Unsettled) -> Result<(), String> {
+    /// that replaced it is initialised, until `deadline`; for another process's (another
+    /// replica, or before a restart), until the broker has aborted its transaction,
+    /// [`ProducerSettings::transaction_timeout`] after it was given up.
+    async fn settle(&self, unsettled: &Unsettled, deadline: Instant) -> Result<(), String> {
         if unsettled.producer != self.identity {
             let now = SystemTime::now()
                 .duration_since(UNIX_EPOCH)
@@ -470,9 +480,8 @@ impl Kafka {
                 ))
             };
         }
-        let deadline = tokio::time::Instant::now() + self.delivery_timeout;
         while !self.shared.is_fenced(unsettled.generation) {
-            if tokio::time::Instant::now() >= deadline {
+            if Instant::now() >= deadline {
                 return Err(
                     "the producer that sent it is not fenced yet: no new producer has initialised its transactions with the broker"
                         .to_owned(),
@@ -484,17 +493,21 @@ impl Kafka {
     }
 
     /// Reads the partition of `unsettled` back from its `from` offset to its end, for a
-    /// message with `key`: where it is, or `None`. Only meaningful once
-    /// [`Kafka::settle`] returned.
-    pub async fn find(&self, unsettled: &Unsettled, key: &str) -> Result<Option<Ack>, String> {
+    /// message with `key`, until `deadline`: where it is, or `None`.
+    async fn find(
+        &self,
+        unsettled: &Unsettled,
+        key: &str,
+        deadline: Instant,
+    ) -> Result<Option<Ack>, String> {
         let Ok(_permit) = self.readbacks.try_acquire() else {
             return Err(format!(
                 "{READBACKS} other retries are reading the topic back"
             ));
         };
         let (config, topic, key) = (self.readback.clone(), self.topic.clone(), key.to_owned());
-        let (partition, from, timeout) =
-            (unsettled.partition, unsettled.from, self.delivery_timeout);
+        let (partition, from) = (unsettled.partition, unsettled.from);
+        let timeout = deadline.saturating_duration_since(Instant::now());
         tokio::task::spawn_blocking(move || {
             readback::find(&config, &topic, partition, from, key.as_bytes(), timeout)
         })

@@ -336,10 +336,7 @@ async fn retry_unsure(
             None,
         );
     };
-    if let Err(why) = app.kafka.settle(&earlier).await {
-        return (Err(not_settled(batch_id.id, &why)), None);
-    }
-    match app.kafka.find(&earlier, batch_id.key).await {
+    match app.kafka.look_for(&earlier, batch_id.key).await {
         Ok(Some(ack)) => {
             tracing::info!(
                 id = batch_id.id,
