@@ -147,22 +147,8 @@ impl Committer {
         }
         let (initialising, timeout) = (generation.clone(), self.timeout);
         let topic = self.topic.clone();
-        let outcome = tokio::task::spawn_blocking(move || {
-            initialising.producer.init_transactions(timeout)?;
-            // Nothing sent from now on can be below the partitions' ends.
-            let client = initialising.producer.client();
-            let metadata = client.fetch_metadata(Some(&topic), timeout)?;
-            let partitions = metadata
-                .topics()
-                .first()
-                .map_or(0, |t| t.partitions().len());
-            let ends = (0..partitions)
-                .filter_map(|p| i32::try_from(p).ok())
-                .filter_map(|p| Some((p, client.fetch_watermarks(&topic, p, timeout).ok()?.1)))
-                .collect::<Vec<_>>();
-            Ok::<_, KafkaError>((partitions, ends))
-        })
-        .await;
+        let outcome =
+            tokio::task::spawn_blocking(move || initialise(&initialising, &topic, timeout)).await;
         match outcome {
             Ok(Ok((partitions, ends))) => {
                 self.bounds.reset(ends);
@@ -335,6 +321,28 @@ impl Committer {
             producer: self.identity.clone(),
         }
     }
+}
+
+/// Initialises `generation`'s transactions (which fences the producers before it), then
+/// finds the topic's partitions and where each ends: nothing sent from now on can be
+/// below. Blocks.
+fn initialise(
+    generation: &Generation,
+    topic: &str,
+    timeout: Duration,
+) -> Result<(usize, Vec<(i32, i64)>), KafkaError> {
+    generation.producer.init_transactions(timeout)?;
+    let client = generation.producer.client();
+    let metadata = client.fetch_metadata(Some(topic), timeout)?;
+    let partitions = metadata
+        .topics()
+        .first()
+        .map_or(0, |t| t.partitions().len());
+    let ends = (0..partitions)
+        .filter_map(|p| i32::try_from(p).ok())
+        .filter_map(|p| Some((p, client.fetch_watermarks(topic, p, timeout).ok()?.1)))
+        .collect();
+    Ok((partitions, ends))
 }
 
 /// A batch queued in the open transaction, and how its delivery went.
