@@ -68,9 +68,24 @@ impl Values<'_> {
         }
     }
 
+    /// The one value, when there is one and it is at hand (not joined): most keys.
+    #[inline(always)]
+    fn single(&self) -> Option<&[u8]> {
+        match self {
+            Values::Of([entry]) => Some(entry.value.as_bytes()),
+            Values::Strs([value]) => Some(value.as_bytes()),
+            _ => None,
+        }
+    }
+
     /// Feeds the values to `hasher`, alike whatever their form. (The hashers used here
     /// mix each write's length in, so values need no separator to hash apart.)
+    #[inline]
     pub fn hash_into(&self, hasher: &mut impl Hasher) {
+        if let Some(value) = self.single() {
+            hasher.write(value);
+            return;
+        }
         self.for_each(|value| {
             hasher.write(value);
             true
@@ -110,6 +125,10 @@ impl Values<'_> {
     /// Whether `joined` holds the same values.
     #[inline]
     pub fn matches(&self, joined: &[u8]) -> bool {
+        if let Some(value) = self.single() {
+            let n = value.len();
+            return joined.len() == n + 1 && joined[n] == SEPARATOR && same(&joined[..n], value);
+        }
         let mut rest = joined;
         let mut next = |value: &[u8]| match rest.get(value.len()) {
             Some(&SEPARATOR) if same(&rest[..value.len()], value) => {

@@ -81,7 +81,7 @@ impl Counting {
 
     /// Counter `at` of [`Counting::counters`].
     #[inline(always)]
-    fn span(self, at: usize, now_ms: u64) -> Span {
+    pub fn span(self, at: usize, now_ms: u64) -> Span {
         let now = now_ms / 1_000;
         match self {
             Counting::FixedWindow(window) => {
@@ -139,6 +139,7 @@ impl Counting {
 
     /// The hits that count against the limit after a request of `addend` hits, from the
     /// totals of [`Counting::counters`], and when that goes down.
+    #[inline]
     pub fn assess(self, totals: &[u64], addend: u64, bound: u64, now_ms: u64) -> Assessed {
         let total = |i: usize| totals.get(i).copied().unwrap_or(0);
         match self {

@@ -4,7 +4,8 @@ use std::hash::{BuildHasher, Hasher};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};
 
-use foldhash::fast::RandomState;
+use foldhash::SharedSeed;
+use foldhash::fast::{FoldHasher, RandomState};
 use hashbrown::HashTable;
 
 use crate::counter_key::CounterKey;
@@ -37,7 +38,9 @@ pub const DEFAULT_MAX_BYTES: usize = 256 << 20;
 #[derive(Debug)]
 pub struct MemoryStore {
     shards: Box<[Shard]>,
-    hasher: RandomState,
+    /// The random seeds of counter hashes.
+    seed: u64,
+    shared_seed: &'static SharedSeed,
     max_per_shard: usize,
     max_bytes_per_shard: usize,
     evictions: AtomicU64,
@@ -86,7 +89,8 @@ impl MemoryStore {
     pub fn new(max_counters: usize) -> MemoryStore {
         MemoryStore {
             shards: (0..SHARDS).map(|_| Shard::default()).collect(),
-            hasher: RandomState::default(),
+            seed: RandomState::default().hash_one(SHARDS),
+            shared_seed: SharedSeed::global_random(),
             max_per_shard: max_counters.div_ceil(SHARDS).max(1),
             max_bytes_per_shard: DEFAULT_MAX_BYTES / SHARDS,
             evictions: AtomicU64::new(0),
@@ -190,11 +194,12 @@ impl MemoryStore {
             .map_or(0, existing)
     }
 
+    #[inline(always)]
     fn hash(&self, key: &CounterKey<'_>) -> u64 {
-        let mut hasher = self.hasher.build_hasher();
-        // One word for the limit and its window: an identity is already a hash, and the
-        // rotation keeps a window's start from cancelling it out.
-        hasher.write_u64(key.identity ^ key.start.rotate_left(29));
+        // The limit and its window seed the hash of the values: an identity is already a
+        // hash, and the rotation keeps a window's start from cancelling it out.
+        let seed = self.seed ^ key.identity ^ key.start.rotate_left(29);
+        let mut hasher = FoldHasher::with_seed(seed, self.shared_seed);
         key.values.hash_into(&mut hasher);
         hasher.finish()
     }

@@ -362,13 +362,18 @@ impl Target {
     ) -> Decision {
         let engine = &*self.engine;
         let limit = &engine.rules.node(one.node).limits[usize::from(one.which)];
-        let (bound, addend) = (one.bounds.0, call.addend);
-        let (totals, counted) = self.totals(limit, one.counting, call, |key, span| {
-            engine.count(store, key, addend, span, bound, call.now_ms)
-        });
-        let assessed = one
-            .counting
-            .assess(&totals[..counted], addend, bound, call.now_ms);
+        let (bound, addend, now_ms) = (one.bounds.0, call.addend, call.now_ms);
+        let count =
+            |key: &CounterKey<'_>, span| engine.count(store, key, addend, span, bound, now_ms);
+        let assessed = if one.counting.counter_count() == 1 {
+            let span = one.counting.span(0, now_ms);
+            let total = self.with_key(limit, span, call, |key| count(key, span));
+            one.counting.assess(&[total], addend, bound, now_ms)
+        } else {
+            let (totals, counted) = self.totals(limit, one.counting, call, count);
+            one.counting
+                .assess(&totals[..counted], addend, bound, now_ms)
+        };
         let (code, remaining) = tally(&one.stats, one.shadow, one.bounds, addend, assessed.after);
         // One status: the request is over exactly when it is, whatever the quota modes.
         let code = match code {
@@ -509,24 +514,41 @@ impl Target {
         mut f: impl FnMut(&CounterKey<'_>, Span),
     ) {
         for span in counting.counters(call.now_ms) {
-            let start = match span.op {
-                CounterOp::Gcra(_) | CounterOp::GcraRefund(_) => None,
-                _ => Some(span.start),
-            };
-            let write = |out: &mut String| {
-                let prefix = &self.engine.settings.cache_key_prefix;
-                let entries = call
-                    .keys
-                    .iter()
-                    .map(|k| &**k)
-                    .zip(call.values.iter().copied());
-                push_entries(out, prefix, call.domain, entries);
-                push_window_and_suffix(out, start, &limit.key_suffix);
-            };
-            let values = Values::Strs(call.values);
-            let key = CounterKey::new(limit.identity, start.unwrap_or(0), values, &write);
-            f(&key, span);
+            self.with_key(limit, span, call, |key| f(key, span));
         }
+    }
+
+    /// Calls `f` with the key of the counter of `limit` for `span`, as the full decision
+    /// keys it.
+    #[inline(always)]
+    fn with_key<R>(
+        &self,
+        limit: &NodeLimit,
+        span: Span,
+        call: &Call<'_>,
+        f: impl FnOnce(&CounterKey<'_>) -> R,
+    ) -> R {
+        let start = match span.op {
+            CounterOp::Gcra(_) | CounterOp::GcraRefund(_) => None,
+            _ => Some(span.start),
+        };
+        let write = |out: &mut String| {
+            let prefix = &self.engine.settings.cache_key_prefix;
+            let entries = call
+                .keys
+                .iter()
+                .map(|k| &**k)
+                .zip(call.values.iter().copied());
+            push_entries(out, prefix, call.domain, entries);
+            push_window_and_suffix(out, start, &limit.key_suffix);
+        };
+        let values = Values::Strs(call.values);
+        f(&CounterKey::new(
+            limit.identity,
+            start.unwrap_or(0),
+            values,
+            &write,
+        ))
     }
 }
 
