@@ -168,14 +168,8 @@ async fn a_node_that_dies_fails_calls_promptly_and_is_used_again_when_it_returns
     assert!(client.should_rate_limit(call("a")).await.is_ok());
     node.kill();
     let started = Instant::now();
-    let failed = client.should_rate_limit(call("a")).await.unwrap_err();
-    assert_eq!(failed.code(), Code::Unavailable, "{failed:?}");
-    assert!(failed.message().contains("memcached"), "{failed:?}");
-    assert!(
-        started.elapsed() < Duration::from_secs(2),
-        "{:?}",
-        started.elapsed()
-    );
+    unavailable(&client.should_rate_limit(call("a")).await.unwrap_err());
+    within(started, Duration::from_secs(2));
     node.restart();
     let answer = client.should_rate_limit(call("a")).await.unwrap();
     assert_eq!(answer.into_inner().overall_code, 1);
@@ -269,6 +263,20 @@ fn all_at_once(
     })
 }
 
+/// A request that failed because memcached did not answer: `UNAVAILABLE`, naming
+/// memcached (or MEMCACHE_TIMEOUT).
+fn unavailable(failed: &tonic::Status) {
+    assert_eq!(failed.code(), Code::Unavailable, "{failed:?}");
+    let message = failed.message().to_lowercase();
+    assert!(message.contains("memcache"), "{failed:?}");
+}
+
+/// Asserts that less than `limit` has passed since `started`.
+fn within(started: Instant, limit: Duration) {
+    let elapsed = started.elapsed();
+    assert!(elapsed < limit, "{elapsed:?}, more than {limit:?}");
+}
+
 /// A request for `user` under the `burst` limit (20 an hour), adding `hits`.
 fn burst(user: &str, hits: u32) -> RateLimitRequest {
     RateLimitRequest {
@@ -355,20 +363,14 @@ async fn a_frozen_node_fails_waiting_requests_by_the_deadline_and_its_connection
         1
     );
     node.freeze();
+    let clients = clients(&server, 8).await;
     let started = Instant::now();
     let requests = (0..20).map(|i| burst(&format!("f{i}"), 1)).collect();
-    for answer in all_at_once(&clients(&server, 8).await, requests)
-        .await
-        .unwrap()
-    {
-        let failed = answer.unwrap_err();
-        assert_eq!(failed.code(), Code::Unavailable, "{failed:?}");
+    for answer in all_at_once(&clients, requests).await.unwrap() {
+        unavailable(&answer.unwrap_err());
     }
-    assert!(
-        started.elapsed() < Duration::from_millis(1500),
-        "{:?}",
-        started.elapsed()
-    );
+    // MEMCACHE_TIMEOUT, with room for a loaded machine.
+    within(started, Duration::from_millis(1500));
     // The late connection is failed as a whole, and the next request opens another.
     let late = support::eventually(Duration::from_secs(3), || async {
         server.log().contains("no reply within MEMCACHE_TIMEOUT")
@@ -424,15 +426,9 @@ async fn a_connection_cut_mid_pipeline_fails_only_the_requests_in_flight() {
     let cut_at = Instant::now();
     cut.cut_connections();
     for answer in waiting.await.unwrap() {
-        let failed = answer.unwrap_err();
-        assert_eq!(failed.code(), Code::Unavailable, "{failed:?}");
-        assert!(failed.message().contains("memcached"), "{failed:?}");
+        unavailable(&answer.unwrap_err());
     }
-    assert!(
-        cut_at.elapsed() < Duration::from_secs(2),
-        "{:?}",
-        cut_at.elapsed()
-    );
+    within(cut_at, Duration::from_secs(2));
     cut.thaw();
     // The next request opens a new connection at once.
     let answer = client.should_rate_limit(yearly(&on_cut[0])).await;
