@@ -80,12 +80,15 @@ impl Values<'_> {
 
     /// Feeds the values to `hasher`, alike whatever their form. (The hashers used here
     /// mix each write's length in, so values need no separator to hash apart.)
-    #[inline]
+    #[inline(always)]
     pub fn hash_into(&self, hasher: &mut impl Hasher) {
-        if let Some(value) = self.single() {
-            hasher.write(value);
-            return;
+        match self.single() {
+            Some(value) => hasher.write(value),
+            None => self.hash_each(hasher),
         }
+    }
+
+    fn hash_each(&self, hasher: &mut impl Hasher) {
         self.for_each(|value| {
             hasher.write(value);
             true

@@ -139,7 +139,7 @@ impl Counting {
 
     /// The hits that count against the limit after a request of `addend` hits, from the
     /// totals of [`Counting::counters`], and when that goes down.
-    #[inline]
+    #[inline(always)]
     pub fn assess(self, totals: &[u64], addend: u64, bound: u64, now_ms: u64) -> Assessed {
         let total = |i: usize| totals.get(i).copied().unwrap_or(0);
         match self {
