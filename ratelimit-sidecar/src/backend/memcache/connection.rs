@@ -7,8 +7,8 @@
 //! whatever has gathered in one `write` and reads every reply that has arrived in one
 //! `read`, so the requests a worker decides in the same turn share a round trip.
 //!
-//! The connection is opened when a request first needs it. When it breaks (closed,
-//! a reply that is not one, or no reply to the oldest request within `MEMCACHE_TIMEOUT`)
+//! The connection is opened when a request first needs it. When it breaks (closed, a
+//! reply that is not one, or no reply for `MEMCACHE_TIMEOUT` while requests wait on it)
 //! every request waiting on it fails with the error, and the next request opens another.
 //! Waiting requests are bounded by [`MAX_WAITING`]; each request's own deadline bounds
 //! its wait.
