@@ -83,23 +83,22 @@ impl fmt::Display for Unit {
 pub struct Window {
     unit: Unit,
     multiplier: u32,
-    /// The length in seconds, worked out once: each decision divides by it.
-    seconds: u64,
 }
 
 impl Window {
     /// A window of one `unit`, as envoyproxy/ratelimit counts.
     pub const fn of(unit: Unit) -> Window {
-        Window::new(unit, 1)
+        Window {
+            unit,
+            multiplier: 1,
+        }
     }
 
     /// A window of `multiplier` units (at least 1).
     pub const fn new(unit: Unit, multiplier: u32) -> Window {
-        let multiplier = if multiplier == 0 { 1 } else { multiplier };
         Window {
             unit,
-            multiplier,
-            seconds: unit.seconds() * multiplier as u64,
+            multiplier: if multiplier == 0 { 1 } else { multiplier },
         }
     }
 
@@ -115,7 +114,7 @@ impl Window {
 
     /// Window length in seconds (the "divider" of envoyproxy/ratelimit).
     pub const fn seconds(self) -> u64 {
-        self.seconds
+        self.unit.seconds() * self.multiplier as u64
     }
 
     /// Start of the window containing `now` (unix seconds): `now - now % length`.
