@@ -12,8 +12,9 @@ scale=${FAULTS_SCALE:-4}
 report=${FAULTS_REPORT:-$PWD/target/faults-report.md}
 mkdir -p "$(dirname "$report")"
 : >"$report"
-# The tests start the binaries found next to them.
-cargo build -p ratelimit-sidecar -p operations-intake --bins
+# The tests start the binaries found next to them (the xDS fault runs the example
+# control plane), and Envoy from ENVOY_BIN.
+cargo build -p ratelimit-sidecar -p operations-intake -p ratelimit-xds-example --bins
 FAULTS_SCALE=$scale FAULTS_REPORT=$report \
     cargo test -p ratelimit-tests --test faults --test faults_intake -- --test-threads=1 --nocapture "$@"
 echo

@@ -1,6 +1,7 @@
 //! The Redis backend against real `redis-server` processes.
 
 use ratelimit_tests::pki::temp_pki;
+use ratelimit_tests::redis_failover::Sentinel;
 use ratelimit_tests::sidecar as support;
 
 use std::time::{Duration, Instant};
@@ -241,83 +242,14 @@ async fn the_local_cache_stops_asking_redis_about_keys_already_over() {
     );
 }
 
-/// A sentinel process (`redis-server <conf> --sentinel`) watching `master` as `mymaster`.
-struct Sentinel {
-    child: std::process::Child,
-    port: u16,
-    _dir: tempfile::TempDir,
-}
-
-impl Drop for Sentinel {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn start_sentinel(master: u16) -> Sentinel {
-    let dir = tempfile::tempdir().unwrap();
-    let port = support::free_port();
-    let conf = dir.path().join("sentinel.conf");
-    std::fs::write(
-        &conf,
-        format!(
-            "port {port}\nbind 127.0.0.1\ndir {}\nsentinel monitor mymaster 127.0.0.1 {master} 1\n\
-             sentinel down-after-milliseconds mymaster 1000\nsentinel failover-timeout mymaster 5000\n",
-            dir.path().display()
-        ),
-    )
-    .unwrap();
-    let child = std::process::Command::new("redis-server")
-        .arg(&conf)
-        .arg("--sentinel")
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
-    let sentinel = Sentinel {
-        child,
-        port,
-        _dir: dir,
-    };
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-        assert!(Instant::now() < deadline, "sentinel did not start");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    sentinel
-}
-
 #[tokio::test]
 async fn sentinel_finds_the_master_and_follows_a_failover_during_traffic() {
-    let mut master = Redis::start(&[]);
-    let replica_of = master.port.to_string();
-    let replica = Redis::start(&["--replicaof", "127.0.0.1", &replica_of]);
-    let sentinel = start_sentinel(master.port);
-    // The sentinel must have discovered the replica before it can fail over to it.
-    let deadline = Instant::now() + Duration::from_secs(15);
-    loop {
-        let out = std::process::Command::new("redis-cli")
-            .args([
-                "-p",
-                &sentinel.port.to_string(),
-                "SENTINEL",
-                "replicas",
-                "mymaster",
-            ])
-            .output()
-            .unwrap();
-        if String::from_utf8_lossy(&out.stdout).contains(&replica.port.to_string()) {
-            break;
-        }
-        assert!(Instant::now() < deadline, "sentinel never saw the replica");
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    let (mut master, replica, sentinel) = Sentinel::with_replica();
     let server = sidecar(vec![
         ("BACKEND_TYPE", "redis".into()),
         ("REDIS_SOCKET_TYPE", "tcp".into()),
         ("REDIS_TYPE", "sentinel".into()),
-        ("REDIS_URL", format!("mymaster,127.0.0.1:{}", sentinel.port)),
+        ("REDIS_URL", sentinel.url()),
         ("REDIS_TIMEOUT", "1s".into()),
     ]);
     let mut client = server.client().await;

@@ -17,6 +17,7 @@ pub mod kubernetes;
 pub mod memcached;
 pub mod pki;
 pub mod prometheus;
+pub mod redis_failover;
 pub mod sidecar;
 
 /// The names and integer parameters of a Structured Field List (RFC 8941) of strings,

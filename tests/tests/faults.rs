@@ -1,18 +1,37 @@
 //! Faults under load, with a checker (`ratelimit_tests::faults`): each test runs a
-//! bounded load of `ShouldRateLimit` calls on hot and cold keys against a real sidecar,
-//! makes one fault while it runs, heals it, and checks the history of every call: per
-//! key and window admitted ≤ limit (≤ limit + the failure mode's bound across the
-//! fault), the failure mode's answer during the fault, no call past its deadline, exact
-//! answers again within a window of the heal, the breaker closed and memory back near
-//! where it started. The short form runs here; `bench/faults/run.sh` runs it longer.
+//! bounded load of `ShouldRateLimit` calls on hot and cold keys against a real sidecar
+//! (or through a real Envoy in front of it), makes one fault while it runs, heals it,
+//! and checks the history of every call: per key and window admitted ≤ limit (≤ limit +
+//! the failure mode's bound across the fault), the failure mode's answer during the
+//! fault (only on the lost keys for a partial fault; none at all for a fault that must
+//! not show), no call past its deadline, exact answers again within a window of the
+//! heal, health back, the breaker closed and memory back near where it started. The
+//! short form runs here; `bench/faults/run.sh` runs it longer.
 
 use std::future::Future;
+use std::path::Path;
+use std::sync::Mutex;
 use std::time::Duration;
 
-use ratelimit_tests::faults::check::{Bounds, Fault, Promise, check};
-use ratelimit_tests::faults::load::{Load, Profile, now_us, rules};
-use ratelimit_tests::faults::{Schedule, report, rss_kib};
-use ratelimit_tests::sidecar::{Options, Redis, Server, eventually, redis_env};
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
+use ratelimit_tests::envoy::{start_envoy, upstream};
+use ratelimit_tests::faults::Schedule;
+use ratelimit_tests::faults::check::{Fault, Promise};
+use ratelimit_tests::faults::load::now_us;
+use ratelimit_tests::faults::load::{Profile, Target, envoy_rules, rules, tls_endpoint};
+use ratelimit_tests::faults::run::{
+    Breakers, Timed, around, checked, healed_and_reported, last_seen, store_fault,
+};
+use ratelimit_tests::faults::xds::ControlPlane;
+use ratelimit_tests::memcached::{Dns, Memcached};
+use ratelimit_tests::pki::make_pki;
+use ratelimit_tests::redis_failover::{
+    FAILOVER_CLUSTER, Sentinel, cluster_replica, is_master, slots_of,
+};
+use ratelimit_tests::sidecar::{
+    Options, Redis, Server, eventually, limit_of, redis_addresses, redis_cluster, redis_env,
+    request,
+};
 
 const LIMIT: u32 = 20;
 const DEADLINE: Duration = Duration::from_millis(500);
@@ -20,8 +39,7 @@ const DEADLINE: Duration = Duration::from_millis(500);
 const MARGIN: Duration = Duration::from_millis(400);
 /// BACKEND_BREAKER_OPEN_DURATION, and the time to use the store again after it.
 const OPEN: Duration = Duration::from_secs(1);
-/// Resident memory may end this much above where it was before the fault.
-const RSS_GROWTH_KIB: u64 = 32 * 1024;
+const BOUNDS: (u32, Duration, Duration) = (LIMIT, DEADLINE, MARGIN);
 
 fn profile(schedule: &Schedule) -> Profile {
     Profile {
@@ -33,145 +51,461 @@ fn profile(schedule: &Schedule) -> Profile {
     }
 }
 
-/// A sidecar on `backend` deciding the load's rules, in failure mode `mode`.
-fn sidecar(mut env: Vec<(&'static str, String)>, mode: &str) -> Server {
+/// The settings of a sidecar that falls back to `mode` while its store is away.
+fn failing(mut env: Vec<(&'static str, String)>, mode: &str) -> Vec<(&'static str, String)> {
     env.extend([
         ("BACKEND_FAILURE_MODE", mode.to_owned()),
         ("BACKEND_FALLBACK_REPLICAS", "2".to_owned()),
         ("BACKEND_BREAKER_FAILURES", "3".to_owned()),
         ("BACKEND_BREAKER_OPEN_DURATION", "1s".to_owned()),
         ("REDIS_TIMEOUT", "300ms".to_owned()),
+        ("MEMCACHE_TIMEOUT", "300ms".to_owned()),
         ("GRPC_WORKERS", "2".to_owned()),
     ]);
+    env
+}
+
+/// A sidecar on `backend` deciding the load's rules, in failure mode `mode`.
+fn sidecar(env: Vec<(&'static str, String)>, mode: &str) -> Server {
     Server::start_with(Options {
-        env,
+        env: failing(env, mode),
         ..Options::rules(&rules(LIMIT))
     })
 }
 
-/// Runs the load on `server`, makes the fault with `make` after the schedule's first
-/// phase, heals it with `heal` after the second, and checks the history.
-async fn under_load<M, H, HF>(
-    server: &Server,
-    name: &str,
-    promise: Promise,
-    lost: bool,
-    make: M,
-    heal: H,
-) where
-    M: FnOnce(),
+/// The load on `server`'s gRPC port around the fault made by `make` and healed by
+/// `heal`, its memory watched.
+async fn on_grpc<M, MF, H, HF>(server: &Server, schedule: Schedule, make: M, heal: H) -> Timed
+where
+    M: FnOnce() -> MF,
+    MF: Future<Output = ()>,
     H: FnOnce() -> HF,
-    HF: Future<Output = ()>,
+    HF: Future<Output = u64>,
 {
-    let schedule = Schedule::from_env();
-    let load = Load::start(server.grpc, profile(&schedule)).await;
-    tokio::time::sleep(schedule.before).await;
-    let rss_before = rss_kib(server.pid());
-    let started = now_us();
-    make();
-    tokio::time::sleep(schedule.fault).await;
-    heal().await;
-    let healed = now_us();
-    tokio::time::sleep(schedule.after).await;
-    let history = load.stop().await;
-    let rss_after = rss_kib(server.pid());
-    let fault = Fault {
-        name: name.to_owned(),
-        started,
-        healed,
-        promise,
-        loses_counters: lost,
-        settle: u64::try_from((OPEN + Duration::from_millis(500)).as_micros()).unwrap(),
-    };
-    let bounds = Bounds {
-        limit: u64::from(LIMIT),
-        deadline: u64::try_from(DEADLINE.as_micros()).unwrap(),
-        margin: u64::try_from(MARGIN.as_micros()).unwrap(),
-    };
-    let measured = check(&history, bounds, &fault)
-        .unwrap_or_else(|broken| panic!("{name}:\n{}\n{}", broken.join("\n"), server.log()));
-    // The breaker closed and health is back.
-    let healthy = eventually(Duration::from_secs(5), || async {
-        reqwest::get(server.http_url("/healthcheck"))
-            .await
-            .is_ok_and(|r| r.status() == 200)
-    })
-    .await;
-    assert!(
-        healthy,
-        "{name}: unhealthy after the heal\n{}",
-        server.log()
-    );
-    let stats = server.stats().await;
-    let opened = stats
-        .get("ratelimit.redis.breaker_opened")
-        .copied()
-        .unwrap_or(0);
-    let closed = stats
-        .get("ratelimit.redis.breaker_closed")
-        .copied()
-        .unwrap_or(0);
-    assert!(
-        opened >= 1 && closed >= 1,
-        "{name}: breaker opened {opened}, closed {closed}"
-    );
-    assert!(
-        rss_after <= rss_before + RSS_GROWTH_KIB,
-        "{name}: resident memory {rss_before} KiB before the fault, {rss_after} KiB at the end"
-    );
-    report(&format!(
-        "| {name} | {:?} | {measured}; RSS {rss_before} → {rss_after} KiB; breaker opened {opened}, closed {closed} |",
-        fault.promise
-    ));
+    let target = Target::Grpc(server.grpc);
+    let pid = Some(server.pid());
+    around(target, profile(&schedule), schedule, pid, make, heal).await
 }
 
-#[tokio::test]
+/// Runs the load on `server` around the store fault made by `make` and healed by
+/// `heal`, checks it against `fault` (given the run's times) and reports.
+async fn store_under_load<M, MF, H, HF>(
+    server: &Server,
+    schedule: Schedule,
+    make: M,
+    heal: H,
+    fault: impl FnOnce(&Timed) -> Fault,
+    breakers: Breakers<'_>,
+) where
+    M: FnOnce() -> MF,
+    MF: Future<Output = ()>,
+    H: FnOnce() -> HF,
+    HF: Future<Output = u64>,
+{
+    let timed = on_grpc(server, schedule, make, heal).await;
+    let fault = fault(&timed);
+    let measured = checked(&timed, &fault, BOUNDS, server);
+    healed_and_reported(server, &timed, &fault, &measured, breakers).await;
+}
+
+/// Freezes `redis` (SIGSTOP), as a fault's `make`.
+fn freeze(redis: &Redis) -> impl FnOnce() -> std::future::Ready<()> {
+    move || {
+        redis.freeze();
+        std::future::ready(())
+    }
+}
+
+/// Lets `redis` run again (SIGCONT), as a fault's `heal`.
+fn thaw(redis: &Redis) -> impl FnOnce() -> std::future::Ready<u64> {
+    move || {
+        redis.thaw();
+        std::future::ready(now_us())
+    }
+}
+
+/// Runs `restart` (which waits until what it starts listens); when it began.
+fn restarted(restart: impl FnOnce()) -> u64 {
+    let began = now_us();
+    restart();
+    began
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_paused_in_failure_mode_error() {
     let redis = Redis::start(&[]);
     let server = sidecar(redis_env(redis.port), "error");
-    under_load(
+    let name = "Redis SIGSTOP, mode error";
+    let fault = |t: &_| store_fault(name, Promise::Error, t, OPEN, false);
+    store_under_load(
         &server,
-        "Redis SIGSTOP, mode error",
-        Promise::Error,
-        false,
-        || redis.freeze(),
-        || async {
-            redis.thaw();
-        },
+        Schedule::from_env(),
+        freeze(&redis),
+        thaw(&redis),
+        fault,
+        Breakers::Of("redis"),
     )
     .await;
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_paused_in_failure_mode_allow() {
     let redis = Redis::start(&[]);
     let server = sidecar(redis_env(redis.port), "allow");
-    under_load(
+    let name = "Redis SIGSTOP, mode allow";
+    let fault = |t: &_| store_fault(name, Promise::Allow, t, OPEN, false);
+    store_under_load(
         &server,
-        "Redis SIGSTOP, mode allow",
-        Promise::Allow,
-        false,
-        || redis.freeze(),
-        || async {
-            redis.thaw();
-        },
+        Schedule::from_env(),
+        freeze(&redis),
+        thaw(&redis),
+        fault,
+        Breakers::Of("redis"),
     )
     .await;
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_killed_and_restarted_in_failure_mode_local() {
-    let redis = std::cell::RefCell::new(Redis::start(&[]));
-    let port = redis.borrow().port;
+    let redis = Mutex::new(Redis::start(&[]));
+    let port = redis.lock().unwrap().port;
     let server = sidecar(redis_env(port), "local");
     let share = u64::from(LIMIT / 2);
-    under_load(
-        &server,
-        "Redis killed and restarted, mode local",
-        Promise::Local { share },
-        true,
-        || redis.borrow_mut().kill(),
-        || async { redis.borrow_mut().restart() },
+    let name = "Redis killed and restarted, mode local";
+    let fault = |t: &_| store_fault(name, Promise::Local { share }, t, OPEN, true);
+    let make = async || redis.lock().unwrap().kill();
+    let heal = async || restarted(|| redis.lock().unwrap().restart());
+    let (schedule, breakers) = (Schedule::from_env(), Breakers::Of("redis"));
+    store_under_load(&server, schedule, make, heal, fault, breakers).await;
+}
+
+/// Envoy's deadline for the load through it: its rate limit filter waits 0.5 s.
+const ENVOY_DEADLINE: Duration = Duration::from_secs(1);
+
+/// The sidecar killed behind a real Envoy and started again on its port. While it is
+/// down Envoy answers as `failure_mode_deny` says (500 when true, the upstream's 200
+/// when false); once it is back (its counters lost: the memory backend) decisions
+/// are exact again.
+async fn sidecar_restarted_behind_envoy(deny: bool) {
+    let upstream = upstream().await;
+    let options = Options {
+        env: failing(Vec::new(), "error"),
+        ..Options::rules(&envoy_rules(LIMIT))
+    };
+    let first = Server::start_with(options.clone());
+    let grpc = first.grpc;
+    let envoy = start_envoy(upstream, grpc, deny);
+    let server = Mutex::new(Some(first));
+    let schedule = Schedule::from_env();
+    let profile = Profile {
+        deadline: ENVOY_DEADLINE,
+        ..profile(&schedule)
+    };
+    let make = async || drop(server.lock().unwrap().take());
+    let heal = async || {
+        let began = now_us();
+        let options = options.set("GRPC_PORT", &grpc.to_string());
+        let again = tokio::task::spawn_blocking(move || Server::start_with(options));
+        *server.lock().unwrap() = Some(again.await.unwrap());
+        began
+    };
+    let timed = around(
+        Target::Envoy(envoy.port),
+        profile,
+        schedule,
+        None,
+        make,
+        heal,
     )
     .await;
+    let server = server.into_inner().unwrap().expect("started again");
+    let (name, promise) = if deny {
+        (
+            "sidecar killed and restarted behind Envoy, failure_mode_deny true",
+            Promise::Error,
+        )
+    } else {
+        (
+            "sidecar killed and restarted behind Envoy, failure_mode_deny false",
+            Promise::Allow,
+        )
+    };
+    let fault = Fault {
+        loses_counters: true,
+        ..Fault::new(name, promise, timed.times(), timed.settle(Duration::ZERO))
+    };
+    let measured = checked(&timed, &fault, (LIMIT, ENVOY_DEADLINE, MARGIN), &server);
+    healed_and_reported(&server, &timed, &fault, &measured, Breakers::None).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sidecar_restarted_behind_envoy_failure_mode_deny() {
+    sidecar_restarted_behind_envoy(true).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sidecar_restarted_behind_envoy_failure_mode_allow() {
+    sidecar_restarted_behind_envoy(false).await;
+}
+
+/// Whether a call over a new TLS connection trusting only `ca` is answered.
+async fn answered_trusting(port: u16, ca: &Path) -> bool {
+    let Ok(channel) = tls_endpoint(port, &[ca.to_path_buf()]).connect().await else {
+        return false;
+    };
+    RateLimitServiceClient::new(channel)
+        .should_rate_limit(request("faults", &[&[("k", "tls")]]))
+        .await
+        .is_ok()
+}
+
+/// Moves `from`'s server certificate and key over `to`'s, by rename (key first).
+fn rotate(from: &Path, to: &Path) {
+    for name in ["server.key", "server.crt"] {
+        let staged = to.join(format!(".{name}.new"));
+        std::fs::copy(from.join(name), &staged).unwrap();
+        std::fs::rename(&staged, to.join(name)).unwrap();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn certificate_rotated_under_load_with_tls_on() {
+    let [live, old, new] = [(); 3].map(|()| tempfile::tempdir().unwrap());
+    make_pki(old.path());
+    make_pki(new.path());
+    rotate(old.path(), live.path());
+    let file = |name: &str| live.path().join(name).display().to_string();
+    let mut env = failing(Vec::new(), "error");
+    env.extend([
+        ("GRPC_SERVER_USE_TLS", "true".to_owned()),
+        ("GRPC_SERVER_TLS_CERT", file("server.crt")),
+        ("GRPC_SERVER_TLS_KEY", file("server.key")),
+    ]);
+    let server = Server::start_with(Options {
+        env,
+        ..Options::rules(&rules(LIMIT))
+    });
+    let (old_ca, new_ca) = (old.path().join("ca.crt"), new.path().join("ca.crt"));
+    // Callers trust both CAs and make a new connection (a handshake) every 20 calls.
+    let target = Target::Tls {
+        port: server.grpc,
+        trust: vec![old_ca.clone(), new_ca.clone()],
+        reconnect: 20,
+    };
+    let schedule = Schedule {
+        fault: Duration::ZERO,
+        ..Schedule::from_env()
+    };
+    let make = async || rotate(new.path(), live.path());
+    // Healed when a new connection trusting only the new CA is answered.
+    let heal = async || {
+        last_seen(
+            Duration::from_secs(10),
+            "the new certificate served",
+            || answered_trusting(server.grpc, &new_ca),
+        )
+        .await
+    };
+    let timed = around(
+        target,
+        profile(&schedule),
+        schedule,
+        Some(server.pid()),
+        make,
+        heal,
+    )
+    .await;
+    let name = "certificate rotated (renamed over) with TLS on, new connection every 20 calls";
+    let fault = Fault::new(name, Promise::Exact, timed.times(), 0);
+    let measured = checked(&timed, &fault, BOUNDS, &server);
+    assert!(
+        !answered_trusting(server.grpc, &old_ca).await,
+        "new connections still get the old certificate"
+    );
+    healed_and_reported(&server, &timed, &fault, &measured, Breakers::None).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn xds_server_restarted_while_the_rules_change() {
+    let plane = ControlPlane::start(&rules(LIMIT));
+    let mut env = failing(plane.sidecar_env(), "error");
+    env.push(("BACKEND_TYPE", "memory".to_owned()));
+    let server = Server::start_with(Options {
+        env,
+        ..Options::default()
+    });
+    let subscribed = eventually(Duration::from_secs(10), || async {
+        limit_of(&server, "faults", &[("k", "0")]).await == Some(LIMIT)
+    })
+    .await;
+    assert!(subscribed, "the rules never came\n{}", server.log());
+    let plane = Mutex::new(plane);
+    let halved = LIMIT / 2;
+    // Killed; the rules change while it is away; started again on the new rules.
+    let make = async || {
+        let mut plane = plane.lock().unwrap();
+        plane.kill();
+        plane.write(&rules(halved));
+    };
+    let heal = async || restarted(|| plane.lock().unwrap().run());
+    let schedule = Schedule::from_env();
+    let timed = on_grpc(&server, schedule, make, heal).await;
+    let name = "xDS server killed, rules changed (limit 20 → 10), started again";
+    let fault = Fault {
+        limit_after: Some(u64::from(halved)),
+        ..Fault::new(name, Promise::Exact, timed.times(), timed.settle(OPEN))
+    };
+    let measured = checked(&timed, &fault, BOUNDS, &server);
+    assert_eq!(
+        limit_of(&server, "faults", &[("k", "0")]).await,
+        Some(halved)
+    );
+    healed_and_reported(&server, &timed, &fault, &measured, Breakers::None).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn memcached_node_lost_and_the_srv_record_changed() {
+    let srv = "_memcache._tcp.faults.test";
+    let (a, b, c) = (Memcached::start(), Memcached::start(), Memcached::start());
+    let dns = Dns::start(srv, &[("a.faults.test", a.port), ("b.faults.test", b.port)]);
+    let env = vec![
+        ("BACKEND_TYPE", "memcache".to_owned()),
+        ("MEMCACHE_SRV", srv.to_owned()),
+        ("MEMCACHE_SRV_DNS_SERVER", dns.address()),
+        ("MEMCACHE_SRV_REFRESH", "200ms".to_owned()),
+        ("EXPIRATION_JITTER_MAX_SECONDS", "0".to_owned()),
+    ];
+    let server = sidecar(env, "error");
+    let (b, dns) = (Mutex::new(b), Mutex::new(dns));
+    let make = async || b.lock().unwrap().kill();
+    // The record names a new node in the lost one's place; the sidecar looks it up
+    // every 200 ms.
+    let heal = async || {
+        let began = now_us();
+        let nodes = [("a.faults.test", a.port), ("c.faults.test", c.port)];
+        dns.lock().unwrap().serve(srv, &nodes);
+        let changed = eventually(Duration::from_secs(10), || async {
+            server.log().contains("memcached nodes changed")
+        });
+        assert!(
+            changed.await,
+            "the node map never changed\n{}",
+            server.log()
+        );
+        began
+    };
+    let name = "memcached node killed, its SRV record moved to a new node, mode error";
+    let fault = |t: &Timed| Fault {
+        partial: true,
+        ..store_fault(name, Promise::Error, t, OPEN, true)
+    };
+    let (schedule, breakers) = (Schedule::from_env(), Breakers::NodeLeft("memcache"));
+    store_under_load(&server, schedule, make, heal, fault, breakers).await;
+    assert!(c.stat("curr_items") > 0, "the new node holds counters");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sentinel_fails_over_when_the_master_is_killed() {
+    let (master, replica, sentinel) = Sentinel::with_replica();
+    let mut env = redis_env(master.port);
+    env.extend([
+        ("REDIS_TYPE", "sentinel".to_owned()),
+        ("REDIS_URL", sentinel.url()),
+    ]);
+    let server = sidecar(env, "error");
+    let master = Mutex::new(master);
+    let make = async || master.lock().unwrap().kill();
+    let heal = async || {
+        last_seen(Duration::from_secs(30), "the replica promoted", || async {
+            sentinel.master_port() == Some(replica.port)
+        })
+        .await
+    };
+    let schedule = Schedule {
+        fault: Duration::ZERO,
+        ..Schedule::from_env()
+    };
+    // Replication is asynchronous: the last counts the master took may not be on the
+    // replica (counted as counters lost).
+    let name = "sentinel failover: master killed, replica promoted, mode error";
+    let fault = |t: &Timed| store_fault(name, Promise::Error, t, OPEN, true);
+    store_under_load(&server, schedule, make, heal, fault, Breakers::Of("redis")).await;
+    let keys = replica.keys();
+    assert!(
+        keys.iter().any(|k| k.starts_with("faults_k_")),
+        "the promoted replica took the counts: {keys:?}"
+    );
+}
+
+/// A sidecar on the cluster of `nodes`, in failure mode `error`.
+fn on_cluster(nodes: &[Redis]) -> Server {
+    let mut env = redis_env(nodes[0].port);
+    env.extend([
+        ("REDIS_TYPE", "cluster".to_owned()),
+        ("REDIS_URL", redis_addresses(nodes).join(",")),
+    ]);
+    sidecar(env, "error")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_master_fails_over_to_its_replica() {
+    let nodes = redis_cluster(3, &FAILOVER_CLUSTER);
+    let replica = cluster_replica(&nodes[0]);
+    let server = on_cluster(&nodes);
+    let nodes = Mutex::new(nodes);
+    let make = async || nodes.lock().unwrap()[0].kill();
+    let heal = async || {
+        last_seen(Duration::from_secs(30), "the replica promoted", || async {
+            is_master(&nodes.lock().unwrap()[1], &replica)
+        })
+        .await
+    };
+    let schedule = Schedule {
+        fault: Duration::ZERO,
+        ..Schedule::from_env()
+    };
+    let name = "cluster master killed, its replica promoted, mode error";
+    let fault = |t: &Timed| Fault {
+        partial: true,
+        ..store_fault(name, Promise::Error, t, OPEN, true)
+    };
+    let breakers = Breakers::NodeLeft("redis");
+    store_under_load(&server, schedule, make, heal, fault, breakers).await;
+}
+
+/// Moves `slots` slots from `from` to `to` with `redis-cli --cluster reshard`, a slot at
+/// a time: marked migrating and importing, its keys moved, the slot given to `to`. A
+/// client then meets `MOVED` for every moved slot it still maps to `from` (and `ASK`
+/// for a key asked in the few milliseconds a slot migrates).
+async fn reshard(from: &Redis, to: &Redis, slots: u32) {
+    let id = |node: &Redis| node.cli(&["CLUSTER", "MYID"]);
+    let output = tokio::process::Command::new("redis-cli")
+        .args(["--cluster", "reshard", &format!("127.0.0.1:{}", from.port)])
+        .args(["--cluster-from", &id(from), "--cluster-to", &id(to)])
+        .args(["--cluster-slots", &slots.to_string(), "--cluster-yes"])
+        .output()
+        .await
+        .unwrap();
+    let said = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "{said}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_slots_moved_under_load() {
+    let nodes = redis_cluster(3, &[]);
+    let server = on_cluster(&nodes);
+    let slots = 2_000;
+    let (from, to) = (&nodes[0], &nodes[1]);
+    let make = async || reshard(from, to, slots).await;
+    // The fault lasts as long as the resharding.
+    let heal = async || now_us();
+    let schedule = Schedule {
+        fault: Duration::ZERO,
+        ..Schedule::from_env()
+    };
+    let name = "cluster: 2 000 slots moved between masters (MOVED)";
+    let fault = |t: &Timed| Fault::new(name, Promise::Exact, t.times(), 0);
+    store_under_load(&server, schedule, make, heal, fault, Breakers::None).await;
+    let held = slots_of(&nodes[2], to);
+    assert!(held >= 16_384 / 3 + slots, "{held} slots on the target");
 }

@@ -1,7 +1,7 @@
 //! The checker: reads a load's history and the fault's times and says whether the
 //! limiter kept its promises, and what it measured.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 
 use super::load::{Answer, Call};
@@ -21,6 +21,9 @@ pub enum Promise {
         /// The local share of the limit (limit / BACKEND_FALLBACK_REPLICAS).
         share: u64,
     },
+    /// The fault must not show: every call is decided exactly, as if nothing happened
+    /// (a certificate rotated, a rule source away, a slot migrating).
+    Exact,
 }
 
 /// A fault and what the checker must allow for it.
@@ -40,6 +43,44 @@ pub struct Fault {
     /// How long after the heal the service may take to use the store again (the
     /// breaker's open duration and the reconnect).
     pub settle: u64,
+    /// Whether the fault takes away only some of the store (a memcached node, a cluster
+    /// master): then, per key and window, the calls either all get the failure mode's
+    /// answer (the key's counter is on the lost part) or are all decided exactly.
+    pub partial: bool,
+    /// The limit after the heal, when the fault changes the rules: windows from the
+    /// heal's settling on are held to it, windows meeting the change to the larger.
+    pub limit_after: Option<u64>,
+}
+
+impl Fault {
+    /// A fault called `name`, made at `started` and healed at `healed`, holding
+    /// `promise` and settling within `settle` µs; whole, keeping counters and rules.
+    pub fn new(name: &str, promise: Promise, (started, healed): (u64, u64), settle: u64) -> Fault {
+        Fault {
+            name: name.to_owned(),
+            started,
+            healed,
+            promise,
+            loses_counters: false,
+            settle,
+            partial: false,
+            limit_after: None,
+        }
+    }
+
+    /// The limit of the window starting at `window` s.
+    fn limit_at(&self, limit: u64, window: u64) -> u64 {
+        let Some(after) = self.limit_after else {
+            return limit;
+        };
+        if window * WINDOW >= self.healed + self.settle {
+            after
+        } else if (window + 1) * WINDOW > self.healed {
+            limit.max(after)
+        } else {
+            limit
+        }
+    }
 }
 
 /// The limit, the callers' deadline and the margin a call may take beyond it.
@@ -72,6 +113,9 @@ pub struct Measured {
     pub errors: usize,
     /// From the heal to the first window from which every answer is exact (µs).
     pub heal: u64,
+    /// A partial fault: the keys' windows during it that failed wholly, and those
+    /// decided exactly.
+    pub split: Option<(u64, u64)>,
 }
 
 impl fmt::Display for Measured {
@@ -87,7 +131,14 @@ impl fmt::Display for Measured {
             self.worst_window,
             self.worst_latency / 1_000,
             self.heal / 1_000
-        )
+        )?;
+        if let Some((failed, kept)) = self.split {
+            write!(
+                f,
+                "; key windows during the fault: {failed} failed, {kept} exact"
+            )?;
+        }
+        Ok(())
     }
 }
 
@@ -97,10 +148,7 @@ pub fn check(history: &[Call], bounds: Bounds, fault: &Fault) -> Result<Measured
     let mut broken = Vec::new();
     let mut measured = Measured {
         calls: history.len(),
-        errors: history
-            .iter()
-            .filter(|c| matches!(c.answer, Answer::Error(_)))
-            .count(),
+        errors: history.iter().filter(|c| c.answer.failed()).count(),
         ..Measured::default()
     };
     if let (Some(first), Some(last)) = (history.first(), history.last()) {
@@ -109,6 +157,12 @@ pub fn check(history: &[Call], bounds: Bounds, fault: &Fault) -> Result<Measured
     latencies(history, bounds, &mut measured, &mut broken);
     windows(history, bounds, fault, &mut measured, &mut broken);
     promise(history, fault, &mut broken);
+    if fault.partial {
+        measured.split = Some(partial(history, fault, &mut broken));
+    }
+    if fault.promise == Promise::Exact {
+        exact_during(history, bounds, fault, &mut broken);
+    }
     heal(history, bounds, fault, &mut measured, &mut broken);
     if broken.is_empty() {
         Ok(measured)
@@ -165,13 +219,14 @@ fn windows(
     };
     for ((key, window), admitted) in admitted_inside(history) {
         let during = (first..=last).contains(&window);
+        let limit = fault.limit_at(bounds.limit, window);
         let bound = match (during, fault.promise) {
-            (false, _) => bounds.limit,
+            (false, _) => limit,
             (true, Promise::Allow) => u64::MAX,
-            (true, Promise::Error) => bounds.limit + lost,
-            (true, Promise::Local { share }) => bounds.limit + share + lost,
+            (true, Promise::Error | Promise::Exact) => limit + lost,
+            (true, Promise::Local { share }) => limit + share + lost,
         };
-        let over = admitted.saturating_sub(bounds.limit);
+        let over = admitted.saturating_sub(limit);
         if during {
             measured.over_during += over;
             measured.worst_window = measured.worst_window.max(admitted);
@@ -195,13 +250,17 @@ fn promise(history: &[Call], fault: &Fault, broken: &mut Vec<String>) {
     let inside = |c: &&Call| c.start >= fault.started + 200_000 && c.end <= fault.healed;
     let mut local: BTreeMap<(u32, u64), u64> = BTreeMap::new();
     for call in history.iter().filter(|c| c.end < fault.started) {
-        if matches!(call.answer, Answer::Error(_)) && broken.len() < 20 {
+        if call.answer.failed() && broken.len() < 20 {
             broken.push(format!("an error before the fault: {call:?}"));
         }
     }
     for call in history.iter().filter(inside) {
         let kept = match (fault.promise, call.answer) {
-            (Promise::Error, Answer::Error(_)) | (Promise::Allow, Answer::Ok) => true,
+            // A partial fault's promise is per key and window: [`partial`].
+            _ if fault.partial => true,
+            (Promise::Error, answer) => answer.failed(),
+            (Promise::Allow, Answer::Ok) => true,
+            (Promise::Exact, answer) => !answer.failed(),
             (Promise::Local { .. }, Answer::Ok) => {
                 // Counted in a window when sent and answered inside it (a call sent at
                 // a window's end may be decided in the next).
@@ -246,7 +305,7 @@ fn heal(
     };
     // The last whole window of the history.
     let end = last.start / WINDOW;
-    let inexact = inexact_windows(history, bounds.limit);
+    let inexact = inexact_windows(history, |window| fault.limit_at(bounds.limit, window));
     let first = fault.healed.div_ceil(WINDOW);
     let exact_from = |window: u64| inexact.range(window..end).next().is_none();
     let Some(window) = (first..end).find(|&w| exact_from(w)) else {
@@ -270,19 +329,19 @@ fn heal(
 /// Windows with an error, a key admitted over the limit, or a key refused before it
 /// admitted its whole limit (counting the admitted calls that touch the window, which
 /// include those spanning its edges).
-fn inexact_windows(history: &[Call], limit: u64) -> std::collections::BTreeSet<u64> {
+fn inexact_windows(history: &[Call], limit: impl Fn(u64) -> u64) -> BTreeSet<u64> {
     let mut touching: BTreeMap<(u32, u64), u64> = BTreeMap::new();
     for call in history.iter().filter(|c| c.answer == Answer::Ok) {
         for window in call.start / WINDOW..=call.end / WINDOW {
             *touching.entry((call.key, window)).or_default() += 1;
         }
     }
-    let mut inexact = std::collections::BTreeSet::new();
+    let mut inexact = BTreeSet::new();
     for call in history {
         let window = call.start / WINDOW;
         let wrong = match call.answer {
-            Answer::Error(_) => true,
-            Answer::Over => touching.get(&(call.key, window)).copied().unwrap_or(0) < limit,
+            Answer::Error(_) | Answer::Http(_) => true,
+            Answer::Over => touching.get(&(call.key, window)).copied().unwrap_or(0) < limit(window),
             Answer::Ok => false,
         };
         if wrong {
@@ -290,9 +349,77 @@ fn inexact_windows(history: &[Call], limit: u64) -> std::collections::BTreeSet<u
         }
     }
     for (&(_, window), &admitted) in &admitted_inside(history) {
-        if admitted > limit {
+        if admitted > limit(window) {
             inexact.insert(window);
         }
     }
     inexact
+}
+
+/// A partial fault: per key and window during it (calls sent and answered inside one
+/// window), the calls all failed (the key's counter was on the lost part; the failure
+/// mode `error` is the one used with partial faults) or none did. Both must happen: a
+/// fault that took every key, or none, is not the fault the test meant. Returns the
+/// counts of both.
+fn partial(history: &[Call], fault: &Fault, broken: &mut Vec<String>) -> (u64, u64) {
+    let inside = |c: &&Call| c.start >= fault.started + 200_000 && c.end <= fault.healed;
+    // (failed, decided) per key and window.
+    let mut groups: BTreeMap<(u32, u64), (u64, u64)> = BTreeMap::new();
+    for call in history.iter().filter(inside) {
+        let window = call.start / WINDOW;
+        if call.end / WINDOW != window {
+            continue;
+        }
+        let group = groups.entry((call.key, window)).or_default();
+        if call.answer.failed() {
+            group.0 += 1;
+        } else {
+            group.1 += 1;
+        }
+    }
+    let (mut failed, mut kept) = (0, 0);
+    for (&(key, window), &(errors, decided)) in &groups {
+        match (errors, decided) {
+            (_, 0) => failed += 1,
+            (0, _) => kept += 1,
+            _ if broken.len() < 20 => broken.push(format!(
+                "key {key} in the window at {window} s: {errors} calls failed and {decided} were decided (a partial fault takes a key's window wholly or not at all)"
+            )),
+            _ => {}
+        }
+    }
+    if (failed == 0 || kept == 0) && broken.len() < 20 {
+        broken.push(format!(
+            "a partial fault: {failed} key windows failed and {kept} were decided; both must happen"
+        ));
+    }
+    (failed, kept)
+}
+
+/// A fault that must not show: no call failed, and every whole window of the history is
+/// exact (no key over its limit, no key refused before its limit), but for those that
+/// meet a change of the rules (from the heal to its settling).
+fn exact_during(history: &[Call], bounds: Bounds, fault: &Fault, broken: &mut Vec<String>) {
+    for call in history.iter().filter(|c| c.answer.failed()).take(10) {
+        broken.push(format!("a call failed: {call:?}"));
+    }
+    let (Some(first), Some(last)) = (history.first(), history.last()) else {
+        return;
+    };
+    let changing = |window: u64| {
+        fault.limit_after.is_some()
+            && window * WINDOW < fault.healed + fault.settle
+            && (window + 1) * WINDOW > fault.healed
+    };
+    let inexact = inexact_windows(history, |window| fault.limit_at(bounds.limit, window));
+    let whole = first.start.div_ceil(WINDOW)..last.start / WINDOW;
+    for &window in inexact.range(whole).filter(|&&w| !changing(w)) {
+        if broken.len() < 20 {
+            broken.push(format!(
+                "the window at {window} s was not exact (fault from {} to {} s)",
+                fault.started / WINDOW,
+                fault.healed / WINDOW
+            ));
+        }
+    }
 }

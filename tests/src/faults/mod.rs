@@ -6,6 +6,8 @@
 pub mod check;
 pub mod intake;
 pub mod load;
+pub mod run;
+pub mod xds;
 
 use std::io::Write as _;
 use std::time::Duration;
