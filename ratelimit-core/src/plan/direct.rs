@@ -111,7 +111,7 @@ impl Engine {
     /// Runs the op of `span` with `hits` on the counter `key` in `store` and returns what
     /// the store reports; a counter at three quarters of `bound` or more is offered to the
     /// nearest-counters list.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn count<S>(
         &self,
         store: &S,
