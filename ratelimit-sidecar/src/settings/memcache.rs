@@ -24,7 +24,8 @@ pub struct MemcacheSettings {
     /// system's resolver, from /etc/resolv.conf).
     #[arg(long, env, default_value = "")]
     pub memcache_srv_dns_server: String,
-    /// Idle connections kept per node (and per worker).
+    /// Accepted as envoyproxy/ratelimit's setting and unused: each worker keeps one
+    /// pipelined connection per node, whatever the concurrency.
     #[arg(long, env, default_value_t = 2)]
     pub memcache_max_idle_conns: usize,
     /// Time a call to memcached may take, connecting included (this project's; upstream's
