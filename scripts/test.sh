@@ -137,6 +137,10 @@ cargo build --quiet -p ratelimit-core --target wasm32-unknown-unknown
 cargo build --quiet -p ratelimit-wasm --target wasm32-unknown-unknown --profile wasm
 export WASM_FILTER="$ROOT/target/wasm32-unknown-unknown/wasm/ratelimit_wasm.wasm"
 
+# The fault suite runs the example xDS control plane as a process (`cargo test` builds
+# only the binaries of packages with integration tests).
+cargo build --quiet -p ratelimit-xds-example --bins
+
 log "running the tests (Envoy: $ENVOY_BIN)"
 cargo test --workspace --exclude ratelimit-peer-bench --all-targets
 cargo test --workspace --exclude ratelimit-peer-bench --doc
