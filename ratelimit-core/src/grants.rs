@@ -16,7 +16,11 @@
 //! - **A report without denials**: a grant above what its demand needs is given back, down
 //!   to its even share; when the window is *skewed* (some Envoy reported denials in it)
 //!   down to what its demand needs, so that the Envoy that ran dry finds it at its next
-//!   report. What it keeps becomes a new bucket of what is left of it.
+//!   report. What it keeps becomes a new bucket of what is left of it. An Envoy that
+//!   reported denials earlier in the window and holds less than its demand needs asks for
+//!   the rest, as at a report with denials: its bucket may have run dry just as it
+//!   reported, and it would otherwise deny for a reporting interval while the counter has
+//!   room that others gave back.
 //! - **Another Envoy joins** and its start found the counter short of its even share:
 //!   every Envoy of the bucket holding more than its even share (of the Envoys there are
 //!   now) gives the excess back at once, down to its even share or what it reported used,
@@ -54,6 +58,8 @@ pub struct Holding {
     /// Requests it reported allowed in the window (a report that straddles the window's
     /// start counts whole: never less than the truth).
     pub used: u64,
+    /// It reported denials in the window.
+    pub ran_dry: bool,
 }
 
 /// Why the service looks at an Envoy's bucket.
@@ -132,6 +138,9 @@ pub fn ask(split: Split, holding: Holding, moment: Moment) -> Ask {
             if denied > 0 {
                 return reserve(demand.max(even).saturating_sub(holding.granted));
             }
+            if holding.ran_dry && holding.granted < demand {
+                return reserve(demand - holding.granted);
+            }
             let now = holding.granted.saturating_sub(demand.max(even));
             let skewed = holding.granted.saturating_sub(now).saturating_sub(demand);
             if now == 0 && skewed == 0 {
@@ -154,6 +163,9 @@ fn reserve(more: u64) -> Ask {
 /// Applies what the counter did for `ask` to `holding` (`got` of a reservation, `given`
 /// back of a release) and says what the Envoy's bucket becomes.
 pub fn settle(holding: &mut Holding, moment: Moment, ask: Ask, done: u64) -> Tokens {
+    if matches!(moment, Moment::Report { denied, .. } if denied > 0) {
+        holding.ran_dry = true;
+    }
     match (ask, moment) {
         (Ask::Reserve(_), Moment::Start) | (Ask::Keep, Moment::Start) => {
             holding.granted = holding.granted.saturating_add(done);
@@ -164,11 +176,12 @@ pub fn settle(holding: &mut Holding, moment: Moment, ask: Ask, done: u64) -> Tok
             holding.granted = holding.granted.saturating_add(done);
             Tokens::Fresh(holding.granted.saturating_sub(holding.used))
         }
-        // It ran dry (buckets do not refill by themselves): the increase is exactly what
-        // it may spend now.
+        // The increase and what it had left (buckets do not refill by themselves; one that
+        // ran dry had nothing left).
         (Ask::Reserve(_), Moment::Report { .. }) if done > 0 => {
+            let left = holding.granted.saturating_sub(holding.used);
             holding.granted = holding.granted.saturating_add(done);
-            Tokens::Fresh(done)
+            Tokens::Fresh(done.saturating_add(left))
         }
         (Ask::Release { .. }, _) if done > 0 => {
             holding.granted = holding.granted.saturating_sub(done);
@@ -195,7 +208,11 @@ mod tests {
     };
 
     fn held(granted: u64, used: u64) -> Holding {
-        Holding { granted, used }
+        Holding {
+            granted,
+            used,
+            ran_dry: false,
+        }
     }
 
     fn report(denied: u64, need: u64) -> Moment {
@@ -259,6 +276,27 @@ mod tests {
             Tokens::Fresh(1)
         );
         assert_eq!(ask(TWO, quiet, report(0, 3)), Ask::Keep);
+    }
+
+    #[test]
+    fn an_envoy_that_ran_dry_asks_for_its_demand_at_a_report_without_denials() {
+        let mut holding = held(6, 5);
+        assert_eq!(
+            settle(&mut holding, report(3, 4), Ask::Reserve(5), 1),
+            Tokens::Fresh(2),
+            "the increase and what it had left"
+        );
+        assert!(holding.ran_dry);
+        // It spent the bucket just as it reported: no denials, short of 7 + 1 + 0 + 1.
+        holding.used = 7;
+        let moment = report(0, 1);
+        assert_eq!(ask(TWO, holding, moment), Ask::Reserve(2));
+        assert_eq!(
+            settle(&mut holding, moment, Ask::Reserve(2), 2),
+            Tokens::Fresh(2)
+        );
+        // One that never reported denials keeps its even share until it does.
+        assert_eq!(ask(TWO, held(5, 5), moment), Ask::Keep);
     }
 
     #[test]
