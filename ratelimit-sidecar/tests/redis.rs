@@ -446,3 +446,119 @@ async fn concurrent_requests_share_the_first_connection_of_the_pool() {
         .count();
     assert_eq!(used, 1, "{list}");
 }
+
+/// Runs `commands` (one a line) on `node` in one `redis-cli` session; its output.
+fn pipe(node: &Redis, commands: &str) -> String {
+    use std::io::Write as _;
+    use std::process::{Command, Stdio};
+    let mut child = Command::new("redis-cli")
+        .args(["-p", &node.port.to_string()])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("redis-cli is installed");
+    // Written from a thread: redis-cli answers while it reads.
+    let mut stdin = child.stdin.take().unwrap();
+    let commands = commands.to_owned();
+    let writer = std::thread::spawn(move || stdin.write_all(commands.as_bytes()));
+    let output = child.wait_with_output().unwrap();
+    writer.join().unwrap().unwrap();
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+/// `CLUSTER <verb> <slot> <then>` for each of `slots`, one a line.
+fn each_slot(verb: &str, slots: &[u16], then: &str) -> String {
+    slots
+        .iter()
+        .map(|slot| format!("CLUSTER {verb} {slot} {then}\n"))
+        .collect()
+}
+
+/// Starts migrating `slots` from the master `from` to `to`: until [`finish_migration`],
+/// `from` answers a key of those slots that it does not hold `ASK` (ask `to`).
+fn open_migration(from: &Redis, to: &Redis, slots: &[u16]) {
+    let (from_id, to_id) = (from.cli(&["CLUSTER", "MYID"]), to.cli(&["CLUSTER", "MYID"]));
+    pipe(
+        to,
+        &each_slot("SETSLOT", slots, &format!("IMPORTING {from_id}")),
+    );
+    pipe(
+        from,
+        &each_slot("SETSLOT", slots, &format!("MIGRATING {to_id}")),
+    );
+}
+
+/// Moves what `from` still holds of the migrating `slots` to `to` and gives `to` the
+/// slots: from then on `from` answers them `MOVED`.
+fn finish_migration(from: &Redis, to: &Redis, slots: &[u16]) {
+    let port = to.port.to_string();
+    for key in from.keys() {
+        let moved = from.cli(&["MIGRATE", "127.0.0.1", &port, &key, "0", "5000"]);
+        assert_eq!(moved, "OK", "MIGRATE {key}");
+    }
+    let to_id = to.cli(&["CLUSTER", "MYID"]);
+    let each = each_slot("SETSLOT", slots, &format!("NODE {to_id}"));
+    pipe(to, &each);
+    pipe(from, &each);
+}
+
+#[tokio::test]
+async fn a_migrating_slot_is_asked_of_its_target_once_then_moved() {
+    let nodes = redis_cluster(3, &[]);
+    let server = sidecar(vec![
+        ("BACKEND_TYPE", "redis".into()),
+        ("REDIS_SOCKET_TYPE", "tcp".into()),
+        ("REDIS_TYPE", "cluster".into()),
+        ("REDIS_URL", redis_addresses(&nodes).join(",")),
+        ("EXPIRATION_JITTER_MAX_SECONDS", "0".into()),
+    ]);
+    let mut client = server.client().await;
+    // The users whose counters of this minute fall in the first master's slots (`redis-cli
+    // --cluster create` gives it the first third): those slots migrate to the second.
+    let (from, to) = (&nodes[0], &nodes[1]);
+    let window = minute_start();
+    let users: Vec<String> = (0..24).map(|i| format!("u{i}")).collect();
+    let keys: Vec<String> = users
+        .iter()
+        .map(|u| format!("rd_user_{u}_{window}"))
+        .collect();
+    let key_slots: String = keys
+        .iter()
+        .map(|k| format!("CLUSTER KEYSLOT {k}\n"))
+        .collect();
+    let slots: Vec<u16> = pipe(from, &key_slots)
+        .lines()
+        .map(|slot| slot.trim().parse().unwrap())
+        .collect();
+    let migrating: Vec<u16> = slots.iter().copied().filter(|&s| s < 5461).collect();
+    assert!(
+        !migrating.is_empty(),
+        "no counter on the first master: {slots:?}"
+    );
+    open_migration(from, to, &migrating);
+    // Each call must be answered (`ask` fails on an error status); the counts are
+    // compared at the end, within one minute's window.
+    let mut got = Vec::new();
+    for user in users.iter().chain(&users) {
+        got.extend(codes(&ask(&mut client, "rd", &[&[("user", user)]]).await));
+    }
+    // The source holds none of the new counters: those of its slots were asked of the
+    // target.
+    assert_eq!(from.keys(), Vec::<String>::new());
+    finish_migration(from, to, &migrating);
+    for user in &users {
+        got.extend(codes(&ask(&mut client, "rd", &[&[("user", user)]]).await));
+    }
+    if minute_start() != window {
+        return; // the minute rolled over mid-test: the counts spanned two windows
+    }
+    // Counted once each while asked (the second answer is not OVER), then followed
+    // where the slots moved, each with its window's TTL.
+    let expected = [(OK, 1), (OK, 0), (OVER, 0)].map(|code| vec![code; users.len()]);
+    assert_eq!(got, expected.concat());
+    let asked = keys.iter().zip(&slots).filter(|(_, slot)| **slot < 5461);
+    for (key, _) in asked {
+        let ttl: i64 = to.cli(&["TTL", key]).parse().unwrap();
+        assert!((1..=60).contains(&ttl), "{key}: ttl {ttl}");
+    }
+}

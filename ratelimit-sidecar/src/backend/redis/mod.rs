@@ -246,7 +246,17 @@ async fn query(
     }
     let mut pipe = redis::pipe();
     pipe.ignore_errors();
+    let cluster = matches!(store, Store::Cluster(_));
     write(&mut |args| {
+        if cluster {
+            // While the key's slot migrates, the source answers `ASK` and the client sends
+            // the pipeline again to the target, after one `ASKING`, which admits only the
+            // next command: a second one (a counter's `EXPIRE`) would be sent back with
+            // `MOVED` and the whole pipeline, its `INCRBY` too, sent round again. Each
+            // command asks for itself (a node that imports nothing ignores `ASKING`), in
+            // the pipeline, where no other request's command can come between.
+            pipe.add_command(redis::cmd("ASKING")).ignore();
+        }
         let mut command = redis::Cmd::new();
         for arg in args {
             match arg {
