@@ -176,10 +176,14 @@ pub fn settle(holding: &mut Holding, moment: Moment, ask: Ask, done: u64) -> Tok
             holding.granted = holding.granted.saturating_add(done);
             Tokens::Fresh(holding.granted.saturating_sub(holding.used))
         }
-        // The increase and what it had left (buckets do not refill by themselves; one that
-        // ran dry had nothing left).
-        (Ask::Reserve(_), Moment::Report { .. }) if done > 0 => {
-            let left = holding.granted.saturating_sub(holding.used);
+        // It ran dry (buckets do not refill by themselves): the increase is exactly what
+        // it may spend now. Without denials its bucket may not be dry: the increase and
+        // what it had left.
+        (Ask::Reserve(_), Moment::Report { denied, .. }) if done > 0 => {
+            let left = match denied {
+                0 => holding.granted.saturating_sub(holding.used),
+                _ => 0,
+            };
             holding.granted = holding.granted.saturating_add(done);
             Tokens::Fresh(done.saturating_add(left))
         }
@@ -283,17 +287,17 @@ mod tests {
         let mut holding = held(6, 5);
         assert_eq!(
             settle(&mut holding, report(3, 4), Ask::Reserve(5), 1),
-            Tokens::Fresh(2),
-            "the increase and what it had left"
+            Tokens::Fresh(1)
         );
         assert!(holding.ran_dry);
-        // It spent the bucket just as it reported: no denials, short of 7 + 1 + 0 + 1.
-        holding.used = 7;
+        // It spent all but one just as it reported: no denials, short of 6 + 1 + 0 + 1.
+        holding.used = 6;
         let moment = report(0, 1);
-        assert_eq!(ask(TWO, holding, moment), Ask::Reserve(2));
+        assert_eq!(ask(TWO, holding, moment), Ask::Reserve(1));
         assert_eq!(
-            settle(&mut holding, moment, Ask::Reserve(2), 2),
-            Tokens::Fresh(2)
+            settle(&mut holding, moment, Ask::Reserve(1), 1),
+            Tokens::Fresh(2),
+            "the increase and what it had left"
         );
         // One that never reported denials keeps its even share until it does.
         assert_eq!(ask(TWO, held(5, 5), moment), Ask::Keep);
