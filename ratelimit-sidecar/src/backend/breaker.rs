@@ -76,7 +76,8 @@ impl Breakers {
         }
     }
 
-    /// The breaker of the node named `node` (`host:port`, or a socket's path).
+    /// The breaker of the node named `node` (`host:port`, or a socket's path). It counts
+    /// for [`Breakers::open_nodes`] while its holder (a node map) keeps it.
     pub fn node(&self, node: &str) -> Arc<Breaker> {
         let mut nodes = self.nodes.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(breaker) = nodes.get(node) {
@@ -99,9 +100,20 @@ impl Breakers {
         breaker
     }
 
-    /// The nodes whose breakers keep calls away (open or half-open).
+    /// Forgets the breakers of the nodes `listed` does not name: the store's only node
+    /// map changed, and views of the old one may still hold them.
+    pub fn keep_only(&self, listed: impl Fn(&str) -> bool) {
+        let mut nodes = self.nodes.lock().unwrap_or_else(|p| p.into_inner());
+        nodes.retain(|name, _| listed(name));
+    }
+
+    /// The nodes whose breakers keep calls away (open or half-open), among the nodes a
+    /// node map still holds. A node that left every map (a cluster master failed over,
+    /// a memcached node gone from its SRV record) gets no calls, so nothing would ever
+    /// close its breaker: it is forgotten here, and named again it starts closed.
     pub fn open_nodes(&self) -> Vec<String> {
-        let nodes = self.nodes.lock().unwrap_or_else(|p| p.into_inner());
+        let mut nodes = self.nodes.lock().unwrap_or_else(|p| p.into_inner());
+        nodes.retain(|_, b| Arc::strong_count(b) > 1);
         let mut open: Vec<String> = nodes
             .iter()
             .filter(|(_, b)| b.is_open())
@@ -406,5 +418,34 @@ mod tests {
         }
         assert!(!up.is_open(), "a refused key is not the node's failure");
         assert_eq!(breakers.open_nodes(), ["10.0.0.1:6379"]);
+    }
+
+    /// A node that left its map (no one holds its breaker) no longer counts as open, and
+    /// named again it starts closed; a store's map that changed forgets the others.
+    #[test]
+    fn nodes_that_left_the_map_do_not_count() {
+        let stats = StatsRegistry::new(10);
+        let breakers = breakers(&stats);
+        let fail = |breaker: &Breaker| {
+            for _ in 0..3 {
+                breaker.record(breaker.admit().unwrap(), false);
+            }
+        };
+        let (gone, held) = (
+            breakers.node("10.0.0.1:11211"),
+            breakers.node("10.0.0.2:11211"),
+        );
+        fail(&gone);
+        fail(&held);
+        assert_eq!(breakers.open_nodes(), ["10.0.0.1:11211", "10.0.0.2:11211"]);
+        drop(gone);
+        assert_eq!(breakers.open_nodes(), ["10.0.0.2:11211"]);
+        assert!(!breakers.node("10.0.0.1:11211").is_open());
+        breakers.keep_only(|name| name == "10.0.0.3:11211");
+        assert!(
+            breakers.open_nodes().is_empty(),
+            "a view that still holds it"
+        );
+        assert!(!Arc::ptr_eq(&held, &breakers.node("10.0.0.2:11211")));
     }
 }

@@ -150,17 +150,24 @@ async fn node_list(settings: &MemcacheSettings) -> Result<NodeList, BackendError
 
 impl MemcacheCounters {
     /// The current nodes; when the list changed, nodes still listed keep their
-    /// connections, and the others' connections close.
+    /// connections and breakers, and the others' connections close. The breakers of
+    /// nodes no longer listed are forgotten at once (other workers' views may still hold
+    /// them): nothing calls those nodes, so nothing would close them.
     fn nodes(&self) -> Arc<[Arc<Node>]> {
         let list = self.list.load();
         let mut seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
         if !Arc::ptr_eq(&seen.list, &list) {
+            self.breakers
+                .keep_only(|name| list.iter().any(|address| address.label == name));
             let nodes = list
                 .iter()
                 .map(|address| {
-                    let kept = seen.nodes.iter().find(|node| node.address == *address);
+                    let breaker = self.breakers.node(&address.label);
+                    let kept = seen.nodes.iter().find(|node| {
+                        node.address == *address && Arc::ptr_eq(&node.breaker, &breaker)
+                    });
                     kept.cloned()
-                        .unwrap_or_else(|| Arc::new(self.node(address)))
+                        .unwrap_or_else(|| Arc::new(self.node(address, breaker)))
                 })
                 .collect();
             *seen = Seen {
@@ -171,7 +178,7 @@ impl MemcacheCounters {
         Arc::clone(&seen.nodes)
     }
 
-    fn node(&self, address: &NodeAddress) -> Node {
+    fn node(&self, address: &NodeAddress, breaker: Arc<Breaker>) -> Node {
         let target = Target {
             label: address.label.clone(),
             connect: address.connect.clone(),
@@ -180,7 +187,7 @@ impl MemcacheCounters {
         };
         Node {
             address: address.clone(),
-            breaker: self.breakers.node(&address.label),
+            breaker,
             link: Link::new(target, &self.runtime),
         }
     }
