@@ -3,9 +3,9 @@
 //! checks however many connections clients hold open on it.
 
 use std::collections::HashMap;
-use std::io::{Read, Write};
-use std::net::TcpStream;
 use std::time::Duration;
+
+use ratelimit_tests::calls::trickling_clients;
 
 use ratelimit_tests::sidecar as support;
 use serde_json::Value;
@@ -105,15 +105,6 @@ async fn the_dashboard_sends_a_bounded_share_of_the_rules_with_their_total() {
     assert!(config.contains("many.k2999"), "{}", &config[..200]);
 }
 
-/// A client that holds a connection: `POST /json` announcing a megabyte, then one byte.
-fn trickling(port: u16) -> TcpStream {
-    let mut stream = TcpStream::connect(("127.0.0.1", port)).unwrap();
-    stream
-        .write_all(b"POST /json HTTP/1.1\r\nHost: x\r\nContent-Length: 1000000\r\n\r\n{")
-        .unwrap();
-    stream
-}
-
 #[tokio::test]
 async fn health_is_answered_while_trickling_clients_hold_every_http_connection() {
     let held = Duration::from_secs(120).as_secs().to_string() + "s";
@@ -127,23 +118,12 @@ async fn health_is_answered_while_trickling_clients_hold_every_http_connection()
     );
     // Sixty clients trickle bodies: sixteen hold every slot for two minutes, the others
     // are told at once that only health checks are answered past the cap.
-    let mut clients: Vec<TcpStream> = (0..60).map(|_| trickling(server.http)).collect();
-    let mut refused = 0;
-    for client in &mut clients {
-        client
-            .set_read_timeout(Some(Duration::from_millis(300)))
-            .unwrap();
-        let mut answer = [0; 512];
-        if let Ok(n @ 1..) = client.read(&mut answer) {
-            let answer = String::from_utf8_lossy(&answer[..n]).into_owned();
-            assert!(answer.starts_with("HTTP/1.1 503"), "{answer}");
-            assert!(
-                answer.contains("Service Unavailable: all 16 HTTP connections are in use; past them only health checks (/healthcheck) are answered"),
-                "{answer}"
-            );
-            refused += 1;
-        }
-    }
+    let (clients, refused) = trickling_clients(
+        server.http,
+        60,
+        b"POST /json HTTP/1.1\r\nHost: x\r\nContent-Length: 1000000\r\n\r\n{",
+        "Service Unavailable: all 16 HTTP connections are in use; past them only health checks (/healthcheck) are answered",
+    );
     assert_eq!(refused, 60 - 16, "{}", server.log());
     let probe = reqwest::Client::builder()
         .timeout(Duration::from_secs(5))

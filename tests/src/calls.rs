@@ -3,6 +3,8 @@
 //! it refuse to start; and run a command line that must succeed.
 
 use std::collections::HashMap;
+use std::io::{Read, Write};
+use std::net::TcpStream;
 use std::process::Command;
 use std::time::Duration;
 
@@ -105,4 +107,37 @@ impl Server {
     pub async fn ask(&self, domain: &str, descriptors: &[&[(&str, &str)]]) -> RateLimitResponse {
         ask(&mut self.client().await, domain, descriptors).await
     }
+}
+
+/// `count` clients that each send `head` (a request's headers and the first byte of a body
+/// announced far longer) on `port` and then nothing, holding an HTTP connection, and how
+/// many of them were answered at once with a 503 whose text contains `refusal` (past the
+/// connection cap); any other early answer fails the test.
+pub fn trickling_clients(
+    port: u16,
+    count: usize,
+    head: &[u8],
+    refusal: &str,
+) -> (Vec<TcpStream>, usize) {
+    let mut clients: Vec<TcpStream> = (0..count)
+        .map(|_| {
+            let mut stream = TcpStream::connect(("127.0.0.1", port)).unwrap();
+            stream.write_all(head).unwrap();
+            stream
+        })
+        .collect();
+    let mut refused = 0;
+    for client in &mut clients {
+        client
+            .set_read_timeout(Some(Duration::from_millis(300)))
+            .unwrap();
+        let mut answer = [0; 512];
+        if let Ok(n @ 1..) = client.read(&mut answer) {
+            let answer = String::from_utf8_lossy(&answer[..n]).into_owned();
+            assert!(answer.starts_with("HTTP/1.1 503"), "{answer}");
+            assert!(answer.contains(refusal), "{answer}");
+            refused += 1;
+        }
+    }
+    (clients, refused)
 }
