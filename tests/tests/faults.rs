@@ -131,12 +131,12 @@ fn restarted(restart: impl FnOnce()) -> u64 {
     began
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn redis_paused_in_failure_mode_error() {
+/// Redis paused with SIGSTOP under load, then resumed, with the sidecar in `mode`.
+async fn redis_paused(mode: &str, promise: Promise) {
     let redis = Redis::start(&[]);
-    let server = sidecar(redis_env(redis.port), "error");
-    let name = "Redis SIGSTOP, mode error";
-    let fault = |t: &_| store_fault(name, Promise::Error, t, OPEN, false);
+    let server = sidecar(redis_env(redis.port), mode);
+    let name = format!("Redis SIGSTOP, mode {mode}");
+    let fault = |t: &_| store_fault(&name, promise, t, OPEN, false);
     store_under_load(
         &server,
         Schedule::from_env(),
@@ -149,20 +149,13 @@ async fn redis_paused_in_failure_mode_error() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_paused_in_failure_mode_error() {
+    redis_paused("error", Promise::Error).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_paused_in_failure_mode_allow() {
-    let redis = Redis::start(&[]);
-    let server = sidecar(redis_env(redis.port), "allow");
-    let name = "Redis SIGSTOP, mode allow";
-    let fault = |t: &_| store_fault(name, Promise::Allow, t, OPEN, false);
-    store_under_load(
-        &server,
-        Schedule::from_env(),
-        freeze(&redis),
-        thaw(&redis),
-        fault,
-        Breakers::Of("redis"),
-    )
-    .await;
+    redis_paused("allow", Promise::Allow).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
