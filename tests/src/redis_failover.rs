@@ -176,3 +176,90 @@ pub fn slots_of(asked: &Redis, node: &Redis) -> u32 {
         })
         .sum()
 }
+
+/// What `redis-cli` on `node` answers to `commands` (one a line), sent in one go.
+pub fn pipe(node: &Redis, commands: &str) -> String {
+    use std::io::Write as _;
+    let mut child = Command::new("redis-cli")
+        .args(["-p", &node.port.to_string()])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("redis-cli is installed");
+    // Written from a thread: redis-cli answers while it reads.
+    let mut stdin = child.stdin.take().unwrap();
+    let commands = commands.to_owned();
+    let writer = std::thread::spawn(move || stdin.write_all(commands.as_bytes()));
+    let output = child.wait_with_output().unwrap();
+    writer.join().unwrap().unwrap();
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+/// `CLUSTER <verb> <slot> <then>` for each of `slots`, one a line.
+fn each_slot(verb: &str, slots: &[u16], then: &str) -> String {
+    slots
+        .iter()
+        .map(|slot| format!("CLUSTER {verb} {slot} {then}\n"))
+        .collect()
+}
+
+/// Starts migrating `slots` from the master `from` to `to` (importing on `to` first, as
+/// `redis-cli --cluster reshard` does): until they are given to `to`, `from` answers a
+/// key of those slots that it does not hold `ASK` (ask `to`).
+pub fn open_migration(from: &Redis, to: &Redis, slots: &[u16]) {
+    let (from_id, to_id) = (from.cli(&["CLUSTER", "MYID"]), to.cli(&["CLUSTER", "MYID"]));
+    pipe(
+        to,
+        &each_slot("SETSLOT", slots, &format!("IMPORTING {from_id}")),
+    );
+    pipe(
+        from,
+        &each_slot("SETSLOT", slots, &format!("MIGRATING {to_id}")),
+    );
+}
+
+/// The keys `node` holds in `slots` (up to 1 000 a slot).
+pub fn keys_in(node: &Redis, slots: &[u16]) -> Vec<String> {
+    let listed = pipe(node, &each_slot("GETKEYSINSLOT", slots, "1000"));
+    listed
+        .lines()
+        .map(str::trim)
+        .filter(|key| !key.is_empty())
+        .map(str::to_owned)
+        .collect()
+}
+
+/// Moves the keys `from` holds in the migrating `slots` to `to` (`MIGRATE`, one key at a
+/// time, its TTL kept); how many. A key that expired meanwhile is not there to move.
+pub fn migrate_keys(from: &Redis, to: &Redis, slots: &[u16]) -> usize {
+    let keys = keys_in(from, slots);
+    let migrate: String = keys
+        .iter()
+        .map(|key| format!("MIGRATE 127.0.0.1 {} {key} 0 5000\n", to.port))
+        .collect();
+    let answers = pipe(from, &migrate);
+    for answer in answers.lines() {
+        assert!(
+            matches!(answer.trim(), "OK" | "NOKEY"),
+            "MIGRATE answered {answer}"
+        );
+    }
+    keys.len()
+}
+
+/// Finishes the migration of `slots` from `from` to `to`: what `from` still holds of
+/// them moved, then the slots given to `to` on `to`, `from` and every other master of
+/// `masters` (from then on `from` answers them `MOVED`).
+pub fn finish_migration(from: &Redis, to: &Redis, masters: &[&Redis], slots: &[u16]) {
+    migrate_keys(from, to, slots);
+    let to_id = to.cli(&["CLUSTER", "MYID"]);
+    let each = each_slot("SETSLOT", slots, &format!("NODE {to_id}"));
+    for node in [to, from].into_iter().chain(masters.iter().copied()) {
+        let answers = pipe(node, &each);
+        assert!(
+            answers.lines().all(|answer| answer.trim() == "OK"),
+            "SETSLOT NODE on {}: {answers}",
+            node.port
+        );
+    }
+}

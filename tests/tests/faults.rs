@@ -6,9 +6,9 @@
 //! fault (only on the lost keys for a partial fault; none at all for a fault that must
 //! not show), no call past its deadline, exact answers again within a window of the
 //! heal, health back, the breaker closed and memory back near where it started. The
-//! short form runs here; `bench/faults/run.sh` runs it longer.
+//! short form runs here (a Redis cluster's faults in `faults_cluster.rs`);
+//! `bench/faults/run.sh` runs it longer.
 
-use std::future::Future;
 use std::path::Path;
 use std::sync::Mutex;
 use std::time::Duration;
@@ -22,91 +22,14 @@ use ratelimit_tests::faults::load::{Profile, Target, envoy_rules, rules, tls_end
 use ratelimit_tests::faults::run::{
     Breakers, Timed, around, checked, healed_and_reported, last_seen, store_fault,
 };
+use ratelimit_tests::faults::setup::{
+    BOUNDS, LIMIT, MARGIN, OPEN, failing, on_grpc, profile, sidecar, store_under_load,
+};
 use ratelimit_tests::faults::xds::ControlPlane;
 use ratelimit_tests::memcached::{Dns, Memcached};
 use ratelimit_tests::pki::make_pki;
-use ratelimit_tests::redis_failover::{
-    FAILOVER_CLUSTER, Sentinel, cluster_replica, is_master, slots_of,
-};
-use ratelimit_tests::sidecar::{
-    Options, Redis, Server, eventually, limit_of, redis_addresses, redis_cluster, redis_env,
-    request,
-};
-
-const LIMIT: u32 = 20;
-const DEADLINE: Duration = Duration::from_millis(500);
-/// Beyond the deadline a call may take: the machine is shared with other tests.
-const MARGIN: Duration = Duration::from_millis(400);
-/// BACKEND_BREAKER_OPEN_DURATION, and the time to use the store again after it.
-const OPEN: Duration = Duration::from_secs(1);
-const BOUNDS: (u32, Duration, Duration) = (LIMIT, DEADLINE, MARGIN);
-
-fn profile(schedule: &Schedule) -> Profile {
-    Profile {
-        callers: 4 * schedule.scale as usize,
-        pause: Duration::from_millis(4),
-        hot_keys: 2,
-        cold_keys: 100,
-        deadline: DEADLINE,
-    }
-}
-
-/// The settings of a sidecar that falls back to `mode` while its store is away.
-fn failing(mut env: Vec<(&'static str, String)>, mode: &str) -> Vec<(&'static str, String)> {
-    env.extend([
-        ("BACKEND_FAILURE_MODE", mode.to_owned()),
-        ("BACKEND_FALLBACK_REPLICAS", "2".to_owned()),
-        ("BACKEND_BREAKER_FAILURES", "3".to_owned()),
-        ("BACKEND_BREAKER_OPEN_DURATION", "1s".to_owned()),
-        ("REDIS_TIMEOUT", "300ms".to_owned()),
-        ("MEMCACHE_TIMEOUT", "300ms".to_owned()),
-        ("GRPC_WORKERS", "2".to_owned()),
-    ]);
-    env
-}
-
-/// A sidecar on `backend` deciding the load's rules, in failure mode `mode`.
-fn sidecar(env: Vec<(&'static str, String)>, mode: &str) -> Server {
-    Server::start_with(Options {
-        env: failing(env, mode),
-        ..Options::rules(&rules(LIMIT))
-    })
-}
-
-/// The load on `server`'s gRPC port around the fault made by `make` and healed by
-/// `heal`, its memory watched.
-async fn on_grpc<M, MF, H, HF>(server: &Server, schedule: Schedule, make: M, heal: H) -> Timed
-where
-    M: FnOnce() -> MF,
-    MF: Future<Output = ()>,
-    H: FnOnce() -> HF,
-    HF: Future<Output = u64>,
-{
-    let target = Target::Grpc(server.grpc);
-    let pid = Some(server.pid());
-    around(target, profile(&schedule), schedule, pid, make, heal).await
-}
-
-/// Runs the load on `server` around the store fault made by `make` and healed by
-/// `heal`, checks it against `fault` (given the run's times) and reports.
-async fn store_under_load<M, MF, H, HF>(
-    server: &Server,
-    schedule: Schedule,
-    make: M,
-    heal: H,
-    fault: impl FnOnce(&Timed) -> Fault,
-    breakers: Breakers<'_>,
-) where
-    M: FnOnce() -> MF,
-    MF: Future<Output = ()>,
-    H: FnOnce() -> HF,
-    HF: Future<Output = u64>,
-{
-    let timed = on_grpc(server, schedule, make, heal).await;
-    let fault = fault(&timed);
-    let measured = checked(&timed, &fault, BOUNDS, server);
-    healed_and_reported(server, &timed, &fault, &measured, breakers).await;
-}
+use ratelimit_tests::redis_failover::Sentinel;
+use ratelimit_tests::sidecar::{Options, Redis, Server, eventually, limit_of, redis_env, request};
 
 /// Freezes `redis` (SIGSTOP), as a fault's `make`.
 fn freeze(redis: &Redis) -> impl FnOnce() -> std::future::Ready<()> {
@@ -428,77 +351,4 @@ async fn sentinel_fails_over_when_the_master_is_killed() {
         keys.iter().any(|k| k.starts_with("faults_k_")),
         "the promoted replica took the counts: {keys:?}"
     );
-}
-
-/// A sidecar on the cluster of `nodes`, in failure mode `error`.
-fn on_cluster(nodes: &[Redis]) -> Server {
-    let mut env = redis_env(nodes[0].port);
-    env.extend([
-        ("REDIS_TYPE", "cluster".to_owned()),
-        ("REDIS_URL", redis_addresses(nodes).join(",")),
-    ]);
-    sidecar(env, "error")
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn cluster_master_fails_over_to_its_replica() {
-    let nodes = redis_cluster(3, &FAILOVER_CLUSTER);
-    let replica = cluster_replica(&nodes[0]);
-    let server = on_cluster(&nodes);
-    let nodes = Mutex::new(nodes);
-    let make = async || nodes.lock().unwrap()[0].kill();
-    let heal = async || {
-        last_seen(Duration::from_secs(30), "the replica promoted", || async {
-            is_master(&nodes.lock().unwrap()[1], &replica)
-        })
-        .await
-    };
-    let schedule = Schedule {
-        fault: Duration::ZERO,
-        ..Schedule::from_env()
-    };
-    let name = "cluster master killed, its replica promoted, mode error";
-    let fault = |t: &Timed| Fault {
-        partial: true,
-        ..store_fault(name, Promise::Error, t, OPEN, true)
-    };
-    let breakers = Breakers::NodeLeft("redis");
-    store_under_load(&server, schedule, make, heal, fault, breakers).await;
-}
-
-/// Moves `slots` slots from `from` to `to` with `redis-cli --cluster reshard`, a slot at
-/// a time: marked migrating and importing, its keys moved, the slot given to `to`. A
-/// client then meets `MOVED` for every moved slot it still maps to `from` (and `ASK`
-/// for a key asked in the few milliseconds a slot migrates).
-async fn reshard(from: &Redis, to: &Redis, slots: u32) {
-    let id = |node: &Redis| node.cli(&["CLUSTER", "MYID"]);
-    let output = tokio::process::Command::new("redis-cli")
-        .args(["--cluster", "reshard", &format!("127.0.0.1:{}", from.port)])
-        .args(["--cluster-from", &id(from), "--cluster-to", &id(to)])
-        .args(["--cluster-slots", &slots.to_string(), "--cluster-yes"])
-        .output()
-        .await
-        .unwrap();
-    let said = String::from_utf8_lossy(&output.stdout);
-    assert!(output.status.success(), "{said}");
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn cluster_slots_moved_under_load() {
-    let nodes = redis_cluster(3, &[]);
-    let server = on_cluster(&nodes);
-    let slots = 2_000;
-    let (from, to) = (&nodes[0], &nodes[1]);
-    let make = async || reshard(from, to, slots).await;
-    // The fault lasts as long as the resharding.
-    let heal = async || now_us();
-    let schedule = Schedule {
-        fault: Duration::ZERO,
-        ..Schedule::from_env()
-    };
-    let name = "cluster: 2 000 slots moved between masters (MOVED)";
-    let fault = |t: &Timed| Fault::new(name, Promise::Exact, t.times(), 0);
-    store_under_load(&server, schedule, make, heal, fault, Breakers::None).await;
-    let held = slots_of(&nodes[2], to);
-    assert!(held >= 16_384 / 3 + slots, "{held} slots on the target");
 }

@@ -7,6 +7,7 @@ pub mod check;
 pub mod intake;
 pub mod load;
 pub mod run;
+pub mod setup;
 pub mod xds;
 
 use std::io::Write as _;
