@@ -1,7 +1,7 @@
 //! The Redis backend against real `redis-server` processes.
 
 use ratelimit_tests::pki::temp_pki;
-use ratelimit_tests::redis_failover::Sentinel;
+use ratelimit_tests::redis_failover::{Sentinel, finish_migration, open_migration, pipe};
 use ratelimit_tests::sidecar as support;
 
 use std::time::{Duration, Instant};
@@ -447,61 +447,6 @@ async fn concurrent_requests_share_the_first_connection_of_the_pool() {
     assert_eq!(used, 1, "{list}");
 }
 
-/// Runs `commands` (one a line) on `node` in one `redis-cli` session; its output.
-fn pipe(node: &Redis, commands: &str) -> String {
-    use std::io::Write as _;
-    use std::process::{Command, Stdio};
-    let mut child = Command::new("redis-cli")
-        .args(["-p", &node.port.to_string()])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .expect("redis-cli is installed");
-    // Written from a thread: redis-cli answers while it reads.
-    let mut stdin = child.stdin.take().unwrap();
-    let commands = commands.to_owned();
-    let writer = std::thread::spawn(move || stdin.write_all(commands.as_bytes()));
-    let output = child.wait_with_output().unwrap();
-    writer.join().unwrap().unwrap();
-    String::from_utf8_lossy(&output.stdout).into_owned()
-}
-
-/// `CLUSTER <verb> <slot> <then>` for each of `slots`, one a line.
-fn each_slot(verb: &str, slots: &[u16], then: &str) -> String {
-    slots
-        .iter()
-        .map(|slot| format!("CLUSTER {verb} {slot} {then}\n"))
-        .collect()
-}
-
-/// Starts migrating `slots` from the master `from` to `to`: until [`finish_migration`],
-/// `from` answers a key of those slots that it does not hold `ASK` (ask `to`).
-fn open_migration(from: &Redis, to: &Redis, slots: &[u16]) {
-    let (from_id, to_id) = (from.cli(&["CLUSTER", "MYID"]), to.cli(&["CLUSTER", "MYID"]));
-    pipe(
-        to,
-        &each_slot("SETSLOT", slots, &format!("IMPORTING {from_id}")),
-    );
-    pipe(
-        from,
-        &each_slot("SETSLOT", slots, &format!("MIGRATING {to_id}")),
-    );
-}
-
-/// Moves what `from` still holds of the migrating `slots` to `to` and gives `to` the
-/// slots: from then on `from` answers them `MOVED`.
-fn finish_migration(from: &Redis, to: &Redis, slots: &[u16]) {
-    let port = to.port.to_string();
-    for key in from.keys() {
-        let moved = from.cli(&["MIGRATE", "127.0.0.1", &port, &key, "0", "5000"]);
-        assert_eq!(moved, "OK", "MIGRATE {key}");
-    }
-    let to_id = to.cli(&["CLUSTER", "MYID"]);
-    let each = each_slot("SETSLOT", slots, &format!("NODE {to_id}"));
-    pipe(to, &each);
-    pipe(from, &each);
-}
-
 #[tokio::test]
 async fn a_migrating_slot_is_asked_of_its_target_once_then_moved() {
     let nodes = redis_cluster(3, &[]);
@@ -545,7 +490,7 @@ async fn a_migrating_slot_is_asked_of_its_target_once_then_moved() {
     // The source holds none of the new counters: those of its slots were asked of the
     // target.
     assert_eq!(from.keys(), Vec::<String>::new());
-    finish_migration(from, to, &migrating);
+    finish_migration(from, to, &[&nodes[2]], &migrating);
     for user in &users {
         got.extend(codes(&ask(&mut client, "rd", &[&[("user", user)]]).await));
     }
