@@ -30,8 +30,12 @@ impl Intake {
     /// Starts the service with `env` (besides HOST and PORT) and waits for its port.
     /// Clients are not authenticated (`AUTH=none`) unless `env` sets `AUTH`.
     pub fn start(env: &[(&str, &str)]) -> Intake {
+        Intake::start_on(free_port(), env)
+    }
+
+    /// [`Intake::start`] on `port` (a replica started again where it was).
+    pub fn start_on(port: u16, env: &[(&str, &str)]) -> Intake {
         let dir = tempfile::tempdir().unwrap();
-        let port = free_port();
         let log = dir.path().join("intake.log");
         let mut command = Command::new(binary("operations-intake"));
         command

@@ -1,11 +1,13 @@
-//! The intake under broker faults: callers post batches, each with an
-//! `Idempotency-Key` of its own, and retry a 503 with the same key; the checker reads the
-//! topic back: every batch answered 2xx is on it exactly once, no batch answered only
-//! 4xx is on it, and one that ended on a 503 is on it at most once.
+//! The intake under faults: callers post batches, each with an `Idempotency-Key` of its
+//! own, to one replica or spread over several, and retry a 503, a 409 (the key still in
+//! flight) or a dropped connection with the same key (after a dropped connection, on the
+//! next replica); the checker reads the topic back: every batch answered 2xx is on it
+//! exactly once, no batch answered only 4xx is on it, and one that ended unsure (503,
+//! dropped) is on it at most once.
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use tokio::task::JoinHandle;
@@ -30,8 +32,14 @@ impl Batch {
 
 /// The running senders; [`Senders::stop`] returns every batch.
 pub struct Senders {
-    stop: Arc<AtomicBool>,
+    shared: Arc<Shared>,
     callers: Vec<JoinHandle<Vec<Batch>>>,
+}
+
+/// What the callers share: whether to stop, and the posts in flight to each replica.
+struct Shared {
+    stop: AtomicBool,
+    in_flight: Vec<AtomicUsize>,
 }
 
 /// The batch of id `id`: one sale of `id` units.
@@ -40,37 +48,49 @@ fn body(id: u64) -> String {
 }
 
 impl Senders {
-    /// `callers` callers posting to `url` (`…/operations`), each retrying a 503 every
-    /// 200 ms with the same key for up to `retry_for`.
-    pub fn start(url: &str, callers: u64, retry_for: Duration) -> Senders {
-        let stop = Arc::new(AtomicBool::new(false));
+    /// `callers` callers posting to `urls` (each `…/operations` of a replica), caller
+    /// `n` to the `n`th (round the list); each retries a 503, a dropped connection or a
+    /// 409 (its key still in flight) every 200 ms with the same key for up to
+    /// `retry_for`, and after a dropped connection on the next replica.
+    pub fn start(urls: &[String], callers: u64, retry_for: Duration) -> Senders {
+        let shared = Arc::new(Shared {
+            stop: AtomicBool::new(false),
+            in_flight: urls.iter().map(|_| AtomicUsize::new(0)).collect(),
+        });
         let callers = (0..callers)
             .map(|caller| {
-                let (stop, url) = (Arc::clone(&stop), url.to_owned());
+                let (shared, urls) = (Arc::clone(&shared), urls.to_vec());
                 tokio::spawn(async move {
                     let client = reqwest::Client::builder()
                         .timeout(Duration::from_secs(30))
                         .build()
                         .unwrap();
+                    let home = usize::try_from(caller).unwrap() % urls.len();
                     let mut batches = Vec::new();
                     for n in 1.. {
-                        if stop.load(Ordering::Relaxed) {
+                        if shared.stop.load(Ordering::Relaxed) {
                             break;
                         }
                         let id = caller * 1_000_000 + n;
-                        batches.push(send(&client, &url, id, retry_for).await);
+                        let to = (&urls[..], home);
+                        batches.push(send(&client, &shared, to, id, retry_for).await);
                         tokio::time::sleep(Duration::from_millis(20)).await;
                     }
                     batches
                 })
             })
             .collect();
-        Senders { stop, callers }
+        Senders { shared, callers }
+    }
+
+    /// How many posts to the `replica`th of the urls are waiting for their answer.
+    pub fn in_flight(&self, replica: usize) -> usize {
+        self.shared.in_flight[replica].load(Ordering::Relaxed)
     }
 
     /// Stops the callers once their batches are done; every batch.
     pub async fn stop(self) -> Vec<Batch> {
-        self.stop.store(true, Ordering::Relaxed);
+        self.shared.stop.store(true, Ordering::Relaxed);
         let mut batches = Vec::new();
         for caller in self.callers {
             batches.extend(caller.await.expect("a caller ran to the end"));
@@ -79,27 +99,42 @@ impl Senders {
     }
 }
 
-/// Posts batch `id` until it gets an answer other than 503, or `retry_for` passes.
-async fn send(client: &reqwest::Client, url: &str, id: u64, retry_for: Duration) -> Batch {
+/// No answer at all (the connection dropped or refused): as unsure as a 503.
+pub const DROPPED: u16 = 599;
+
+/// Posts batch `id` to `urls[home]` until it gets an answer other than 503, 409 or
+/// none, or `retry_for` passes; after no answer, to the next of `urls`.
+async fn send(
+    client: &reqwest::Client,
+    shared: &Shared,
+    (urls, home): (&[String], usize),
+    id: u64,
+    retry_for: Duration,
+) -> Batch {
     let first = Instant::now();
     let mut batch = Batch {
         id,
         attempts: Vec::new(),
     };
+    let mut at = home;
     loop {
         let sent = now_us();
+        shared.in_flight[at].fetch_add(1, Ordering::Relaxed);
         let answer = client
-            .post(url)
+            .post(&urls[at])
             .header("content-type", "application/json")
             .header("idempotency-key", format!("batch-{id}"))
             .body(body(id))
             .send()
             .await;
-        // No answer at all (the connection dropped) is as unsure as a 503.
-        let status = answer.map_or(599, |a| a.status().as_u16());
+        shared.in_flight[at].fetch_sub(1, Ordering::Relaxed);
+        let status = answer.map_or(DROPPED, |a| a.status().as_u16());
         batch.attempts.push((sent, now_us(), status));
-        if !(status == 503 || status == 599) || first.elapsed() >= retry_for {
+        if !matches!(status, 503 | 409 | DROPPED) || first.elapsed() >= retry_for {
             return batch;
+        }
+        if status == DROPPED {
+            at = (at + 1) % urls.len();
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
@@ -166,7 +201,7 @@ pub fn check_topic(
     {
         checked.batches += 1;
         let times = count.get(&batch.id).copied().unwrap_or(0);
-        let unsure_before = batch.attempts.iter().any(|a| a.2 == 503 || a.2 == 599);
+        let unsure_before = batch.attempts.iter().any(|a| a.2 == 503 || a.2 == DROPPED);
         let (ok, what) = match batch.last() {
             200..=299 => {
                 checked.accepted += 1;
