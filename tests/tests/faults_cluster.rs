@@ -14,10 +14,10 @@ use ratelimit_tests::faults::load::now_us;
 use ratelimit_tests::faults::run::{Breakers, Timed, last_seen, store_fault};
 use ratelimit_tests::faults::setup::{OPEN, on_cluster, store_under_load};
 use ratelimit_tests::redis_failover::{
-    FAILOVER_CLUSTER, cluster_replica, finish_migration, is_master, keys_in, migrate_keys,
+    FAILOVER_CLUSTER, cluster_replica, finish_migration, is_master, keys_in, migrate,
     open_migration, slots_of,
 };
-use ratelimit_tests::sidecar::{Redis, redis_cluster};
+use ratelimit_tests::sidecar::{Redis, eventually, redis_cluster};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cluster_master_fails_over_to_its_replica() {
@@ -82,16 +82,23 @@ async fn cluster_slots_moved_under_load() {
     assert!(held >= 16_384 / 3 + slots, "{held} slots on the target");
 }
 
+/// The window (epoch seconds) a counter's key names: `faults_k_<value>_<window>`.
+fn window_of(key: &str) -> u64 {
+    let window = key.rsplit('_').next().and_then(|w| w.parse().ok());
+    window.unwrap_or_else(|| panic!("a counter's key: {key}"))
+}
+
 /// The slots held migrating: 3 000 of the first master's (`redis-cli --cluster create`
 /// gives it 0 to 5460), about one key in five.
 const MIGRATING: std::ops::Range<u16> = 0..3_000;
 
-/// Slots held migrating from the first master to the second under load, in three
-/// steps of a third of the fault each: first only the counters the source does not
-/// hold yet (a new window's) are asked of the target (`ASK`); then the source's keys
-/// are moved to the target (`MIGRATE`) and those are asked of it too; then the first
-/// half of the slots is given to the target (`MOVED` for those, `ASK` still for the
-/// rest), and at the heal the rest. No call may fail and no key go over its limit.
+/// Slots held migrating from the first master to the second under load. Once the
+/// source holds a few counters of those slots, the migration is opened and every other
+/// one of them moved (`MIGRATE`), the rest left on the source: those moved, and every
+/// counter of a later window, are asked of the target (`ASK`). Two thirds of the fault
+/// later the first half of the slots is given to the target (`MOVED` for those, `ASK`
+/// still for the rest), and at the heal the rest. No call may fail and no key go over
+/// its limit.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cluster_slots_held_migrating_under_load() {
     let nodes = redis_cluster(3, &[]);
@@ -104,28 +111,32 @@ async fn cluster_slots_held_migrating_under_load() {
     // The counters moved part-way, and those on the target a step later.
     let counted = Mutex::new((0, 0));
     let make = async || {
-        // Late in a window, when the source holds most of its counters.
-        let until = (1_700_000 - now_us() % 1_000_000) % 1_000_000;
-        tokio::time::sleep(Duration::from_micros(until)).await;
+        // Until the source holds a few counters of those slots (the load's, of this
+        // window).
+        let held = eventually(Duration::from_secs(5), || async {
+            keys_in(from, &slots).len() >= 4
+        });
+        assert!(held.await, "no counter in the slots to migrate");
         open_migration(from, to, &slots);
-        // Part-way: the keys of every other slot moved now, the rest left on the
-        // source, which answers them until they expire or the slot is handed over.
-        let every_other: Vec<u16> = slots.iter().copied().step_by(2).collect();
-        let moved = migrate_keys(from, to, &every_other);
-        counted.lock().unwrap().0 = moved;
-        assert!(
-            moved > 0,
-            "the source held no counter of the migrating slots"
-        );
-        assert!(!keys_in(from, &slots).is_empty(), "every counter moved");
+        let opened = now_us() / 1_000_000;
+        // Part-way: every other counter moved now, the rest left on the source, which
+        // answers them until they expire or their slot is handed over.
+        let held = keys_in(from, &slots);
+        let moving: Vec<String> = held.iter().step_by(2).cloned().collect();
+        assert!(held.len() > moving.len(), "too few counters: {held:?}");
+        migrate(from, to, &moving);
         tokio::time::sleep(step).await;
-        // Counters of the windows begun since are asked of the target (`ASK`).
-        let asked = keys_in(to, &slots).len();
-        counted.lock().unwrap().1 = asked;
-        assert!(
-            asked > moved,
-            "no new counter was asked of the importing master"
-        );
+        // Only `ASK` can have put a counter of a later window on the target.
+        let later = || {
+            let on_target = keys_in(to, &slots);
+            on_target
+                .iter()
+                .filter(|key| window_of(key) > opened)
+                .count()
+        };
+        let asked = eventually(Duration::from_secs(2), || async { later() > 0 });
+        assert!(asked.await, "no counter was asked of the importing master");
+        *counted.lock().unwrap() = (moving.len(), later());
         tokio::time::sleep(step).await;
         finish_migration(from, to, &[other], first);
     };
@@ -142,7 +153,7 @@ async fn cluster_slots_held_migrating_under_load() {
     let fault = |t: &Timed| Fault::new(name, Promise::Exact, t.times(), 0);
     store_under_load(&server, schedule, make, heal, fault, Breakers::None).await;
     let (moved, asked) = counted.into_inner().unwrap();
-    println!("{moved} counters moved part-way; {asked} on the target a step later");
+    println!("{moved} counters moved part-way; {asked} of later windows asked of the target");
     assert_eq!(keys_in(from, &slots), Vec::<String>::new());
     let held = slots_of(other, to);
     assert!(held >= 16_384 / 3 + 3_000, "{held} slots on the target");
