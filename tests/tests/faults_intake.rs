@@ -15,6 +15,7 @@ use ratelimit_tests::faults::intake::{
     Batch, Checked, DROPPED, Senders, check_topic, ids_on_topic,
 };
 use ratelimit_tests::faults::load::now_us;
+use ratelimit_tests::faults::proxy::Proxy;
 use ratelimit_tests::faults::run::micros;
 use ratelimit_tests::faults::{Schedule, report};
 use ratelimit_tests::intake::{Intake, Tansu, free_port, read_topic};
@@ -146,13 +147,10 @@ async fn batches_across_a_broker_restart_are_on_the_new_topic_once() {
     );
 }
 
-/// A replica of two sharing `redis` as their idempotency store, `name` its transactional
-/// id, on `port`.
-fn replica(tansu: &Tansu, redis: &Redis, name: &str, port: u16) -> Intake {
-    let (bootstrap, url) = (
-        tansu.bootstrap(),
-        format!("redis://127.0.0.1:{}", redis.port),
-    );
+/// A replica of two sharing the Redis on `redis` as their idempotency store, `name` its
+/// transactional id, on `port`.
+fn replica(tansu: &Tansu, redis: u16, name: &str, port: u16) -> Intake {
+    let (bootstrap, url) = (tansu.bootstrap(), format!("redis://127.0.0.1:{redis}"));
     Intake::start_on(
         port,
         &[
@@ -169,22 +167,25 @@ fn replica(tansu: &Tansu, redis: &Redis, name: &str, port: u16) -> Intake {
 }
 
 /// Two replicas sharing a Redis idempotency store, the callers spread over both; one is
-/// killed (SIGKILL) between two of its answers, and started again on its port with its
-/// transactional id. A caller whose post is refused (or dropped) retries its batch with
-/// the same key on the other replica. The kill waits for a moment when the replica has
-/// nothing in flight: killed inside a transaction, it leaves that transaction open, and
-/// tansu 0.6 neither times it out nor, once the restart fences it, hides its aborted
-/// records from `read_committed` readers (docs/faults.md), so what the topic holds
-/// would be the broker's doing, not the intake's.
+/// killed (SIGKILL) while its batches wait for Redis to answer their claims (it reaches
+/// Redis through a proxy that holds the answers back: the claims are made), and started
+/// again on its port with its transactional id. A caller whose post dropped retries its
+/// batch with the same key on the other replica: 409 while the dead replica's claim
+/// lives, then accepted. The answers are held from a moment the replica has nothing in
+/// flight, so none of its transactions is open at the kill: killed inside one, it
+/// leaves it open, and tansu 0.6 neither times it out nor, once the restart fences it,
+/// hides its aborted records from `read_committed` readers (docs/faults.md), so what
+/// the topic held would be the broker's doing, not the intake's.
 #[tokio::test(flavor = "multi_thread")]
 async fn batches_across_a_replica_killed_are_on_the_topic_once() {
     let schedule = Schedule::from_env();
     let redis = Redis::start(&[]);
+    let proxy = Proxy::start(redis.port).await;
     let tansu = Tansu::start();
     tansu.create_topic(TOPIC, 1).await;
     let port = free_port();
-    let killed = replica(&tansu, &redis, "faults-a", port);
-    let other = replica(&tansu, &redis, "faults-b", free_port());
+    let killed = replica(&tansu, proxy.port, "faults-a", port);
+    let other = replica(&tansu, redis.port, "faults-b", free_port());
     let urls = [killed.url("/operations"), other.url("/operations")];
     let senders = Senders::start(&urls, 4 * u64::from(schedule.scale), RETRY_FOR);
     tokio::time::sleep(schedule.before).await;
@@ -192,29 +193,37 @@ async fn batches_across_a_replica_killed_are_on_the_topic_once() {
         senders.in_flight(0) == 0
     });
     assert!(idle.await, "the replica to kill was never idle");
+    proxy.hold();
+    let waiting = eventually(Duration::from_secs(5), || async {
+        senders.in_flight(0) > 0
+    });
+    assert!(waiting.await, "no batch went to the replica to kill");
+    // Killed well before its Redis calls time out (500 ms), which would release them.
+    tokio::time::sleep(Duration::from_millis(100)).await;
     let kill = now_us();
     drop(killed); // SIGKILL
+    proxy.release();
     tokio::time::sleep(schedule.fault).await;
-    let again = replica(&tansu, &redis, "faults-a", port);
+    let again = replica(&tansu, proxy.port, "faults-a", port);
     tokio::time::sleep(schedule.after).await;
     let batches = senders.stop().await;
     let name = "intake: one of two replicas killed (SIGKILL) and started again";
     let checked = check_and_report(name, &tansu, &[&again, &other], &batches, 0);
-    // Batches the dead replica did not answer, accepted on their retry.
-    let moved = batches.iter().filter(|batch| {
-        let dropped = batch.attempts.iter().any(|a| a.2 == DROPPED && a.0 >= kill);
-        dropped && (200..300).contains(&batch.last())
+    // Batches the dead replica had claimed: refused while its claim lived, then accepted.
+    let claimed = batches.iter().filter(|batch| {
+        let dropped = batch.attempts.iter().any(|a| a.2 == DROPPED && a.0 < kill);
+        let refused = batch.attempts.iter().any(|a| a.2 == 409);
+        dropped && refused && (200..300).contains(&batch.last())
     });
+    let claimed = claimed.count();
+    println!("{claimed} batches claimed by the killed replica: 409 from the other, then 2xx");
     assert!(
-        moved.count() > 0,
-        "no batch went to the other replica: {checked:?}"
+        claimed > 0,
+        "no batch claimed by the killed replica was accepted by the other: {checked:?}"
     );
     let to_again = batches
         .iter()
         .flat_map(|b| &b.attempts)
         .filter(|a| a.0 > kill + micros(schedule.fault) + 1_000_000 && (200..300).contains(&a.2));
-    assert!(
-        to_again.count() > 0,
-        "the replica started again answered nothing"
-    );
+    assert!(to_again.count() > 0, "no batch accepted after the restart");
 }

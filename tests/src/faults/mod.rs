@@ -6,6 +6,7 @@
 pub mod check;
 pub mod intake;
 pub mod load;
+pub mod proxy;
 pub mod run;
 pub mod setup;
 pub mod xds;

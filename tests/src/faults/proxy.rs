@@ -1,0 +1,65 @@
+//! A TCP proxy on loopback whose answers can be held back: what clients send reaches the
+//! server, what the server answers waits while the proxy holds. A replica whose store
+//! is behind it can be caught after its request reached the store and before it knew.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+/// A running proxy to a server on 127.0.0.1; it stops with the test's runtime.
+pub struct Proxy {
+    /// Its port on 127.0.0.1.
+    pub port: u16,
+    held: Arc<AtomicBool>,
+}
+
+impl Proxy {
+    /// Listens on a free port and forwards each connection to `127.0.0.1:upstream`.
+    pub async fn start(upstream: u16) -> Proxy {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let held = Arc::new(AtomicBool::new(false));
+        let holding = Arc::clone(&held);
+        tokio::spawn(async move {
+            while let Ok((client, _)) = listener.accept().await {
+                let Ok(server) = TcpStream::connect(("127.0.0.1", upstream)).await else {
+                    continue;
+                };
+                tokio::spawn(forward(client, server, Arc::clone(&holding)));
+            }
+        });
+        Proxy { port, held }
+    }
+
+    /// From now on the server's answers wait (what clients send still goes through).
+    pub fn hold(&self) {
+        self.held.store(true, Ordering::SeqCst);
+    }
+
+    /// The answers held, and those after, go through again.
+    pub fn release(&self) {
+        self.held.store(false, Ordering::SeqCst);
+    }
+}
+
+/// Copies `client` to `server` as it comes, and `server` to `client` unless held.
+async fn forward(client: TcpStream, server: TcpStream, held: Arc<AtomicBool>) {
+    let (mut client_read, mut client_write) = client.into_split();
+    let (mut server_read, mut server_write) = server.into_split();
+    let up = tokio::spawn(async move {
+        let _ = tokio::io::copy(&mut client_read, &mut server_write).await;
+    });
+    let mut buffer = vec![0; 16 * 1024];
+    while let Ok(read @ 1..) = server_read.read(&mut buffer).await {
+        while held.load(Ordering::SeqCst) {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        if client_write.write_all(&buffer[..read]).await.is_err() {
+            break;
+        }
+    }
+    up.abort();
+}
