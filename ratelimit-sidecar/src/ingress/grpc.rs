@@ -66,21 +66,33 @@ where
 {
     refuse_compressed(request.headers())?;
     let (parts, body) = request.into_parts();
-    // A decision that waits for nothing and is not traced reads no header, and decodes
-    // the message straight into the core's request.
+    // A decision that is not traced decodes the message straight into the core's
+    // request; one that also waits for nothing reads no header.
     let answer = match service.decides_now() {
         Some(store) => {
             let (request, _) = read_request(body, to_core).await?;
             service.should_rate_limit_grpc_now(store, request)
         }
+        None if service.decodes_to_core() => {
+            let (request, trailers) = read_request(body, to_core).await?;
+            let headers = with_trailers(parts.headers, trailers);
+            service
+                .should_rate_limit_grpc_decoded(request, &headers)
+                .await
+        }
         None => {
             let (request, trailers) = read_request(body, to_pb).await?;
-            let mut headers = parts.headers;
-            headers.extend(trailers.unwrap_or_default());
+            let headers = with_trailers(parts.headers, trailers);
             service.should_rate_limit_grpc(request, &headers).await
         }
     };
     answer.map_err(|error| status(&error))
+}
+
+/// A call's headers and its trailers, which the service reads as one map.
+fn with_trailers(mut headers: HeaderMap, trailers: Option<HeaderMap>) -> HeaderMap {
+    headers.extend(trailers.unwrap_or_default());
+    headers
 }
 
 /// A message as envoy-types' request.

@@ -18,7 +18,7 @@ use ratelimit_core::{
 };
 use ratelimit_proto::envoy::{InvalidRequest, request_from_pb, response_to_pb};
 
-use crate::backend::{Backend, BackendError};
+use crate::backend::{Backend, BackendError, Remote};
 use crate::observe::health::Health;
 use crate::observe::traces::{self, RequestSpan, Traces};
 use crate::service::metadata::dynamic_metadata;
@@ -169,6 +169,45 @@ impl Service {
         result
     }
 
+    /// Whether a gRPC request may come decoded into the core's form (nothing needs
+    /// envoy-types' request: it is not traced): then
+    /// [`Service::should_rate_limit_grpc_decoded`] decides it.
+    pub fn decodes_to_core(&self) -> bool {
+        self.traces.is_none()
+    }
+
+    /// [`Service::should_rate_limit_grpc`] of a request decoded into the core's form
+    /// (or the reason it cannot be), untraced, counted the same way.
+    pub async fn should_rate_limit_grpc_decoded(
+        &self,
+        request: Result<Request, InvalidRequest>,
+        headers: &HeaderMap,
+    ) -> Result<RateLimitResponse, ServiceError> {
+        let started = std::time::Instant::now();
+        self.total_requests.add(1);
+        let result = self.untraced(request, grpc_timeout(headers)).await;
+        self.count_error(&result);
+        self.response_time.record(started.elapsed());
+        result
+    }
+
+    /// Decides a request in the core's form, in its place among the requests in flight.
+    async fn untraced(
+        &self,
+        request: Result<Request, InvalidRequest>,
+        caller_deadline: Option<Duration>,
+    ) -> Result<RateLimitResponse, ServiceError> {
+        let _place = self.outage.enter()?;
+        let request = request?;
+        match &self.backend {
+            Backend::Memory(store) => self.decide_core(store, &request, unix_now_ms()),
+            Backend::Remote(remote) => {
+                self.decide_remote(remote, &request, None, caller_deadline)
+                    .await
+            }
+        }
+    }
+
     /// Decides one request from `/json`, not counted as a gRPC call (as upstream's
     /// handler does).
     pub async fn should_rate_limit_json(
@@ -217,19 +256,32 @@ impl Service {
             Backend::Remote(remote) => remote,
         };
         let request = request_from_pb(request)?;
+        self.decide_remote(remote, &request, span, caller_deadline)
+            .await
+    }
+
+    /// The decision of `request` on the remote store: its plan run there, or the
+    /// failure mode's answer when the store fails.
+    async fn decide_remote(
+        &self,
+        remote: &Remote,
+        request: &Request,
+        span: Option<&RequestSpan>,
+        caller_deadline: Option<Duration>,
+    ) -> Result<RateLimitResponse, ServiceError> {
         let now_ms = unix_now_ms();
-        let mut plan = self.limiter.plan_millis(&request, now_ms)?;
+        let mut plan = self.limiter.plan_millis(request, now_ms)?;
         let counters = Some(plan.increments().len());
         let run = remote.run(&mut plan, caller_deadline);
-        let response = match traces::backend(span, backend, counters, run).await {
+        let response = match traces::backend(span, self.backend.name(), counters, run).await {
             Ok(counts) => {
                 self.outage.recovered();
                 plan.decide(&counts)
             }
             Err(error @ BackendError::Key(_)) => return Err(error.into()),
-            Err(error) => self.outage.answer(&self.limiter, &request, now_ms, error)?,
+            Err(error) => self.outage.answer(&self.limiter, request, now_ms, error)?,
         };
-        Ok(self.answer(&request, &response))
+        Ok(self.answer(request, &response))
     }
 
     /// The decision against the memory store, which waits for nothing.
