@@ -132,8 +132,8 @@ if [ "${1:-}" = --deps-only ]; then
 	exit 0
 fi
 
-log "building ratelimit-core and the ratelimit-wasm filter for wasm32-unknown-unknown"
-cargo build --quiet -p ratelimit-core --target wasm32-unknown-unknown
+# The filter links the core: building it builds the core for wasm32 as well.
+log "building the ratelimit-wasm filter (and ratelimit-core) for wasm32-unknown-unknown"
 cargo build --quiet -p ratelimit-wasm --target wasm32-unknown-unknown --profile wasm
 export WASM_FILTER="$ROOT/target/wasm32-unknown-unknown/wasm/ratelimit_wasm.wasm"
 
