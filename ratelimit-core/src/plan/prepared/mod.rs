@@ -11,18 +11,19 @@
 //! `unlimited`, whitelists, shadow and quota modes, global shadow and quota modes and
 //! STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT.
 
+mod resolve;
+
 use std::sync::Arc;
 
 use smallvec::SmallVec;
 
-use super::Applied;
-use super::decision::{code_when_over, count_hits, decides_over, near_limit, overall_code, tally};
-use super::keys::{push_entries, push_window_and_suffix};
-use crate::config::Limit;
 use crate::counter_key::{CounterKey, Values};
 use crate::counting::{CounterOp, Counting, Span};
 use crate::engine::Engine;
 use crate::limiter::Limiter;
+use crate::plan::Applied;
+use crate::plan::decision::{code_when_over, count_hits, decides_over, overall_code, tally};
+use crate::plan::keys::{push_entries, push_window_and_suffix};
 use crate::request::{Descriptor, Request, RequestError};
 use crate::response::{Code, DescriptorStatus, RateLimitHeaders};
 use crate::rules::{Node, NodeId, NodeLimit};
@@ -174,25 +175,6 @@ struct One {
     shadow: bool,
 }
 
-impl One {
-    fn of(engine: &Engine, node: NodeId, which: u16) -> One {
-        let rule = engine.rules.node(node);
-        let limit = &rule.limits[usize::from(which)];
-        let stats = limit.stats.clone().expect("counted limits have statistics");
-        let applied = engine.applied_node(rule, which, &stats);
-        let near = near_limit(applied.bound, engine.settings.near_limit_ratio);
-        One {
-            node,
-            which,
-            counting: applied.counting,
-            requests_per_unit: applied.requests_per_unit,
-            bounds: (applied.bound, near),
-            shadow: applied.shadow,
-            stats,
-        }
-    }
-}
-
 /// One call's inputs.
 struct Call<'a> {
     domain: &'a str,
@@ -327,7 +309,7 @@ impl Target {
             return Err(RequestError::EmptyDomain.into());
         }
         limiter.settings().bounds.check(&request)?;
-        let id = find(&engine, domain, keys)?;
+        let id = resolve::find(&engine, domain, keys)?;
         let kind = Kind::of(&engine, domain, id)?;
         Ok((generation, Target { engine, kind }))
     }
@@ -549,68 +531,5 @@ impl Target {
             values,
             &write,
         ))
-    }
-}
-
-/// The rule descriptors of `keys` match in `domain`, whatever their values.
-fn find(engine: &Engine, domain: &str, keys: &[Box<str>]) -> Result<NodeId, PrepareError> {
-    let rules = &engine.rules;
-    let mut level = rules
-        .domain(domain)
-        .ok_or_else(|| PrepareError::UnknownDomain(domain.to_owned()))?;
-    let no_rule = || PrepareError::NoRule {
-        domain: domain.to_owned(),
-        keys: keys.iter().map(|k| k.to_string()).collect(),
-    };
-    let mut found = None;
-    for key in keys {
-        if let Some(id) = found {
-            level = rules.children(id).ok_or_else(no_rule)?;
-        }
-        match rules.key_only(level, key) {
-            Ok(Some(id)) => found = Some(id),
-            Ok(None) => return Err(no_rule()),
-            Err(valued) => {
-                return Err(PrepareError::DependsOnValues {
-                    domain: domain.to_owned(),
-                    key: key.to_string(),
-                    path: rules.node(valued).yaml_path.to_string(),
-                });
-            }
-        }
-    }
-    found.ok_or_else(no_rule)
-}
-
-impl Kind {
-    /// What the rule `id` does to a descriptor that matches it alone.
-    fn of(engine: &Engine, domain: &str, id: NodeId) -> Result<Kind, PrepareError> {
-        let node = engine.rules.node(id);
-        let replaced: SmallVec<[&str; 4]> = node
-            .limits
-            .iter()
-            .flat_map(|limit| limit.replaces.iter().map(|name| &**name))
-            .collect();
-        let kept: SmallVec<[u16; 2]> = (0u16..)
-            .zip(node.limits.iter())
-            .filter(|(_, limit)| !limit.name.as_deref().is_some_and(|n| replaced.contains(&n)))
-            .map(|(which, _)| which)
-            .collect();
-        let Some(&first) = kept.first() else {
-            return Ok(Kind::NoLimit);
-        };
-        if node.limits[usize::from(first)].limit == Limit::Unlimited {
-            return Ok(Kind::Unlimited);
-        }
-        if node.per_level_stats_key || node.per_level_cache_key {
-            return Err(PrepareError::PerValueStatistics {
-                domain: domain.to_owned(),
-                path: node.yaml_path.to_string(),
-            });
-        }
-        if let [which] = *kept {
-            return Ok(Kind::One(One::of(engine, id, which)));
-        }
-        Ok(Kind::Limited(id, kept))
     }
 }
