@@ -6,6 +6,7 @@
 mod commit;
 mod producer;
 mod readback;
+mod unsettled;
 
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -21,6 +22,7 @@ use tokio::time::Instant;
 
 use commit::{Bounds, Committer, Job, Taken};
 use producer::{Producers, Shared};
+pub use unsettled::{BEFORE_SENDING, Unsettled};
 
 /// How often the background probe asks the broker for metadata.
 pub const PROBE_INTERVAL: Duration = Duration::from_secs(1);
@@ -65,45 +67,6 @@ pub enum ProduceError {
     /// [`Unsettled`] names.
     #[error("{0}")]
     Unacknowledged(String, Unsettled),
-}
-
-/// A batch sent but not acknowledged: where it would be, and which producer sent it.
-/// Once that producer is fenced, reading the partition from `from` tells whether it is
-/// there.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Unsettled {
-    /// The partition it was sent to.
-    pub partition: i32,
-    /// No offset below this one can hold it.
-    pub from: i64,
-    /// The producer generation that sent it, in that process.
-    pub generation: u64,
-    /// When the attempt was given up, in milliseconds since the epoch.
-    pub since_ms: u64,
-    /// The process that sent it: its transactional id and a number of its own run.
-    pub producer: String,
-}
-
-impl Unsettled {
-    /// As text, for the idempotency store.
-    pub fn note(&self) -> String {
-        format!(
-            "{} {} {} {} {}",
-            self.partition, self.from, self.generation, self.since_ms, self.producer
-        )
-    }
-
-    /// From [`Unsettled::note`]'s text.
-    pub fn from_note(note: &str) -> Option<Unsettled> {
-        let mut parts = note.splitn(5, ' ');
-        Some(Unsettled {
-            partition: parts.next()?.parse().ok()?,
-            from: parts.next()?.parse().ok()?,
-            generation: parts.next()?.parse().ok()?,
-            since_ms: parts.next()?.parse().ok()?,
-            producer: parts.next()?.to_owned(),
-        })
-    }
 }
 
 /// Where an acknowledged batch landed.
@@ -389,14 +352,33 @@ impl Kafka {
         }
     }
 
-    /// Produces one batch and waits for the broker's acknowledgement: it goes in the
-    /// next transaction, with the batches that come meanwhile. A failure that leaves the
-    /// producer unusable marks the service down at once, before the answer, and the next
-    /// probe replaces the producer.
-    pub async fn produce(&self, value: &Bytes, meta: MessageMeta<'_>) -> Result<Ack, ProduceError> {
-        self.available()?;
+    /// Where the batch with message `key` is about to go, as the note of an attempt not
+    /// yet sent ([`BEFORE_SENDING`]): the idempotency store keeps it while the batch is
+    /// produced (with [`Kafka::produce`] to its partition), so that a retry after this
+    /// process died before remembering the answer looks for the batch on the topic.
+    pub fn attempt(&self, key: &str) -> Unsettled {
         let partitions = self.shared.health.load().partitions.unwrap_or(1);
-        let partition = partition_for(meta.key, partitions);
+        let partition = partition_for(key, partitions);
+        Unsettled {
+            partition,
+            from: self.bounds.get(partition),
+            generation: BEFORE_SENDING,
+            since_ms: now_ms(),
+            producer: self.identity.clone(),
+        }
+    }
+
+    /// Produces one batch to `partition` (its [`Kafka::attempt`]'s) and waits for the
+    /// broker's acknowledgement: it goes in the next transaction, with the batches that
+    /// come meanwhile. A failure that leaves the producer unusable marks the service down
+    /// at once, before the answer, and the next probe replaces the producer.
+    pub async fn produce(
+        &self,
+        value: &Bytes,
+        meta: MessageMeta<'_>,
+        partition: i32,
+    ) -> Result<Ack, ProduceError> {
+        self.available()?;
         let headers = OwnedHeaders::new_with_capacity(4)
             .insert(Header {
                 key: "request-id",
@@ -462,20 +444,22 @@ impl Kafka {
     /// Waits until the batch `unsettled` describes can no longer reach the topic: at once
     /// when its producer is fenced already; for one of this process, until the producer
     /// that replaced it is initialised, until `deadline`; for another process's (another
-    /// replica, or before a restart), until the broker has aborted its transaction,
-    /// [`ProducerSettings::transaction_timeout`] after it was given up.
+    /// replica, or before a restart), and for an attempt noted before it was sent
+    /// ([`BEFORE_SENDING`]), until the broker has aborted its transaction,
+    /// [`ProducerSettings::transaction_timeout`] after it was given up (or made).
     async fn settle(&self, unsettled: &Unsettled, deadline: Instant) -> Result<(), String> {
-        if unsettled.producer != self.identity {
-            let now = SystemTime::now()
-                .duration_since(UNIX_EPOCH)
-                .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
-            let waited = Duration::from_millis(now.saturating_sub(unsettled.since_ms));
+        if unsettled.producer != self.identity || unsettled.generation == BEFORE_SENDING {
+            let waited = Duration::from_millis(now_ms().saturating_sub(unsettled.since_ms));
             return if waited >= self.transaction_timeout {
                 Ok(())
             } else {
+                let whose = if unsettled.producer == self.identity {
+                    "this process".to_owned()
+                } else {
+                    format!("another process ({})", unsettled.producer)
+                };
                 Err(format!(
-                    "it was sent by another process ({}), whose transaction the broker aborts within {:?} of the attempt",
-                    unsettled.producer,
+                    "it was sent by {whose}, whose transaction the broker aborts within {:?} of the attempt",
                     self.transaction_timeout - waited
                 ))
             };
@@ -528,6 +512,13 @@ fn partition_for(key: &str, partitions: usize) -> i32 {
         (hash ^ u64::from(byte)).wrapping_mul(0x0100_0000_01b3)
     });
     i32::try_from(hash % partitions.max(1) as u64).unwrap_or(0)
+}
+
+/// Milliseconds since the epoch.
+fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
 
 fn millis(duration: Duration) -> String {

@@ -173,10 +173,17 @@ where
         key: &message_key,
         client_id: &client.id,
     };
+    let mut pending = pending;
+    let sending = Sending {
+        body: &body,
+        batch: &batch,
+        id: batch_id,
+        received,
+    };
     let (answer, unsettled) = match earlier {
         _ if batch.count == 0 => (Ok(answer::nothing_to_do()), None),
-        Some(note) => retry_unsure(app, &note, &body, &batch, batch_id, received).await,
-        None => limit_and_produce(app, &body, &batch, batch_id, received).await,
+        Some(note) => retry_unsure(app, &note, sending, pending.as_mut()).await,
+        None => limit_and_produce(app, sending, pending.as_mut()).await,
     };
     // An unfinished claim is released when dropped, so a refused batch can be retried.
     match (pending, &answer, unsettled) {
@@ -311,6 +318,16 @@ struct BatchId<'a> {
     client_id: &'a str,
 }
 
+/// A valid batch on its way to the topic: its body, its operations, its names and when
+/// it arrived.
+#[derive(Clone, Copy)]
+struct Sending<'a> {
+    body: &'a Bytes,
+    batch: &'a Batch,
+    id: BatchId<'a>,
+    received: SystemTime,
+}
+
 /// An answer, and where its batch may be when it was sent but not acknowledged.
 type Outcome = (Result<Reply, Failure>, Option<Unsettled>);
 
@@ -320,11 +337,10 @@ type Outcome = (Result<Reply, Failure>, Option<Unsettled>);
 async fn retry_unsure(
     app: &App,
     note: &str,
-    body: &Bytes,
-    batch: &Batch,
-    batch_id: BatchId<'_>,
-    received: SystemTime,
+    sending: Sending<'_>,
+    pending: Option<&mut Pending<'_>>,
 ) -> Outcome {
+    let (batch, batch_id) = (sending.batch, sending.id);
     let Some(earlier) = Unsettled::from_note(note) else {
         tracing::error!(
             note,
@@ -346,7 +362,7 @@ async fn retry_unsure(
             );
             (Ok(accepted(batch_id.id, batch, ack)), None)
         }
-        Ok(None) => limit_and_produce(app, body, batch, batch_id, received).await,
+        Ok(None) => limit_and_produce(app, sending, pending).await,
         Err(why) => (Err(not_settled(batch_id.id, &why)), None),
     }
 }
@@ -373,57 +389,42 @@ fn accepted(id: &str, batch: &Batch, ack: Ack) -> Reply {
     })
 }
 
-/// The rate-limit check, then the message, for a valid batch.
+/// The rate-limit check, then the message, for a valid batch: noted in its held
+/// idempotency key (`pending`) before it is produced.
 async fn limit_and_produce(
     app: &App,
-    body: &Bytes,
-    batch: &Batch,
-    batch_id: BatchId<'_>,
-    received: SystemTime,
+    sending: Sending<'_>,
+    pending: Option<&mut Pending<'_>>,
 ) -> Outcome {
-    // A known outage is answered before the batch counts against any limit.
-    if let Err(error) = app.kafka.available() {
-        return (
-            Err(Failure::new(Kind::Unavailable, error.to_string())),
-            None,
-        );
-    }
-    let limit_headers = match app
-        .limits
-        .check(batch_id.client_id, batch, &app.headers_format)
-        .await
-    {
-        Verdict::Allow(headers) => headers,
-        Verdict::Deny {
-            headers,
-            retry,
-            violated,
-        } => {
-            app.metrics.limit_refusals.add(1);
-            return (Err(over_limit(headers, retry, violated)), None);
-        }
-        Verdict::Unavailable => {
-            let refusal = Failure::new(
-                Kind::Unavailable,
-                "the rate-limit service is unavailable; nothing was recorded",
-            );
-            return (Err(refusal), None);
-        }
+    let (batch, id) = (sending.batch, sending.id.id);
+    let limit_headers = match check_limits(app, sending.id, batch).await {
+        Ok(headers) => headers,
+        Err(refusal) => return (Err(refusal), None),
     };
-    let id = batch_id.id;
-    let received_at = humantime::format_rfc3339_millis(received).to_string();
+    // The limits counted the batch: a refusal now still says where they stand.
+    let attempt = app.kafka.attempt(sending.id.key);
+    if let Some(pending) = pending
+        && let Err(error) = pending.attempt(&attempt.note()).await
+    {
+        tracing::warn!(%error, id, "the idempotency store did not take the attempt");
+        let refusal = Failure::new(
+            Kind::Unavailable,
+            format!("the idempotency store is unavailable ({error}); nothing was recorded"),
+        );
+        return (Err(refusal.with_limit_headers(limit_headers)), None);
+    }
+    let received_at = humantime::format_rfc3339_millis(sending.received).to_string();
     let meta = MessageMeta {
-        key: batch_id.key,
+        key: sending.id.key,
         request_id: id,
-        client_id: batch_id.client_id,
+        client_id: sending.id.client_id,
         received_at: &received_at,
     };
     let started = Instant::now();
-    let produced = app.kafka.produce(body, meta).await;
-    if produced.is_ok() {
-        app.metrics.produced(started.elapsed(), batch.count);
-    }
-    // The limits counted the batch: a refusal now still says where they stand.
+    let produced = app
+        .kafka
+        .produce(sending.body, meta, attempt.partition)
+        .await;
     let ack = match produced {
         Ok(ack) => ack,
         Err(error) => {
@@ -435,9 +436,42 @@ async fn limit_and_produce(
             return (Err(refusal), unsettled);
         }
     };
+    app.metrics.produced(started.elapsed(), batch.count);
     let mut reply = accepted(id, batch, ack);
     add_limit_headers(reply.headers_mut(), limit_headers);
     (Ok(reply), None)
+}
+
+/// A known outage of the broker, then the batch against the client's limits: the
+/// limits' headers when it may go, else the refusal.
+async fn check_limits(
+    app: &App,
+    batch_id: BatchId<'_>,
+    batch: &Batch,
+) -> Result<LimitHeaders, Failure> {
+    // A known outage is answered before the batch counts against any limit.
+    if let Err(error) = app.kafka.available() {
+        return Err(Failure::new(Kind::Unavailable, error.to_string()));
+    }
+    match app
+        .limits
+        .check(batch_id.client_id, batch, &app.headers_format)
+        .await
+    {
+        Verdict::Allow(headers) => Ok(headers),
+        Verdict::Deny {
+            headers,
+            retry,
+            violated,
+        } => {
+            app.metrics.limit_refusals.add(1);
+            Err(over_limit(headers, retry, violated))
+        }
+        Verdict::Unavailable => Err(Failure::new(
+            Kind::Unavailable,
+            "the rate-limit service is unavailable; nothing was recorded",
+        )),
+    }
 }
 
 /// The 429 for a batch over the `violated` limits, with their headers.

@@ -5,9 +5,12 @@
 use std::time::Duration;
 
 use bytes::Bytes;
-use operations_intake::idempotency::{self, Claim};
+use operations_intake::auth::keys::hex;
+use operations_intake::idempotency::{self, Claim, Pending};
+use ratelimit_tests::faults::proxy::Proxy;
 use ratelimit_tests::intake as support;
 use ratelimit_tests::sidecar::Redis;
+use sha2::{Digest, Sha256};
 use support::{Intake, Tansu, batch, post, read_topic};
 
 fn replica(tansu: &Tansu, redis: &Redis, topic: &str) -> Intake {
@@ -16,8 +19,13 @@ fn replica(tansu: &Tansu, redis: &Redis, topic: &str) -> Intake {
 
 /// A replica with `more` settings.
 fn replica_with(tansu: &Tansu, redis: &Redis, topic: &str, more: &[(&str, &str)]) -> Intake {
+    replica_via(tansu, redis.port, topic, more)
+}
+
+/// A replica with `more` settings that reaches Redis on `redis_port` (a proxy's).
+fn replica_via(tansu: &Tansu, redis_port: u16, topic: &str, more: &[(&str, &str)]) -> Intake {
     let bootstrap = tansu.bootstrap();
-    let url = format!("redis://127.0.0.1:{}", redis.port);
+    let url = format!("redis://127.0.0.1:{redis_port}");
     let mut env = vec![
         ("KAFKA_BOOTSTRAP_SERVERS", bootstrap.as_str()),
         ("KAFKA_TOPIC", topic),
@@ -38,6 +46,23 @@ async fn store(redis: &Redis) -> idempotency::Store {
         Duration::from_secs(1),
     );
     idempotency::Store::Redis(store.await.unwrap())
+}
+
+/// The claim of `key` (body `body`) by `retry` after a holder died holding it: in
+/// progress while the holder's lease lasts, then taken over with its note.
+async fn taken_over_after_its_lease<'a>(
+    retry: &'a idempotency::Store,
+    key: &str,
+) -> (Pending<'a>, String) {
+    assert!(matches!(
+        retry.claim(key, b"body").await,
+        Ok(Claim::InProgress)
+    ));
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let Ok(Claim::Unsure(held, note)) = retry.claim(key, b"body").await else {
+        panic!("taken over")
+    };
+    (held, note)
 }
 
 /// The messages on `topic` whose key is `key`.
@@ -276,19 +301,94 @@ async fn an_unsure_key_is_held_by_one_retry_at_a_time_and_outlives_a_holder_that
         }
     })
     .await;
-    assert!(matches!(
-        retry.claim(&key, b"body").await,
-        Ok(Claim::InProgress)
-    ));
     // Its lease (IDEMPOTENCY_CLAIM_TTL) ends; the note is still there for the next retry.
-    tokio::time::sleep(Duration::from_millis(400)).await;
-    let Ok(Claim::Unsure(held, note)) = retry.claim(&key, b"body").await else {
-        panic!("taken over")
-    };
+    let (held, note) = taken_over_after_its_lease(&retry, &key).await;
     assert_eq!(note, "0 7 1 1700 p#1");
     held.finish(Bytes::from_static(b"{\"found\":true}")).await;
     assert!(matches!(
         first.claim(&key, b"body").await,
         Ok(Claim::Replay(answer)) if answer == "{\"found\":true}"
     ));
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_replica_killed_before_it_remembered_an_acknowledged_batch_leaves_it_on_the_topic_once() {
+    let redis = Redis::start(&[]);
+    let proxy = Proxy::start(redis.port).await;
+    let tansu = Tansu::start();
+    tansu.create_topic("killed", 1).await;
+    let quick = [
+        ("KAFKA_DELIVERY_TIMEOUT", "1s"),
+        ("IDEMPOTENCY_CLAIM_TTL", "2s"),
+    ];
+    let first = replica_via(&tansu, proxy.port, "killed", &quick);
+    let second = replica_with(&tansu, &redis, "killed", &quick);
+    let (body, key) = (batch("buy", 2), [("idempotency-key", "order-k")]);
+    // The first replica's write of the batch's answer never reaches Redis: the broker
+    // has the batch, the store does not know it was acknowledged.
+    let digest = hex(&Sha256::digest(body.as_bytes()));
+    proxy.stop_requests_containing(format!("D{digest}").as_bytes());
+    let _ = tokio::time::timeout(Duration::from_millis(500), post(&first, &body, &key)).await;
+    support::wait_until("the batch is on the topic", || async {
+        with_key(&tansu, "killed", "127.0.0.1 order-k") == 1
+    })
+    .await;
+    drop(first); // SIGKILL, before it remembered the answer.
+
+    // Its claim ends; the retry on the other replica must find the batch, not send it
+    // again.
+    let deadline = std::time::Instant::now() + Duration::from_secs(15);
+    let mut answer = post(&second, &body, &key).await;
+    while answer.status != 202 && std::time::Instant::now() < deadline {
+        assert!([409, 503].contains(&answer.status), "{}", answer.body);
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        answer = post(&second, &body, &key).await;
+    }
+    assert_eq!(answer.status, 202, "{}", answer.body);
+    assert_eq!(with_key(&tansu, "killed", "127.0.0.1 order-k"), 1);
+    let replay = post(&second, &body, &key).await;
+    assert_eq!(replay.body, answer.body, "remembered since");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_attempt_outlives_a_holder_that_died_and_one_that_sent_nothing_is_undone() {
+    let redis = Redis::start(&[]);
+    let (first, retry) = (store(&redis).await, store(&redis).await);
+    let key = idempotency::scoped("acme", "a1");
+    let Ok(Claim::New(mut pending)) = first.claim(&key, b"body").await else {
+        panic!("new")
+    };
+    pending
+        .attempt("0 7 18446744073709551615 1700 p#1")
+        .await
+        .unwrap();
+    // A refusal that sent nothing (a full queue, a broker known down) gives the key up.
+    drop(pending);
+    support::wait_until("the key is free again", || async {
+        match first.claim(&key, b"body").await {
+            Ok(Claim::New(mut pending)) => {
+                pending
+                    .attempt("0 9 18446744073709551615 1800 p#1")
+                    .await
+                    .unwrap();
+                std::mem::forget(pending); // This holder dies after noting its attempt.
+                true
+            }
+            _ => false,
+        }
+    })
+    .await;
+    // Its lease (IDEMPOTENCY_CLAIM_TTL) ends: the retry gets the attempt's note.
+    let (mut held, note) = taken_over_after_its_lease(&retry, &key).await;
+    assert_eq!(note, "0 9 18446744073709551615 1800 p#1");
+    // The retry's own attempt, refused unsent, leaves the key unsure with the note it had.
+    held.attempt("0 12 18446744073709551615 1900 p#2")
+        .await
+        .unwrap();
+    drop(held);
+    support::wait_until("the key is unsure again", || async {
+        matches!(first.claim(&key, b"body").await,
+            Ok(Claim::Unsure(_, note)) if note == "0 9 18446744073709551615 1800 p#1")
+    })
+    .await;
 }

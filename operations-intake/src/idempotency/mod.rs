@@ -67,9 +67,11 @@ pub enum Claim<'a> {
 pub struct Pending<'a> {
     store: &'a Store,
     key: Option<String>,
-    /// With Redis: the body's SHA-256 in hexadecimal, and the value held.
+    /// With Redis: the body's SHA-256 in hexadecimal, the value held, and the value
+    /// held when it was claimed (before an attempt was noted in it).
     digest: String,
     held: String,
+    taken: String,
 }
 
 impl std::fmt::Debug for Pending<'_> {
@@ -100,6 +102,7 @@ impl Store {
             store,
             key: Some(scoped_key.to_owned()),
             digest,
+            taken: held.clone(),
             held,
         };
         Ok(match found {
@@ -133,6 +136,27 @@ impl Pending<'_> {
                 let stored = store.finish(&key, &self.digest, &self.held, &answer).await;
                 lost_claim(&key, stored, "a retry may record the batch again");
             }
+        }
+    }
+
+    /// Notes, before the batch is produced, where it is about to go (`note`), so that
+    /// if this process dies before the answer is remembered, the retry that takes the
+    /// key over when its lease ends looks for the batch on the topic before producing
+    /// it again (with Redis; the memory store dies with the process). An error means the
+    /// batch must not be produced.
+    pub async fn attempt(&mut self, note: &str) -> Result<(), String> {
+        let (Some(key), Store::Redis(store)) = (&self.key, self.store) else {
+            return Ok(());
+        };
+        match store.attempt(key, &self.digest, &self.held, note).await? {
+            Some(held) => {
+                self.held = held;
+                Ok(())
+            }
+            None => Err(
+                "the idempotency claim expired before the batch was produced (IDEMPOTENCY_CLAIM_TTL is too short)"
+                    .to_owned(),
+            ),
         }
     }
 
@@ -174,10 +198,11 @@ impl Drop for Pending<'_> {
         match self.store {
             Store::Memory(store) => store.release(&key),
             Store::Redis(store) => {
-                let (store, digest, held) = (store.clone(), self.digest.clone(), self.held.clone());
+                let (store, digest) = (store.clone(), self.digest.clone());
+                let (held, taken) = (self.held.clone(), self.taken.clone());
                 // Off the request: a failure only leaves the claim to expire.
                 tokio::spawn(async move {
-                    if let Err(error) = store.release(&key, &digest, &held).await {
+                    if let Err(error) = store.release(&key, &digest, &held, &taken).await {
                         tracing::warn!(key, %error, "cannot release an idempotency claim; it expires after IDEMPOTENCY_CLAIM_TTL");
                     }
                 });

@@ -8,6 +8,9 @@
 //! the claim expires. A retry of an unsure key holds it as `Q<body sha256><token><lease
 //! end, ms><note>`, kept for `IDEMPOTENCY_TTL` so the note outlives a replica that dies
 //! holding it: once the lease (`IDEMPOTENCY_CLAIM_TTL`) ends, another retry takes it over.
+//! A request about to produce its batch holds its key the same way, with its attempt's
+//! note, so that a replica dying between the broker's acknowledgement and the answer's
+//! write leaves a retry that looks for the batch instead of a claim that expires.
 //! Every change of a held value is made only while the value is still the holder's (a
 //! script compares), and an answer is kept for `IDEMPOTENCY_TTL`.
 
@@ -166,6 +169,30 @@ impl Store {
         Ok(self.invoke(invocation).await? == 1)
     }
 
+    /// Holds a key held as `held` with the `note` of the attempt about to be made: the
+    /// value a retry of an unsure key holds, leased for IDEMPOTENCY_CLAIM_TTL and kept
+    /// for IDEMPOTENCY_TTL, so that if this process dies before the answer is stored,
+    /// the retry that takes the key over looks for the batch first. The value now held,
+    /// or `None` when the claim was lost.
+    pub async fn attempt(
+        &self,
+        key: &str,
+        digest: &str,
+        held: &str,
+        note: &str,
+    ) -> Result<Option<String>, String> {
+        let start = 1 + digest.len();
+        let token = held
+            .get(start..start + TOKEN_LEN)
+            .ok_or("the held value has no token")?;
+        let lease = now_ms().saturating_add(millis(self.claim_ttl));
+        let next = format!("Q{digest}{token}{lease:0LEASE_LEN$}{note}");
+        let replaced = self
+            .replace(key, held.as_bytes(), next.as_bytes(), self.ttl)
+            .await?;
+        Ok(replaced.then_some(next))
+    }
+
     /// Stores `answer` for a key held as `held`; `false` when the claim was lost.
     pub async fn finish(
         &self,
@@ -200,10 +227,17 @@ impl Store {
         self.run::<String>(redis::cmd("PING")).await.map(drop)
     }
 
-    /// Gives up a key held as `held`, so the batch can be sent again at once: deleted,
-    /// or, when the holder took it over from an unsure value, unsure again.
-    pub async fn release(&self, key: &str, digest: &str, held: &str) -> Result<(), String> {
-        if let Some(note) = held_note(held.as_bytes(), digest) {
+    /// Gives up a key held as `held` (`taken` before an attempt was noted in it: that
+    /// attempt sent nothing), so the batch can be sent again at once: deleted, or, when
+    /// the holder took it over from an unsure value, unsure again.
+    pub async fn release(
+        &self,
+        key: &str,
+        digest: &str,
+        held: &str,
+        taken: &str,
+    ) -> Result<(), String> {
+        if let Some(note) = held_note(taken.as_bytes(), digest) {
             let unsure = format!("U{digest}{note}");
             return self
                 .replace(key, held.as_bytes(), unsure.as_bytes(), self.ttl)

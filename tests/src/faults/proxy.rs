@@ -1,9 +1,11 @@
 //! A TCP proxy on loopback whose answers can be held back: what clients send reaches the
 //! server, what the server answers waits while the proxy holds. A replica whose store
 //! is behind it can be caught after its request reached the store and before it knew.
+//! It can also stop a connection's requests at the first that carries given bytes, so
+//! that one write of a replica's never reaches the store.
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -14,6 +16,7 @@ pub struct Proxy {
     /// Its port on 127.0.0.1.
     pub port: u16,
     held: Arc<AtomicBool>,
+    stop_at: Arc<Mutex<Option<Vec<u8>>>>,
 }
 
 impl Proxy {
@@ -22,16 +25,29 @@ impl Proxy {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let port = listener.local_addr().unwrap().port();
         let held = Arc::new(AtomicBool::new(false));
-        let holding = Arc::clone(&held);
+        let stop_at = Arc::new(Mutex::new(None));
+        let (holding, stopping) = (Arc::clone(&held), Arc::clone(&stop_at));
         tokio::spawn(async move {
             while let Ok((client, _)) = listener.accept().await {
                 let Ok(server) = TcpStream::connect(("127.0.0.1", upstream)).await else {
                     continue;
                 };
-                tokio::spawn(forward(client, server, Arc::clone(&holding)));
+                let (holding, stopping) = (Arc::clone(&holding), Arc::clone(&stopping));
+                tokio::spawn(forward(client, server, holding, stopping));
             }
         });
-        Proxy { port, held }
+        Proxy {
+            port,
+            held,
+            stop_at,
+        }
+    }
+
+    /// From now on, the first request read that carries `pattern` is not sent, nor is
+    /// anything after it on its connection (the client waits for an answer that never
+    /// comes, until its own timeout).
+    pub fn stop_requests_containing(&self, pattern: &[u8]) {
+        *self.stop_at.lock().unwrap_or_else(PoisonError::into_inner) = Some(pattern.to_vec());
     }
 
     /// From now on the server's answers wait (what clients send still goes through).
@@ -45,12 +61,31 @@ impl Proxy {
     }
 }
 
-/// Copies `client` to `server` as it comes, and `server` to `client` unless held.
-async fn forward(client: TcpStream, server: TcpStream, held: Arc<AtomicBool>) {
+/// Copies `client` to `server` as it comes until a read carries the pattern to stop at,
+/// and `server` to `client` unless held.
+async fn forward(
+    client: TcpStream,
+    server: TcpStream,
+    held: Arc<AtomicBool>,
+    stop_at: Arc<Mutex<Option<Vec<u8>>>>,
+) {
     let (mut client_read, mut client_write) = client.into_split();
     let (mut server_read, mut server_write) = server.into_split();
     let up = tokio::spawn(async move {
-        let _ = tokio::io::copy(&mut client_read, &mut server_write).await;
+        let mut buffer = vec![0; 16 * 1024];
+        while let Ok(read @ 1..) = client_read.read(&mut buffer).await {
+            let chunk = &buffer[..read];
+            let stop = stop_at
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .clone();
+            if stop.is_some_and(|pattern| chunk.windows(pattern.len()).any(|w| w == pattern)) {
+                std::future::pending::<()>().await;
+            }
+            if server_write.write_all(chunk).await.is_err() {
+                break;
+            }
+        }
     });
     let mut buffer = vec![0; 16 * 1024];
     while let Ok(read @ 1..) = server_read.read(&mut buffer).await {
