@@ -164,7 +164,7 @@ where
         .clone()
         .unwrap_or_else(|| uuid::Uuid::new_v4().to_string());
     let message_key = idempotency::scoped(&client.id, &id);
-    let (pending, earlier) = match claim(app, key.is_some(), &message_key, &body).await? {
+    let (mut pending, earlier) = match claim(app, key.is_some(), &message_key, &body).await? {
         Claimed::Replay(reply) => return Ok(reply),
         Claimed::Held(pending, earlier) => (pending, earlier),
     };
@@ -173,7 +173,6 @@ where
         key: &message_key,
         client_id: &client.id,
     };
-    let mut pending = pending;
     let sending = Sending {
         body: &body,
         batch: &batch,

@@ -116,9 +116,19 @@ impl Service {
         request: RateLimitRequest,
         headers: &HeaderMap,
     ) -> Result<RateLimitResponse, ServiceError> {
+        self.counted_call(self.traced(GRPC_SPAN, request, headers))
+            .await
+    }
+
+    /// A gRPC call's `decision`, counted in `ratelimit_server.ShouldRateLimit.*`: one
+    /// more call, and its response time.
+    async fn counted_call(
+        &self,
+        decision: impl Future<Output = Result<RateLimitResponse, ServiceError>>,
+    ) -> Result<RateLimitResponse, ServiceError> {
         let started = std::time::Instant::now();
         self.total_requests.add(1);
-        let result = self.traced(GRPC_SPAN, request, headers).await;
+        let result = decision.await;
         self.response_time.record(started.elapsed());
         result
     }
@@ -183,12 +193,12 @@ impl Service {
         request: Result<Request, InvalidRequest>,
         headers: &HeaderMap,
     ) -> Result<RateLimitResponse, ServiceError> {
-        let started = std::time::Instant::now();
-        self.total_requests.add(1);
-        let result = self.untraced(request, grpc_timeout(headers)).await;
-        self.count_error(&result);
-        self.response_time.record(started.elapsed());
-        result
+        let decision = async {
+            let result = self.untraced(request, grpc_timeout(headers)).await;
+            self.count_error(&result);
+            result
+        };
+        self.counted_call(decision).await
     }
 
     /// Decides a request in the core's form, in its place among the requests in flight.
