@@ -243,25 +243,42 @@ fn hex<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<u8>, D::Error> {
 }
 
 /// Every message of `topic`, read from the start of each partition by Python's
-/// `confluent-kafka` (a client independent of the service's producer code).
+/// `confluent-kafka` (a client independent of the service's producer code) as a consumer
+/// of the intake's topic must read it: committed transactions only.
 pub fn read_topic(bootstrap: &str, topic: &str) -> Vec<Record> {
+    read_topic_as(bootstrap, topic, Isolation::ReadCommitted).0
+}
+
+/// How a reader treats the records of transactions: `read_committed` shows committed
+/// ones only, and nothing past the first transaction still open.
+#[derive(Clone, Copy, Debug)]
+pub enum Isolation {
+    ReadCommitted,
+    ReadUncommitted,
+}
+
+/// Every message of `topic` read with `isolation`, and what the reader saw of each
+/// partition (its watermarks).
+pub fn read_topic_as(bootstrap: &str, topic: &str, isolation: Isolation) -> (Vec<Record>, String) {
     let script =
         Path::new(env!("CARGO_MANIFEST_DIR")).join("../operations-intake/tests/read_topic.py");
+    let level = match isolation {
+        Isolation::ReadCommitted => "read_committed",
+        Isolation::ReadUncommitted => "read_uncommitted",
+    };
     let output = Command::new(required_env("KAFKA_PYTHON"))
         .arg(script)
-        .args([bootstrap, topic])
+        .args([bootstrap, topic, level])
         .output()
         .expect("the reader runs");
-    assert!(
-        output.status.success(),
-        "reader failed: {}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    String::from_utf8(output.stdout)
+    let seen = String::from_utf8_lossy(&output.stderr).into_owned();
+    assert!(output.status.success(), "reader failed: {seen}");
+    let records = String::from_utf8(output.stdout)
         .unwrap()
         .lines()
         .map(|line| serde_json::from_str(line).unwrap())
-        .collect()
+        .collect();
+    (records, seen)
 }
 
 /// An HTTP answer: status, headers and the body as JSON.
