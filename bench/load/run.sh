@@ -18,12 +18,16 @@
 # from /proc), reported per request.
 #   bench/load/run.sh [SECONDS] [ROUNDS]   (default 2 s, 9 rounds: short measurements in many
 #   rounds keep the two halves of each ratio seconds apart on a machine whose speed drifts)
+# BIN=DIR measures the binaries in DIR (the sidecar, rls-floor, rls-tonic and rls-load all
+# built alike, as bench/load/pgo.sh builds them) instead of building target/release.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 SECONDS_PER_RUN="${1:-2}"
 ROUNDS="${2:-9}"
-cargo build --quiet --release -p ratelimit-sidecar -p ratelimit-load-bench
-BIN=target/release
+if [ -z "${BIN:-}" ]; then
+	cargo build --quiet --release -p ratelimit-sidecar -p ratelimit-load-bench
+	BIN=target/release
+fi
 WORK="$(mktemp -d)"
 trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$WORK"' EXIT
 TICK="$(getconf CLK_TCK)"

@@ -32,6 +32,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .map_or("127.0.0.1:18082", String::as_str)
         .parse()?;
     let threads: usize = args.get(1).map_or(Ok(1), |t| t.parse())?;
+    ratelimit_load_bench::exit_on_sigterm()?;
     let listeners = (0..threads.max(1))
         .map(|_| listener(address, threads > 1))
         .collect::<std::io::Result<Vec<_>>>()?;

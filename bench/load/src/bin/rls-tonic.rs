@@ -28,8 +28,13 @@ impl RateLimitService for AlwaysOk {
     }
 }
 
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    ratelimit_load_bench::exit_on_sigterm()?;
+    serve()
+}
+
 #[tokio::main(flavor = "current_thread")]
-async fn main() -> Result<(), Box<dyn std::error::Error>> {
+async fn serve() -> Result<(), Box<dyn std::error::Error>> {
     let address = std::env::args()
         .nth(1)
         .unwrap_or_else(|| "127.0.0.1:18081".into())
