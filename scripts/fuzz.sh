@@ -5,8 +5,9 @@
 #
 # Installs cargo-fuzz when it is missing, builds every target (in fuzz/target; nothing is
 # rebuilt when nothing changed), then runs each target (all of them unless some are
-# named) for `seconds` (default 30), one after another. Each target's working corpus,
-# fuzz/corpus/<target>/, is topped up from the seeds kept in fuzz/seeds/<target>/ first.
+# named) for `seconds` (default 30), as many at once as there are cores (FUZZ_JOBS
+# overrides). Each target's working corpus, fuzz/corpus/<target>/, is topped up from the
+# seeds kept in fuzz/seeds/<target>/ first.
 #
 # Prints, per target, how many inputs were run and whether a crash was found; exits
 # non-zero when one was, with the input saved under fuzz/artifacts/<target>/. To look at
@@ -56,25 +57,24 @@ cargo fuzz build --fuzz-dir "$FUZZ" "${SANITIZER[@]}"
 log "built in $(($(date +%s) - build_start)) s"
 
 LOGS="$FUZZ/target/fuzz-logs"
+BIN="$FUZZ/target/$(rustc -vV | sed -n 's/^host: //p')/release"
+JOBS="${FUZZ_JOBS:-$(nproc)}"
 mkdir -p "$LOGS"
-crashed=()
-summary=()
-for target in "${TARGETS[@]}"; do
-	corpus="$FUZZ/corpus/$target"
-	mkdir -p "$corpus"
+
+# Fuzzes one target (the built binary itself: no cargo, so jobs don't wait on its lock);
+# its summary line goes to $LOGS/<target>.result.
+fuzz_one() { # target
+	local target="$1" corpus="$FUZZ/corpus/$1" output="$LOGS/$1.log" status=0
+	mkdir -p "$corpus" "$FUZZ/artifacts/$target"
 	if [ -d "$FUZZ/seeds/$target" ]; then
 		cp -n "$FUZZ/seeds/$target"/* "$corpus"/ 2>/dev/null || true
 	fi
-	output="$LOGS/$target.log"
-	log "fuzzing $target for $SECONDS_PER_TARGET s (log: ${output#"$ROOT"/})"
-	status=0
-	# -timeout: an input running longer than 10 s is reported as a hang, like a crash.
-	cargo fuzz run --fuzz-dir "$FUZZ" "${SANITIZER[@]}" "$target" "$corpus" -- \
+	"$BIN/$target" "$corpus" -artifact_prefix="$FUZZ/artifacts/$target/" \
 		-max_total_time="$SECONDS_PER_TARGET" -timeout=10 -print_final_stats=1 \
 		>"$output" 2>&1 || status=$?
+	local execs corpus_size artifact line
 	execs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$output" | tail -n 1)
 	if [ -z "$execs" ]; then
-		# No final statistics (the process died hard): the last progress line's count.
 		execs=$(sed -n 's/^#\([0-9][0-9]*\).*/\1/p' "$output" | tail -n 1)
 	fi
 	corpus_size=$(find "$corpus" -type f | wc -l)
@@ -85,17 +85,37 @@ for target in "${TARGETS[@]}"; do
 		if [ -z "$artifact" ]; then
 			artifact="(no input saved: see ${output#"$ROOT"/})"
 		fi
-		line="$target: ${execs:-?} executions, CRASH (exit $status): $artifact"
-		crashed+=("$target")
-		# What failed, for the record: the panic or sanitizer report.
+		line="CRASH in $target: ${execs:-?} executions (exit $status): $artifact"
 		grep -m 3 -E "panicked at|ERROR: (libFuzzer|AddressSanitizer)|^SUMMARY" "$output" >&2 || true
 	fi
 	log "$line"
-	summary+=("$line")
+	echo "$line" >"$LOGS/$target.result"
+}
+
+log "fuzzing ${#TARGETS[@]} targets for $SECONDS_PER_TARGET s each, $JOBS at a time (logs: ${LOGS#"$ROOT"/})"
+running=0
+for target in "${TARGETS[@]}"; do
+	rm -f "$LOGS/$target.result"
+	fuzz_one "$target" &
+	running=$((running + 1))
+	if [ "$running" -ge "$JOBS" ]; then
+		wait -n || true
+		running=$((running - 1))
+	fi
 done
+wait
 
 echo
-printf '%s\n' "${summary[@]}"
+crashed=()
+for target in "${TARGETS[@]}"; do
+	if [ ! -e "$LOGS/$target.result" ]; then
+		echo "CRASH in $target: the fuzzing job ended without a result" >"$LOGS/$target.result"
+	fi
+	cat "$LOGS/$target.result"
+	if grep -q '^CRASH' "$LOGS/$target.result"; then
+		crashed+=("$target")
+	fi
+done
 if [ ${#crashed[@]} -gt 0 ]; then
 	echo "crashes found in: ${crashed[*]}" >&2
 	exit 1
