@@ -88,9 +88,10 @@ expect() { # what output pattern
 	fi
 }
 
-# `cargo run -p X` builds X with only X's features, which differ from the workspace's test
-# build: on a fresh clone the first run compiles for minutes. Build first, untimed, so the
-# port waits below time the servers, not the compiler.
+# After the tests these builds reuse theirs (ratelimit-unified gives every package the
+# workspace's features; scripts/test.sh checks it); run alone on a fresh clone, the first
+# compiles for minutes. Build first, untimed, so the port waits below time the servers,
+# not the compiler.
 log "building what the documented commands run"
 cargo build -p ratelimit-sidecar --bins
 cargo build -p operations-intake

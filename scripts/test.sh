@@ -133,6 +133,9 @@ if [ "${1:-}" = --deps-only ]; then
 fi
 
 # The filter links the core: building it builds the core for wasm32 as well.
+log "checking that the documented cargo commands reuse the test build"
+python3 scripts/unified-builds.py
+
 log "building the ratelimit-wasm filter (and ratelimit-core) for wasm32-unknown-unknown"
 cargo build --quiet -p ratelimit-wasm --target wasm32-unknown-unknown --profile wasm
 export WASM_FILTER="$ROOT/target/wasm32-unknown-unknown/wasm/ratelimit_wasm.wasm"
