@@ -1,15 +1,16 @@
 #!/usr/bin/env bash
 # Builds the load benchmark's binaries with profile-guided optimisation, then measures
-# them: the sidecar, the floor (rls-floor), tonic's do-nothing server and the generator,
-# every one instrumented, trained by the same short run of bench/load/run.sh (every
-# server, every load, every backend), and rebuilt from the merged profile. The floor is
-# optimised from its own profile exactly as the sidecar is from its, so the ratios stay
-# honest: what profile-guided layout gains the sidecar, and the floor, is measured apart
-# from the rest.
+# them beside the plain release build: the sidecar, the floor (rls-floor), tonic's
+# do-nothing server and the generator, every one instrumented, trained by the same short
+# run of bench/load/run.sh (every server, every load, every backend), and rebuilt from the
+# merged profile. The floor is optimised from its own profile exactly as the sidecar is
+# from its, so the ratios stay honest.
 #   bench/load/pgo.sh [SECONDS] [ROUNDS]   (the measured run's; default 2 s, 7 rounds)
-# The training run lasts 1 round of 2 s per load. The optimised binaries stay in
+# The training run lasts 1 round of 2 s per load. The measured run is run.sh with
+# PGO_BIN: the optimised floor and sidecar (memory, Redis, memcached) alternate with the
+# plain ones round after round. The optimised binaries stay in
 # target/pgo/x86_64-unknown-linux-gnu/release (the profile in target/pgo/merged.profdata);
-# `BIN=that/folder bench/load/run.sh` measures them again without rebuilding.
+# `PGO_BIN=that/folder bench/load/run.sh` measures them again without rebuilding.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 ROOT="$PWD"
@@ -49,5 +50,5 @@ log "building optimised binaries from the profile"
 RUSTFLAGS="-Cprofile-use=$ROOT/target/pgo/merged.profdata" cargo build --quiet --release \
 	--target "$HOST" --target-dir target/pgo "${PACKAGES[@]}"
 
-log "measuring the optimised binaries"
-BIN="target/pgo/$HOST/release" bench/load/run.sh "${1:-2}" "${2:-7}"
+log "measuring the optimised binaries beside the plain ones"
+PGO_BIN="target/pgo/$HOST/release" bench/load/run.sh "${1:-2}" "${2:-7}"

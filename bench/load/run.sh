@@ -19,7 +19,9 @@
 #   bench/load/run.sh [SECONDS] [ROUNDS]   (default 2 s, 9 rounds: short measurements in many
 #   rounds keep the two halves of each ratio seconds apart on a machine whose speed drifts)
 # BIN=DIR measures the binaries in DIR (the sidecar, rls-floor, rls-tonic and rls-load all
-# built alike, as bench/load/pgo.sh builds them) instead of building target/release.
+# built alike) instead of building target/release. PGO_BIN=DIR adds the floor and the
+# sidecar on each backend built in DIR with profile-guided optimisation (bench/load/pgo.sh)
+# to the same rounds, each divided by that floor, and by the plain build in `vs plain`.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 SECONDS_PER_RUN="${1:-2}"
@@ -88,6 +90,23 @@ if command -v memcached >/dev/null; then
 		MEMCACHE_HOST_PORT="127.0.0.1:$memcached_port" "$BIN/ratelimit"
 	SERVERS+=(memcache)
 fi
+# PGO_BIN=DIR: the floor and the sidecar on each backend built in DIR (bench/load/pgo.sh)
+# run beside those of $BIN and are measured in the same rounds.
+if [ -n "${PGO_BIN:-}" ]; then
+	start floor-pgo 0 "$PGO_BIN/rls-floor" 127.0.0.1:@PORT@
+	start memory-pgo 0 "${SIDECAR[@]}" BACKEND_TYPE=memory DISABLE_STATS=true "$PGO_BIN/ratelimit"
+	SERVERS+=(floor-pgo memory-pgo)
+	if [ -n "${redis_port:-}" ]; then
+		start redis-pgo 0 "${SIDECAR[@]}" BACKEND_TYPE=redis REDIS_SOCKET_TYPE=tcp \
+			REDIS_URL="127.0.0.1:$redis_port" "$PGO_BIN/ratelimit"
+		SERVERS+=(redis-pgo)
+	fi
+	if [ -n "${memcached_port:-}" ]; then
+		start memcache-pgo 0 "${SIDECAR[@]}" BACKEND_TYPE=memcache \
+			MEMCACHE_HOST_PORT="127.0.0.1:$memcached_port" "$PGO_BIN/ratelimit"
+		SERVERS+=(memcache-pgo)
+	fi
+fi
 
 # One line per measurement: round server tool keys requests errors seconds p50 p99 cpu_ticks
 RESULTS="$WORK/results.tsv"
@@ -130,15 +149,25 @@ tick = int(sys.argv[2])
 by = collections.defaultdict(list)
 for r, server, tool, keys, requests, errors, secs, p50, p99, ticks in rows:
     by[(tool, keys, server)].append((int(r), int(requests), int(errors), float(secs), p50, p99, int(ticks)))
-print(f"{'load':<16} {'server':<10} {'req/s':>8} {'vs floor':>8} {'CPU us/req':>10} {'x floor':>7} {'p50 us':>7} {'p99 us':>7} {'errors':>6}")
+print(f"{'load':<16} {'server':<12} {'req/s':>8} {'vs floor':>8} {'CPU us/req':>10} {'x floor':>7} {'p50 us':>7} {'p99 us':>7} {'errors':>6} {'vs plain':>8}")
+ORDER = ["floor", "tonic", "memory", "sinks", "redis", "memcache", "floor-2w", "memory-2w",
+         "floor-pgo", "memory-pgo", "redis-pgo", "memcache-pgo"]
+def rates(tool, keys, server):
+    return {r: (n / s, t / tick * 1e6 / max(n, 1)) for r, n, _, s, _, _, t in by[(tool, keys, server)]}
 for tool, keys in sorted({(t, k) for t, k, _ in by}, key=lambda x: (x[0], int(x[1]))):
-    for server in ["floor", "tonic", "memory", "sinks", "redis", "memcache", "floor-2w", "memory-2w"]:
+    for server in ORDER:
         runs = by.get((tool, keys, server))
         if not runs:
             continue
-        # Two workers are compared with the floor on two threads, the rest with the floor.
-        base = {r: (n / s, t / tick * 1e6 / max(n, 1))
-                for r, n, _, s, _, _, t in by[(tool, keys, "floor-2w" if server.endswith("-2w") else "floor")]}
+        # Two workers are compared with the floor on two threads, a PGO build with the
+        # floor built so, the rest with the floor.
+        floor = "floor-2w" if server.endswith("-2w") else "floor-pgo" if server.endswith("-pgo") else "floor"
+        base = rates(tool, keys, floor)
+        # A PGO build against the plain build of the same server, within each round.
+        plain = "-"
+        if server.endswith("-pgo"):
+            same = rates(tool, keys, server[:-4])
+            plain = f"{statistics.median(n / s / same[r][0] for r, n, _, s, _, _, _ in runs):.2f}"
         rps = statistics.median(n / s for _, n, _, s, _, _, _ in runs)
         ratio = statistics.median(n / s / base[r][0] for r, n, _, s, _, _, _ in runs)
         cpu = statistics.median(t / tick * 1e6 / max(n, 1) for _, n, _, _, _, _, t in runs)
@@ -146,6 +175,6 @@ for tool, keys in sorted({(t, k) for t, k, _ in by}, key=lambda x: (x[0], int(x[
         p50 = "-" if runs[0][4] == "-" else int(statistics.median(int(x[4]) for x in runs))
         p99 = "-" if runs[0][5] == "-" else int(statistics.median(int(x[5]) for x in runs))
         errors = sum(x[2] for x in runs)
-        print(f"{tool + ' keys=' + keys:<16} {server:<10} {rps:>8.0f} {ratio:>8.2f} {cpu:>10.1f} {cpu_ratio:>7.2f} {p50:>7} {p99:>7} {errors:>6}")
-print(f"median of {len(set(r[0] for r in rows))} alternating rounds; ratios are taken within a round, to the floor (memory-2w: to floor-2w)")
+        print(f"{tool + ' keys=' + keys:<16} {server:<12} {rps:>8.0f} {ratio:>8.2f} {cpu:>10.1f} {cpu_ratio:>7.2f} {p50:>7} {p99:>7} {errors:>6} {plain:>8}")
+print(f"median of {len(set(r[0] for r in rows))} alternating rounds; ratios are taken within a round, to the floor (memory-2w: to floor-2w; X-pgo: to floor-pgo, and to X in 'vs plain')")
 PY
