@@ -69,12 +69,14 @@ fuzz_one() { # target
 	if [ -d "$FUZZ/seeds/$target" ]; then
 		cp -n "$FUZZ/seeds/$target"/* "$corpus"/ 2>/dev/null || true
 	fi
+	# -timeout: an input running longer than 10 s is reported as a hang, like a crash.
 	"$BIN/$target" "$corpus" -artifact_prefix="$FUZZ/artifacts/$target/" \
 		-max_total_time="$SECONDS_PER_TARGET" -timeout=10 -print_final_stats=1 \
 		>"$output" 2>&1 || status=$?
 	local execs corpus_size artifact line
 	execs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$output" | tail -n 1)
 	if [ -z "$execs" ]; then
+		# No final statistics (the process died hard): the last progress line's count.
 		execs=$(sed -n 's/^#\([0-9][0-9]*\).*/\1/p' "$output" | tail -n 1)
 	fi
 	corpus_size=$(find "$corpus" -type f | wc -l)
@@ -86,6 +88,7 @@ fuzz_one() { # target
 			artifact="(no input saved: see ${output#"$ROOT"/})"
 		fi
 		line="CRASH in $target: ${execs:-?} executions (exit $status): $artifact"
+		# What failed, for the record: the panic or sanitizer report.
 		grep -m 3 -E "panicked at|ERROR: (libFuzzer|AddressSanitizer)|^SUMMARY" "$output" >&2 || true
 	fi
 	log "$line"

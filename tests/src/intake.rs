@@ -257,18 +257,32 @@ pub enum Isolation {
     ReadUncommitted,
 }
 
+impl Isolation {
+    /// The other level: what a failed check compares its reading with.
+    pub fn other(self) -> Isolation {
+        match self {
+            Isolation::ReadCommitted => Isolation::ReadUncommitted,
+            Isolation::ReadUncommitted => Isolation::ReadCommitted,
+        }
+    }
+
+    /// librdkafka's `isolation.level`.
+    fn level(self) -> &'static str {
+        match self {
+            Isolation::ReadCommitted => "read_committed",
+            Isolation::ReadUncommitted => "read_uncommitted",
+        }
+    }
+}
+
 /// Every message of `topic` read with `isolation`, and what the reader saw of each
 /// partition (its watermarks).
 pub fn read_topic_as(bootstrap: &str, topic: &str, isolation: Isolation) -> (Vec<Record>, String) {
     let script =
         Path::new(env!("CARGO_MANIFEST_DIR")).join("../operations-intake/tests/read_topic.py");
-    let level = match isolation {
-        Isolation::ReadCommitted => "read_committed",
-        Isolation::ReadUncommitted => "read_uncommitted",
-    };
     let output = Command::new(required_env("KAFKA_PYTHON"))
         .arg(script)
-        .args([bootstrap, topic, level])
+        .args([bootstrap, topic, isolation.level()])
         .output()
         .expect("the reader runs");
     let seen = String::from_utf8_lossy(&output.stderr).into_owned();

@@ -55,10 +55,7 @@ fn check_and_report(
     let (records, seen) = read_topic_as(&tansu.bootstrap(), TOPIC, isolation);
     let values: Vec<Vec<u8>> = records.into_iter().map(|r| r.value).collect();
     let other = || {
-        let other = match isolation {
-            Isolation::ReadCommitted => Isolation::ReadUncommitted,
-            Isolation::ReadUncommitted => Isolation::ReadCommitted,
-        };
+        let other = isolation.other();
         let (records, shown) = read_topic_as(&tansu.bootstrap(), TOPIC, other);
         let (read, also) = (values.len(), records.len());
         format!("{isolation:?}: {read} records, {seen}{other:?}: {also} records, {shown}")
