@@ -15,7 +15,7 @@ use std::pin::{Pin, pin};
 use std::task::{Context, Poll};
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
-use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
+use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
 use http_body_util::{BodyExt, Either};
 use hyper::body::Frame;
 use prost::Message;
@@ -46,20 +46,14 @@ where
     B: Body,
     B::Error: Into<StdError>,
 {
-    let answered = should_rate_limit(decider, request)
-        .await
-        .and_then(|response| answer(&response));
-    match answered {
-        Ok(answer) => answer.map(Either::Left),
+    match should_rate_limit(decider, request).await {
+        Ok(message) => answer(message).map(Either::Left),
         Err(status) => status.into_http().map(Either::Right),
     }
 }
 
-/// Reads the request of a call, decides it and returns the answer.
-async fn should_rate_limit<B>(
-    service: &Decider,
-    request: http::Request<B>,
-) -> Result<RateLimitResponse, Status>
+/// Reads the request of a call, decides it and returns the answer's message, framed.
+async fn should_rate_limit<B>(service: &Decider, request: http::Request<B>) -> Result<Bytes, Status>
 where
     B: Body,
     B::Error: Into<StdError>,
@@ -68,7 +62,8 @@ where
     let (parts, body) = request.into_parts();
     // A decision that is not traced decodes the message straight into the core's
     // request; one that also waits for nothing reads no header.
-    let answer = match service.decides_now() {
+    // The core's decision is encoded straight from the core's response.
+    let decided = match service.decides_now() {
         Some(store) => {
             let (request, _) = read_request(body, to_core).await?;
             service.should_rate_limit_grpc_now(store, request)
@@ -83,10 +78,13 @@ where
         None => {
             let (request, trailers) = read_request(body, to_pb).await?;
             let headers = with_trailers(parts.headers, trailers);
-            service.should_rate_limit_grpc(request, &headers).await
+            let response = service.should_rate_limit_grpc(request, &headers).await;
+            let response = response.map_err(|error| status(&error))?;
+            return frame(|buf| response.encode_raw(buf));
         }
     };
-    answer.map_err(|error| status(&error))
+    let decided = decided.map_err(|error| status(&error))?;
+    frame(|buf| service.encode(&decided, buf))
 }
 
 /// A call's headers and its trailers, which the service reads as one map.
@@ -221,19 +219,22 @@ fn decode_messages<T>(
     Ok(at)
 }
 
-/// The answer to a call: `response` as one message, then `grpc-status: 0`.
-fn answer(response: &RateLimitResponse) -> Result<http::Response<Answer>, Status> {
-    let len = response.encoded_len();
+/// The message `write` appends, behind its prefix (uncompressed, its length).
+fn frame(write: impl FnOnce(&mut BytesMut)) -> Result<Bytes, Status> {
+    let mut message = BytesMut::with_capacity(128);
+    message.put_bytes(0, PREFIX);
+    write(&mut message);
+    let len = message.len() - PREFIX;
     let prefix = u32::try_from(len)
         .map_err(|_| Status::resource_exhausted(format!("a response of {len} bytes")))?;
-    let mut message = BytesMut::with_capacity(PREFIX + len);
-    message.put_u8(0);
-    message.put_u32(prefix);
-    response
-        .encode(&mut message)
-        .map_err(|error| Status::internal(format!("cannot encode the response: {error}")))?;
+    message[1..PREFIX].copy_from_slice(&prefix.to_be_bytes());
+    Ok(message.freeze())
+}
+
+/// The answer to a call: `message` (framed), then `grpc-status: 0`.
+fn answer(message: Bytes) -> http::Response<Answer> {
     let body = Answer {
-        message: Some(message.freeze()),
+        message: Some(message),
         trailers_due: true,
     };
     let mut answer = http::Response::new(body);
@@ -241,7 +242,7 @@ fn answer(response: &RateLimitResponse) -> Result<http::Response<Answer>, Status
     answer
         .headers_mut()
         .insert(CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
-    Ok(answer)
+    answer
 }
 
 /// The body of an answer: the framed message, then `grpc-status: 0` (what tonic's
@@ -296,6 +297,7 @@ fn status(error: &ServiceError) -> Status {
 mod tests {
     use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
     use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
+    use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitResponse;
     use http_body_util::StreamBody;
     use tonic::Code;
 
@@ -467,7 +469,7 @@ mod tests {
             overall_code: 2,
             ..RateLimitResponse::default()
         };
-        let answer = answer(&response).unwrap();
+        let answer = answer(frame(|buf| response.encode_raw(buf)).unwrap());
         assert_eq!(answer.headers()[CONTENT_TYPE], "application/grpc");
         // An exact size would make hyper send `content-length`, which tonic never sends.
         assert_eq!(answer.body().size_hint().exact(), None);

@@ -10,13 +10,15 @@ use std::time::{Duration, SystemTime};
 
 use ratelimit_service_kit::clock::{unix_ms, unix_now_ms};
 
+use bytes::BytesMut;
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
-use http::HeaderMap;
+use http::{HeaderMap, HeaderName};
 use ratelimit_core::stats::{Counter, Timer, names};
 use ratelimit_core::{
     Explanation, HeaderFormat, Limiter, MemoryStore, Plan, Request, RequestError, Response,
 };
 use ratelimit_proto::envoy::{InvalidRequest, request_from_pb, response_to_pb};
+use ratelimit_proto::wire::encode_response;
 
 use crate::backend::{Backend, BackendError, Remote};
 use crate::observe::health::Health;
@@ -39,6 +41,13 @@ pub enum ServiceError {
     /// MAX_INFLIGHT_REQUESTS requests are being decided.
     #[error("{0}")]
     Overloaded(#[from] Overloaded),
+}
+
+/// A request in the core's form and its decision, which [`Service::encode`] encodes.
+#[derive(Debug)]
+pub struct Decided {
+    request: Request,
+    response: Response,
 }
 
 /// What the last configuration load did.
@@ -165,14 +174,15 @@ impl Service {
         &self,
         store: &MemoryStore,
         request: Result<Request, InvalidRequest>,
-    ) -> Result<RateLimitResponse, ServiceError> {
+    ) -> Result<Decided, ServiceError> {
         // One clock for the decision and the response time: two reads instead of three
         // (a wall clock stepped back during the request records zero).
         let started = SystemTime::now();
         self.total_requests.add(1);
-        let result = request
-            .map_err(ServiceError::from)
-            .and_then(|request| self.decide_core(store, &request, unix_ms(started)));
+        let result = request.map_err(ServiceError::from).and_then(|request| {
+            let response = self.decide_core(store, &request, unix_ms(started))?;
+            Ok(Decided { request, response })
+        });
         self.count_error(&result);
         let elapsed = SystemTime::now().duration_since(started);
         self.response_time.record(elapsed.unwrap_or_default());
@@ -192,13 +202,15 @@ impl Service {
         &self,
         request: Result<Request, InvalidRequest>,
         headers: &HeaderMap,
-    ) -> Result<RateLimitResponse, ServiceError> {
-        let decision = async {
-            let result = self.untraced(request, grpc_timeout(headers)).await;
-            self.count_error(&result);
-            result
-        };
-        self.counted_call(decision).await
+    ) -> Result<Decided, ServiceError> {
+        // Written out rather than through `counted_call`: a future handed to another is
+        // copied into it, and this one holds the store's call.
+        let started = std::time::Instant::now();
+        self.total_requests.add(1);
+        let result = self.untraced(request, grpc_timeout(headers)).await;
+        self.count_error(&result);
+        self.response_time.record(started.elapsed());
+        result
     }
 
     /// Decides a request in the core's form, in its place among the requests in flight.
@@ -206,16 +218,17 @@ impl Service {
         &self,
         request: Result<Request, InvalidRequest>,
         caller_deadline: Option<Duration>,
-    ) -> Result<RateLimitResponse, ServiceError> {
+    ) -> Result<Decided, ServiceError> {
         let _place = self.outage.enter()?;
         let request = request?;
-        match &self.backend {
-            Backend::Memory(store) => self.decide_core(store, &request, unix_now_ms()),
+        let response = match &self.backend {
+            Backend::Memory(store) => self.decide_core(store, &request, unix_now_ms())?,
             Backend::Remote(remote) => {
                 self.decide_remote(remote, &request, None, caller_deadline)
-                    .await
+                    .await?
             }
-        }
+        };
+        Ok(Decided { request, response })
     }
 
     /// Decides one request from `/json`, not counted as a gRPC call (as upstream's
@@ -266,8 +279,10 @@ impl Service {
             Backend::Remote(remote) => remote,
         };
         let request = request_from_pb(request)?;
-        self.decide_remote(remote, &request, span, caller_deadline)
-            .await
+        let response = self
+            .decide_remote(remote, &request, span, caller_deadline)
+            .await?;
+        Ok(self.answer(&request, &response))
     }
 
     /// The decision of `request` on the remote store: its plan run there, or the
@@ -278,12 +293,16 @@ impl Service {
         request: &Request,
         span: Option<&RequestSpan>,
         caller_deadline: Option<Duration>,
-    ) -> Result<RateLimitResponse, ServiceError> {
+    ) -> Result<Response, ServiceError> {
         let now_ms = unix_now_ms();
         let mut plan = self.limiter.plan_millis(request, now_ms)?;
         let counters = Some(plan.increments().len());
         let run = remote.run(&mut plan, caller_deadline);
-        let response = match traces::backend(span, self.backend.name(), counters, run).await {
+        let counts = match span {
+            Some(_) => traces::backend(span, self.backend.name(), counters, run).await,
+            None => run.await,
+        };
+        let response = match counts {
             Ok(counts) => {
                 self.outage.recovered();
                 plan.decide(&counts)
@@ -291,7 +310,7 @@ impl Service {
             Err(error @ BackendError::Key(_)) => return Err(error.into()),
             Err(error) => self.outage.answer(&self.limiter, request, now_ms, error)?,
         };
-        Ok(self.answer(request, &response))
+        Ok(response)
     }
 
     /// The decision against the memory store, which waits for nothing.
@@ -301,7 +320,9 @@ impl Service {
         request: RateLimitRequest,
         now_ms: u64,
     ) -> Result<RateLimitResponse, ServiceError> {
-        self.decide_core(store, &request_from_pb(request)?, now_ms)
+        let request = request_from_pb(request)?;
+        let response = self.decide_core(store, &request, now_ms)?;
+        Ok(self.answer(&request, &response))
     }
 
     /// [`Service::decide_in_process`] of a request in the core's form.
@@ -310,11 +331,10 @@ impl Service {
         store: &MemoryStore,
         request: &Request,
         now_ms: u64,
-    ) -> Result<RateLimitResponse, ServiceError> {
-        let response = self
+    ) -> Result<Response, ServiceError> {
+        Ok(self
             .limiter
-            .should_rate_limit_millis(request, store, now_ms)?;
-        Ok(self.answer(request, &response))
+            .should_rate_limit_millis(request, store, now_ms)?)
     }
 
     /// The Envoy response to `request` for `response`.
@@ -324,6 +344,17 @@ impl Service {
             answer.dynamic_metadata = Some(dynamic_metadata(request, response));
         }
         answer
+    }
+
+    /// Appends the Envoy response of `decided`, encoded: the bytes of
+    /// [`Service::answer`]'s message, without building it.
+    pub fn encode(&self, decided: &Decided, buf: &mut BytesMut) {
+        let Decided { request, response } = decided;
+        encode_response(response, self.headers.as_ref(), buf);
+        if self.dynamic_metadata {
+            // Field 6, after the fields the response has (1 to 3; 4 and 5 are never set).
+            prost::encoding::message::encode(6, &dynamic_metadata(request, response), buf);
+        }
     }
 
     /// Counts a request the caller got wrong, as upstream's `service_error` counts.
@@ -361,7 +392,9 @@ impl Service {
 
 /// The caller's deadline from gRPC's `grpc-timeout` header (`100m`, `2S`, ...).
 fn grpc_timeout(headers: &HeaderMap) -> Option<Duration> {
-    let value = headers.get("grpc-timeout")?.to_str().ok()?;
+    // A name made once: looking a `&str` up parses and classifies it on every call.
+    static GRPC_TIMEOUT: HeaderName = HeaderName::from_static("grpc-timeout");
+    let value = headers.get(&GRPC_TIMEOUT)?.to_str().ok()?;
     let (amount, unit) = value.split_at(value.len().checked_sub(1)?);
     let amount: u64 = amount.parse().ok()?;
     Some(match unit {

@@ -3,13 +3,12 @@
 //! (`MAX_INFLIGHT_REQUESTS`).
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use arc_swap::ArcSwap;
 use ratelimit_core::stats::names::{FALLBACK_ALLOWED, FALLBACK_LOCAL, INFLIGHT_REJECTED};
 use ratelimit_core::stats::{Counter, StatsRegistry};
 use ratelimit_core::{Limiter, MemoryStore, Request, Response};
-use tokio::sync::{Semaphore, SemaphorePermit};
 
 use crate::backend::BackendError;
 use crate::settings::{FailureMode, OutageSettings};
@@ -28,9 +27,20 @@ pub struct Outage {
     local_used: AtomicBool,
     allowed: Arc<Counter>,
     decided_locally: Arc<Counter>,
-    inflight: Semaphore,
+    /// Requests being decided now.
+    inflight: AtomicUsize,
     max_inflight: usize,
     rejected: Arc<Counter>,
+}
+
+/// A request's place among those being decided, given back when it is dropped.
+#[derive(Debug)]
+pub struct Place<'a>(&'a AtomicUsize);
+
+impl Drop for Place<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
 }
 
 /// Why a request was not decided.
@@ -48,7 +58,7 @@ impl Outage {
             local_used: AtomicBool::new(false),
             allowed: stats.counter(FALLBACK_ALLOWED),
             decided_locally: stats.counter(FALLBACK_LOCAL),
-            inflight: Semaphore::new(max_inflight.max(1)),
+            inflight: AtomicUsize::new(0),
             max_inflight: max_inflight.max(1),
             rejected: stats.counter(INFLIGHT_REJECTED),
         }
@@ -60,11 +70,19 @@ impl Outage {
     }
 
     /// A place among the requests being decided, or `Overloaded` at once.
-    pub fn enter(&self) -> Result<SemaphorePermit<'_>, Overloaded> {
-        self.inflight.try_acquire().map_err(|_| {
+    pub fn enter(&self) -> Result<Place<'_>, Overloaded> {
+        // Nobody waits for a place, so a count is all it takes; it only goes up below the
+        // bound, so a refused request never holds a place another could have had.
+        let taken = self
+            .inflight
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < self.max_inflight).then_some(n + 1)
+            });
+        if taken.is_err() {
             self.rejected.add(1);
-            Overloaded(self.max_inflight)
-        })
+            return Err(Overloaded(self.max_inflight));
+        }
+        Ok(Place(&self.inflight))
     }
 
     /// The answer to `request` when the store failed with `error`.

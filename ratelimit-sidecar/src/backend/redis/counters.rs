@@ -97,6 +97,9 @@ impl std::fmt::Debug for RedisCounters {
 /// Writes one command.
 type Command<'c> = &'c mut dyn FnMut(&[Arg<'_>]);
 
+/// Each counter's first reply, in order (a request has a few counters: no allocation).
+type Replies = SmallVec<[Reply; 4]>;
+
 impl RedisCounters {
     async fn run(&self, items: &[&Increment]) -> Result<Vec<u64>, BackendError> {
         let totals = run_batched(self, items, |command, increment| {
@@ -238,9 +241,9 @@ async fn run_batched(
     counters: &RedisCounters,
     items: &[&Increment],
     add: impl Fn(Command<'_>, &Increment),
-) -> Result<Vec<Reply>, BackendError> {
+) -> Result<Replies, BackendError> {
     let Some(first) = items.first() else {
-        return Ok(Vec::new());
+        return Ok(Replies::new());
     };
     let store = &counters.store;
     if !matches!(store, Store::Cluster(_)) {

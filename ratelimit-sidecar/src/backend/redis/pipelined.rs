@@ -17,6 +17,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use bytes::{Buf, BytesMut};
+use smallvec::SmallVec;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpStream, UnixStream};
 use tokio::sync::{Notify, oneshot};
@@ -201,12 +202,12 @@ impl Shared {
         }
     }
 
-    /// Hands complete replies to their requests, in order.
-    fn deliver(&self, replies: Vec<Reply>) -> Result<(), String> {
-        let mut done = Vec::new();
+    /// Hands complete replies to their requests, in order (leaving `replies` empty).
+    fn deliver(&self, replies: &mut Vec<Reply>) -> Result<(), String> {
+        let mut done: SmallVec<[Waiter; 16]> = SmallVec::new();
         {
             let mut state = self.lock();
-            for reply in replies {
+            for reply in replies.drain(..) {
                 let waiter = state.waiting.front_mut().ok_or("a reply to no command")?;
                 waiter.got.push(reply);
                 if waiter.got.len() == waiter.replies {
@@ -282,13 +283,13 @@ async fn drive(shared: &Shared, connection: Connection) -> Option<String> {
     };
     let read = async {
         let mut input = BytesMut::with_capacity(16 * 1024);
+        let mut replies = Vec::new();
         loop {
             match reader.read_buf(&mut input).await {
                 Ok(0) => return Some("the server closed the connection".to_owned()),
                 Ok(_) => {}
                 Err(error) => return Some(error.to_string()),
             }
-            let mut replies = Vec::new();
             let mut at = 0;
             loop {
                 match resp::parse(&input[at..]) {
@@ -301,7 +302,7 @@ async fn drive(shared: &Shared, connection: Connection) -> Option<String> {
                 }
             }
             input.advance(at);
-            if let Err(error) = shared.deliver(replies) {
+            if let Err(error) = shared.deliver(&mut replies) {
                 return Some(error.to_owned());
             }
         }

@@ -80,21 +80,39 @@ impl Reply {
 
 /// Appends one command to `out`.
 pub fn encode(out: &mut Vec<u8>, args: &[Arg<'_>]) {
-    let mut number = itoa::Buffer::new();
+    let texts: usize = args
+        .iter()
+        .map(|arg| match arg {
+            Arg::Text(text) => text.len(),
+            Arg::Int(_) => 0,
+        })
+        .sum();
+    // Room for every line at once: a length line is at most 1 + 20 + 2 bytes, and a
+    // number's 20 digits and CRLF.
+    out.reserve(texts + 23 * (args.len() + 1) + 22 * args.len());
     out.push(b'*');
-    out.extend_from_slice(number.format(args.len()).as_bytes());
+    decimal(out, args.len() as u64);
     out.extend_from_slice(b"\r\n");
     for arg in args {
+        let mut number = itoa::Buffer::new();
         let bytes = match arg {
             Arg::Text(text) => text.as_bytes(),
             Arg::Int(n) => number.format(*n).as_bytes(),
         };
-        let mut length = itoa::Buffer::new();
         out.push(b'$');
-        out.extend_from_slice(length.format(bytes.len()).as_bytes());
+        decimal(out, bytes.len() as u64);
         out.extend_from_slice(b"\r\n");
         out.extend_from_slice(bytes);
         out.extend_from_slice(b"\r\n");
+    }
+}
+
+/// Appends `n` in decimal; the short lengths of a command's lines without a copy.
+fn decimal(out: &mut Vec<u8>, n: u64) {
+    match n {
+        0..10 => out.push(b'0' + n as u8),
+        10..100 => out.extend_from_slice(&[b'0' + (n / 10) as u8, b'0' + (n % 10) as u8]),
+        _ => out.extend_from_slice(itoa::Buffer::new().format(n).as_bytes()),
     }
 }
 
@@ -197,6 +215,31 @@ mod tests {
             out,
             b"*3\r\n$6\r\nINCRBY\r\n$3\r\nk_1\r\n$2\r\n12\r\n*2\r\n$3\r\nGET\r\n$0\r\n\r\n"
         );
+    }
+
+    proptest::proptest! {
+        /// Any command reads back as the array of its arguments, whatever the lengths of
+        /// its strings and numbers (one digit, two, or more).
+        #[test]
+        fn a_command_reads_back_as_its_arguments(
+            texts in proptest::collection::vec("[a-z_0-9]{0,150}", 0..5),
+            numbers in proptest::collection::vec(proptest::prelude::any::<u64>(), 0..4),
+            small in 0u64..200,
+        ) {
+            let mut args: Vec<Arg<'_>> = texts.iter().map(|t| Arg::Text(t)).collect();
+            args.extend(numbers.iter().map(|n| Arg::Int(*n)));
+            args.push(Arg::Int(small));
+            let mut out = Vec::new();
+            encode(&mut out, &args);
+            let expected: Vec<Reply> = args
+                .iter()
+                .map(|arg| match arg {
+                    Arg::Text(text) => Reply::Text(text.as_bytes().to_vec()),
+                    Arg::Int(n) => Reply::Text(n.to_string().into_bytes()),
+                })
+                .collect();
+            proptest::prop_assert_eq!(parse(&out).unwrap(), Some((Reply::Array(expected), out.len())));
+        }
     }
 
     #[test]

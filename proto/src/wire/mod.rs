@@ -9,6 +9,10 @@
 //! are skipped, strings must be UTF-8, and an override with an unknown unit is refused
 //! once the whole message has decoded. The property tests hold it to that.
 
+mod response;
+
+pub use response::encode_response;
+
 use prost::DecodeError;
 use prost::bytes::Buf;
 use prost::encoding::{DecodeContext, WireType, decode_key, decode_varint, skip_field};
