@@ -19,9 +19,11 @@
 #   bench/load/run.sh [SECONDS] [ROUNDS]   (default 2 s, 9 rounds: short measurements in many
 #   rounds keep the two halves of each ratio seconds apart on a machine whose speed drifts)
 # BIN=DIR measures the binaries in DIR (the sidecar, rls-floor, rls-tonic and rls-load all
-# built alike) instead of building target/release. PGO_BIN=DIR adds the floor and the
-# sidecar on each backend built in DIR with profile-guided optimisation (bench/load/pgo.sh)
-# to the same rounds, each divided by that floor, and by the plain build in `vs plain`.
+# built alike) instead of building target/release. PAIR_BIN=DIR adds the floor and the
+# sidecar on each backend built in DIR (named NAME-… after PAIR_NAME, default `other`) to
+# the same rounds, each divided by that floor, and by the same server of $BIN in `vs base`:
+# a build with profile-guided optimisation (bench/load/pgo.sh: PGO_BIN=DIR is
+# PAIR_BIN=DIR PAIR_NAME=pgo), or an earlier commit's build, measured seconds apart.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 SECONDS_PER_RUN="${1:-2}"
@@ -90,21 +92,25 @@ if command -v memcached >/dev/null; then
 		MEMCACHE_HOST_PORT="127.0.0.1:$memcached_port" "$BIN/ratelimit"
 	SERVERS+=(memcache)
 fi
-# PGO_BIN=DIR: the floor and the sidecar on each backend built in DIR (bench/load/pgo.sh)
-# run beside those of $BIN and are measured in the same rounds.
+# PAIR_BIN=DIR: the floor and the sidecar on each backend built in DIR run beside those
+# of $BIN and are measured in the same rounds.
 if [ -n "${PGO_BIN:-}" ]; then
-	start floor-pgo 0 "$PGO_BIN/rls-floor" 127.0.0.1:@PORT@
-	start memory-pgo 0 "${SIDECAR[@]}" BACKEND_TYPE=memory DISABLE_STATS=true "$PGO_BIN/ratelimit"
-	SERVERS+=(floor-pgo memory-pgo)
+	PAIR_BIN="$PGO_BIN" PAIR_NAME=pgo
+fi
+PAIR="${PAIR_NAME:-other}"
+if [ -n "${PAIR_BIN:-}" ]; then
+	start "floor-$PAIR" 0 "$PAIR_BIN/rls-floor" 127.0.0.1:@PORT@
+	start "memory-$PAIR" 0 "${SIDECAR[@]}" BACKEND_TYPE=memory DISABLE_STATS=true "$PAIR_BIN/ratelimit"
+	SERVERS+=("floor-$PAIR" "memory-$PAIR")
 	if [ -n "${redis_port:-}" ]; then
-		start redis-pgo 0 "${SIDECAR[@]}" BACKEND_TYPE=redis REDIS_SOCKET_TYPE=tcp \
-			REDIS_URL="127.0.0.1:$redis_port" "$PGO_BIN/ratelimit"
-		SERVERS+=(redis-pgo)
+		start "redis-$PAIR" 0 "${SIDECAR[@]}" BACKEND_TYPE=redis REDIS_SOCKET_TYPE=tcp \
+			REDIS_URL="127.0.0.1:$redis_port" "$PAIR_BIN/ratelimit"
+		SERVERS+=("redis-$PAIR")
 	fi
 	if [ -n "${memcached_port:-}" ]; then
-		start memcache-pgo 0 "${SIDECAR[@]}" BACKEND_TYPE=memcache \
-			MEMCACHE_HOST_PORT="127.0.0.1:$memcached_port" "$PGO_BIN/ratelimit"
-		SERVERS+=(memcache-pgo)
+		start "memcache-$PAIR" 0 "${SIDECAR[@]}" BACKEND_TYPE=memcache \
+			MEMCACHE_HOST_PORT="127.0.0.1:$memcached_port" "$PAIR_BIN/ratelimit"
+		SERVERS+=("memcache-$PAIR")
 	fi
 fi
 
@@ -142,16 +148,17 @@ for round in $(seq "$ROUNDS"); do
 	done
 done
 
-python3 - "$RESULTS" "$TICK" <<'PY'
+python3 - "$RESULTS" "$TICK" "$PAIR" <<'PY'
 import collections, statistics, sys
 rows = [l.split() for l in open(sys.argv[1])]
 tick = int(sys.argv[2])
+pair = "-" + sys.argv[3]
 by = collections.defaultdict(list)
 for r, server, tool, keys, requests, errors, secs, p50, p99, ticks in rows:
     by[(tool, keys, server)].append((int(r), int(requests), int(errors), float(secs), p50, p99, int(ticks)))
-print(f"{'load':<16} {'server':<12} {'req/s':>8} {'vs floor':>8} {'CPU us/req':>10} {'x floor':>7} {'p50 us':>7} {'p99 us':>7} {'errors':>6} {'vs plain':>8}")
-ORDER = ["floor", "tonic", "memory", "sinks", "redis", "memcache", "floor-2w", "memory-2w",
-         "floor-pgo", "memory-pgo", "redis-pgo", "memcache-pgo"]
+print(f"{'load':<16} {'server':<12} {'req/s':>8} {'vs floor':>8} {'CPU us/req':>10} {'x floor':>7} {'p50 us':>7} {'p99 us':>7} {'errors':>6} {'vs base':>8}")
+BASE = ["floor", "tonic", "memory", "sinks", "redis", "memcache", "floor-2w", "memory-2w"]
+ORDER = BASE + [s + pair for s in ("floor", "memory", "redis", "memcache")]
 def rates(tool, keys, server):
     return {r: (n / s, t / tick * 1e6 / max(n, 1)) for r, n, _, s, _, _, t in by[(tool, keys, server)]}
 for tool, keys in sorted({(t, k) for t, k, _ in by}, key=lambda x: (x[0], int(x[1]))):
@@ -159,14 +166,14 @@ for tool, keys in sorted({(t, k) for t, k, _ in by}, key=lambda x: (x[0], int(x[
         runs = by.get((tool, keys, server))
         if not runs:
             continue
-        # Two workers are compared with the floor on two threads, a PGO build with the
-        # floor built so, the rest with the floor.
-        floor = "floor-2w" if server.endswith("-2w") else "floor-pgo" if server.endswith("-pgo") else "floor"
+        # Two workers are compared with the floor on two threads, the paired build with
+        # its own floor, the rest with the floor.
+        floor = "floor-2w" if server.endswith("-2w") else "floor" + pair if server.endswith(pair) else "floor"
         base = rates(tool, keys, floor)
-        # A PGO build against the plain build of the same server, within each round.
+        # The paired build against the same server of the base build, within each round.
         plain = "-"
-        if server.endswith("-pgo"):
-            same = rates(tool, keys, server[:-4])
+        if server.endswith(pair):
+            same = rates(tool, keys, server[: -len(pair)])
             plain = f"{statistics.median(n / s / same[r][0] for r, n, _, s, _, _, _ in runs):.2f}"
         rps = statistics.median(n / s for _, n, _, s, _, _, _ in runs)
         ratio = statistics.median(n / s / base[r][0] for r, n, _, s, _, _, _ in runs)
@@ -176,5 +183,5 @@ for tool, keys in sorted({(t, k) for t, k, _ in by}, key=lambda x: (x[0], int(x[
         p99 = "-" if runs[0][5] == "-" else int(statistics.median(int(x[5]) for x in runs))
         errors = sum(x[2] for x in runs)
         print(f"{tool + ' keys=' + keys:<16} {server:<12} {rps:>8.0f} {ratio:>8.2f} {cpu:>10.1f} {cpu_ratio:>7.2f} {p50:>7} {p99:>7} {errors:>6} {plain:>8}")
-print(f"median of {len(set(r[0] for r in rows))} alternating rounds; ratios are taken within a round, to the floor (memory-2w: to floor-2w; X-pgo: to floor-pgo, and to X in 'vs plain')")
+print(f"median of {len(set(r[0] for r in rows))} alternating rounds; ratios are taken within a round, to the floor (memory-2w: to floor-2w; X" + pair + ": to floor" + pair + ", and to X in 'vs base')")
 PY
