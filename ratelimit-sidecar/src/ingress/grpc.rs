@@ -61,8 +61,8 @@ where
     refuse_compressed(request.headers())?;
     let (parts, body) = request.into_parts();
     // A decision that is not traced decodes the message straight into the core's
-    // request; one that also waits for nothing reads no header.
-    // The core's decision is encoded straight from the core's response.
+    // request, and its answer is encoded straight from the core's response; one that
+    // also waits for nothing reads no header.
     let decided = match service.decides_now() {
         Some(store) => {
             let (request, _) = read_request(body, to_core).await?;

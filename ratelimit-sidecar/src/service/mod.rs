@@ -273,8 +273,10 @@ impl Service {
         let backend = self.backend.name();
         let remote = match &self.backend {
             Backend::Memory(store) => {
-                let decide = async { self.decide_in_process(store, request, unix_now_ms()) };
-                return traces::backend(span, backend, None, decide).await;
+                let round_trip = traces::backend(span, backend, None);
+                let result = self.decide_in_process(store, request, unix_now_ms());
+                round_trip.end(&result);
+                return result;
             }
             Backend::Remote(remote) => remote,
         };
@@ -297,11 +299,9 @@ impl Service {
         let now_ms = unix_now_ms();
         let mut plan = self.limiter.plan_millis(request, now_ms)?;
         let counters = Some(plan.increments().len());
-        let run = remote.run(&mut plan, caller_deadline);
-        let counts = match span {
-            Some(_) => traces::backend(span, self.backend.name(), counters, run).await,
-            None => run.await,
-        };
+        let round_trip = traces::backend(span, self.backend.name(), counters);
+        let counts = remote.run(&mut plan, caller_deadline).await;
+        round_trip.end(&counts);
         let response = match counts {
             Ok(counts) => {
                 self.outage.recovered();

@@ -167,34 +167,43 @@ pub struct RequestSpan {
     tracer: SdkTracer,
 }
 
-/// Runs `work`, the round trip to the `backend` for `counters` counters (a remote
-/// store's; the memory store's are counted inside the engine), in a child of `parent`
-/// when there is one.
-pub async fn backend<T, E: Display>(
+/// The span of a round trip to the `backend` for `counters` counters (a remote store's;
+/// the memory store's are counted inside the engine), a child of `parent` when there is
+/// one; [`BackendSpan::end`] ends it with the round trip's result. A span, not a wrapper
+/// around the round trip's future, so that an untraced call is not copied into another.
+pub fn backend(
     parent: Option<&RequestSpan>,
     backend: &'static str,
     counters: Option<usize>,
-    work: impl Future<Output = Result<T, E>>,
-) -> Result<T, E> {
+) -> BackendSpan {
     let Some(parent) = parent else {
-        return work.await;
+        return BackendSpan(None);
     };
     let mut attributes = vec![KeyValue::new("db.system.name", backend)];
     if let Some(counters) = counters {
         attributes.push(KeyValue::new("ratelimit.counters", counters as i64));
     }
-    let mut span = parent
+    let span = parent
         .tracer
         .span_builder(format!("{backend} counters"))
         .with_kind(SpanKind::Client)
         .with_attributes(attributes)
         .start_with_context(&parent.tracer, &parent.context);
-    let result = work.await;
-    if let Err(error) = &result {
-        span.set_status(Status::error(error.to_string()));
+    BackendSpan(Some(span))
+}
+
+/// A round trip's span, when the request is traced.
+pub struct BackendSpan(Option<<SdkTracer as opentelemetry::trace::Tracer>::Span>);
+
+impl BackendSpan {
+    /// Ends the span, with the error status when the round trip failed.
+    pub fn end<T, E: Display>(self, result: &Result<T, E>) {
+        let Some(mut span) = self.0 else { return };
+        if let Err(error) = result {
+            span.set_status(Status::error(error.to_string()));
+        }
+        span.end();
     }
-    span.end();
-    result
 }
 
 impl RequestSpan {
