@@ -90,7 +90,10 @@ async fn a_broker_outage_answers_503_promptly_and_the_service_recovers() {
 #[tokio::test(flavor = "multi_thread")]
 async fn an_unacknowledged_batch_is_503_with_an_id_to_retry_with() {
     let mock = mock_with_topic("ops");
-    let service = start_on(&mock, "1s").await;
+    // The retry settles the earlier attempt and reads the partition back within one
+    // delivery timeout: with 1 s, a loaded clean-clone CI run once had 0.5 s left for
+    // the read and missed it; 2 s leaves it about twice as long.
+    let service = start_on(&mock, "2s").await;
     assert_eq!(health(&service).await.status, 200);
     // Every produce request fails with a retriable error until the delivery times out.
     mock.request_errors(
