@@ -10,6 +10,7 @@ use std::cell::RefCell;
 use std::hash::{BuildHasher, Hasher};
 
 use foldhash::fast::FixedState;
+use smallvec::SmallVec;
 
 use crate::keymap::same;
 use crate::request::Entry;
@@ -100,13 +101,22 @@ impl Values<'_> {
         if let Values::Joined(joined) = self {
             return (*joined).into();
         }
-        let mut out = Vec::new();
+        let mut len = 0;
         self.for_each(|value| {
-            out.extend_from_slice(value);
-            out.push(SEPARATOR);
+            len += value.len() + 1;
             true
         });
+        let mut out = Vec::with_capacity(len);
+        self.join_onto(&mut out);
         out.into()
+    }
+
+    /// Appends the values, joined, to `out`.
+    fn join_onto(&self, out: &mut impl Extend<u8>) {
+        self.for_each(|value| {
+            out.extend(value.iter().copied().chain([SEPARATOR]));
+            true
+        });
     }
 
     /// The values joined into `out` and their length, or `None`, with `out` in any state,
@@ -239,17 +249,21 @@ impl<'a> CounterKey<'a> {
 pub(crate) struct CounterId {
     identity: u64,
     start: u64,
-    values: Box<[u8]>,
+    /// Joined; inline when short (most are: one value), so that planning a remote
+    /// store's counter does not allocate for it.
+    values: SmallVec<[u8; 24]>,
 }
 
 impl CounterId {
     /// The counter of the limit `identity` whose window starts at `start` (0 for a
     /// bucket), for `values`.
     pub fn new(identity: u64, start: u64, values: &Values<'_>) -> CounterId {
+        let mut joined = SmallVec::new();
+        values.join_onto(&mut joined);
         CounterId {
             identity,
             start,
-            values: values.join(),
+            values: joined,
         }
     }
 

@@ -4,7 +4,7 @@
 //! field (fields in number order, defaults left out); the property tests hold it to that.
 
 use prost::bytes::BufMut;
-use prost::encoding::{WireType, encode_key, encode_varint, encoded_len_varint};
+use prost::encoding::{WireType, encode_varint, encoded_len_varint};
 use ratelimit_core::{CurrentLimit, DescriptorStatus, HeaderFormat, Response};
 
 use crate::envoy::client::{code_to_pb, unit_to_pb};
@@ -92,14 +92,14 @@ fn message_len(len: usize) -> usize {
     KEY + encoded_len_varint(len as u64) + len
 }
 
-fn varint_field(tag: u32, value: u64, buf: &mut impl BufMut) {
+fn varint_field(tag: u8, value: u64, buf: &mut impl BufMut) {
     if value != 0 {
-        encode_key(tag, WireType::Varint, buf);
-        encode_varint(value, buf);
+        key(tag, WireType::Varint, buf);
+        varint(value, buf);
     }
 }
 
-fn string_field(tag: u32, value: &str, buf: &mut impl BufMut) {
+fn string_field(tag: u8, value: &str, buf: &mut impl BufMut) {
     if !value.is_empty() {
         message_field(tag, value.len(), buf);
         buf.put_slice(value.as_bytes());
@@ -107,9 +107,23 @@ fn string_field(tag: u32, value: &str, buf: &mut impl BufMut) {
 }
 
 /// The key and length of a length-delimited field, whose bytes follow.
-fn message_field(tag: u32, len: usize, buf: &mut impl BufMut) {
-    encode_key(tag, WireType::LengthDelimited, buf);
-    encode_varint(len as u64, buf);
+fn message_field(tag: u8, len: usize, buf: &mut impl BufMut) {
+    key(tag, WireType::LengthDelimited, buf);
+    varint(len as u64, buf);
+}
+
+/// A field's key: one byte, as every field number here is below 16.
+fn key(tag: u8, wire_type: WireType, buf: &mut impl BufMut) {
+    debug_assert!(tag < 16, "field {tag} has a key of more than one byte");
+    buf.put_u8(tag << 3 | wire_type as u8);
+}
+
+/// A varint; most values here (codes, units, lengths) take one byte.
+fn varint(value: u64, buf: &mut impl BufMut) {
+    match u8::try_from(value) {
+        Ok(byte) if byte < 0x80 => buf.put_u8(byte),
+        _ => encode_varint(value, buf),
+    }
 }
 
 #[cfg(test)]

@@ -5,9 +5,9 @@
 //! breaker, its failure opens it again. Every transition is logged once, naming the
 //! node, and counted in the store's statistics.
 //!
-//! A call dropped before it ends is a failure only once its deadline ([`DEADLINE`]) has
-//! passed: dropped earlier, its caller went away (a client that reset the stream, a
-//! load generator that stopped), which says nothing about the node.
+//! A call dropped before it ends is a failure only once its deadline has passed: dropped
+//! earlier, its caller went away (a client that reset the stream, a load generator that
+//! stopped), which says nothing about the node.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -18,13 +18,6 @@ use std::time::{Duration, Instant};
 use ratelimit_core::stats::{Counter, StatsRegistry};
 
 use super::BackendError;
-
-tokio::task_local! {
-    /// When the backend calls of the request this task serves must have ended: set by
-    /// the caller that bounds them with a timeout (`Remote`). Calls made outside it count
-    /// every drop as a failure.
-    pub static DEADLINE: Instant;
-}
 
 /// Breakers kept at most: nodes come from the settings and the cluster's topology, never
 /// from requests, so this is only reached by a store whose nodes keep changing; then the
@@ -161,9 +154,11 @@ enum Pass {
 impl Breaker {
     /// Runs `call` on this breaker's node: at once `Unavailable` while the breaker is
     /// open, otherwise the call's result, whose outcome the breaker records. A call
-    /// dropped before it ends (its deadline passed) counts as a failure.
+    /// dropped before it ends counts as a failure once `deadline` has passed (always,
+    /// without one): dropped earlier, its caller went away.
     pub async fn call<T>(
         &self,
+        deadline: Option<Instant>,
         call: impl Future<Output = Result<T, BackendError>>,
     ) -> Result<T, BackendError> {
         let Some(pass) = self.admit() else {
@@ -176,7 +171,7 @@ impl Breaker {
             breaker: self,
             pass,
             settled: false,
-            deadline: DEADLINE.try_with(|deadline| *deadline).ok(),
+            deadline,
         };
         let result = call.await;
         // A key the store refuses is the request's fault, not the node's.
@@ -330,7 +325,7 @@ mod tests {
         let stuck = std::future::pending::<Result<(), BackendError>>;
         let dropped_after = |wait_ms, deadline_ms| {
             let deadline = Instant::now() + Duration::from_millis(deadline_ms);
-            let call = DEADLINE.scope(deadline, breaker.call(stuck()));
+            let call = breaker.call(Some(deadline), stuck());
             tokio::time::timeout(Duration::from_millis(wait_ms), call)
         };
         for _ in 0..5 {
@@ -348,7 +343,7 @@ mod tests {
         tokio::time::sleep(Duration::from_millis(60)).await;
         assert!(dropped_after(1, 60_000).await.is_err());
         breaker
-            .call(async { Ok::<_, BackendError>(()) })
+            .call(None, async { Ok::<_, BackendError>(()) })
             .await
             .unwrap();
         assert!(!breaker.is_open());
@@ -395,26 +390,26 @@ mod tests {
         );
         assert!(Arc::ptr_eq(&down, &breakers.node("10.0.0.1:6379")));
         let failing = || async { Err::<(), _>(BackendError::Unavailable("refused".into())) };
-        down.call(failing()).await.unwrap_err();
-        down.call(failing()).await.unwrap_err();
+        down.call(None, failing()).await.unwrap_err();
+        down.call(None, failing()).await.unwrap_err();
         // The third never ends: its deadline drops it.
-        let hanging = down.call(std::future::pending::<Result<(), BackendError>>());
+        let hanging = down.call(None, std::future::pending::<Result<(), BackendError>>());
         assert!(
             tokio::time::timeout(Duration::from_millis(5), hanging)
                 .await
                 .is_err()
         );
         assert!(down.is_open());
-        let refused = down.call(async { Ok(()) }).await.unwrap_err();
+        let refused = down.call(None, async { Ok(()) }).await.unwrap_err();
         assert_eq!(
             refused.to_string(),
             "redis 10.0.0.1:6379: circuit breaker open after repeated failures"
         );
-        up.call(async { Ok(()) }).await.unwrap();
+        up.call(None, async { Ok(()) }).await.unwrap();
         assert!(!up.is_open());
         for _ in 0..3 {
             let refused_key = async { Err::<(), _>(BackendError::Key("too long".into())) };
-            up.call(refused_key).await.unwrap_err();
+            up.call(None, refused_key).await.unwrap_err();
         }
         assert!(!up.is_open(), "a refused key is not the node's failure");
         assert_eq!(breakers.open_nodes(), ["10.0.0.1:6379"]);

@@ -11,9 +11,8 @@ pub mod memcache;
 pub mod redis;
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use futures_util::future::BoxFuture;
 use ratelimit_core::stats::{Counter, StatsRegistry, names};
 use ratelimit_core::{Increment, MemoryStore, MemoryUsage, Plan};
 use smallvec::SmallVec;
@@ -36,27 +35,74 @@ pub enum BackendError {
     Key(String),
 }
 
-/// A store of counters in another process.
-pub trait RemoteCounters: Send + Sync + std::fmt::Debug {
-    /// Adds each increment's hits to its counter (creating it with the window's expiry)
-    /// and returns the totals, in order.
-    fn increment<'a>(
-        &'a self,
-        increments: &'a [&'a Increment],
-    ) -> BoxFuture<'a, Result<Vec<u64>, BackendError>>;
+/// A call's totals, in order: a request has a few counters, kept inline.
+pub type Totals = SmallVec<[u64; 4]>;
 
-    /// The counters' current totals (0 for a counter that does not exist), in order.
-    fn current<'a>(
-        &'a self,
-        increments: &'a [&'a Increment],
-    ) -> BoxFuture<'a, Result<Vec<u64>, BackendError>>;
+/// What a call does with its counters.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
+    /// Adds each increment's hits to its counter (creating it with the window's expiry)
+    /// and returns the totals.
+    Increment,
+    /// Returns the counters' current totals (0 for a counter that does not exist).
+    Current,
+}
+
+/// One call to a store: what to do with which counters, by when.
+#[derive(Clone, Copy, Debug)]
+pub struct Batch<'a> {
+    /// The counters, in the order their totals come back.
+    pub increments: &'a [&'a Increment],
+    pub mode: Mode,
+    /// When the call must have ended: a node's call dropped before it is not counted
+    /// against the node (its caller went away).
+    pub deadline: Instant,
+}
+
+impl<'a> Batch<'a> {
+    /// The same call on other counters.
+    fn on(self, increments: &'a [&'a Increment]) -> Batch<'a> {
+        Batch { increments, ..self }
+    }
+}
+
+/// A store of counters in another process: each kind is one module behind this seam,
+/// and [`RemoteStore`] names them.
+pub trait RemoteCounters: Send + Sync + std::fmt::Debug {
+    /// Runs the batch and returns its counters' totals, in order.
+    fn call(&self, batch: Batch<'_>) -> impl Future<Output = Result<Totals, BackendError>> + Send;
 
     /// Whether the store answers.
-    fn ping(&self) -> BoxFuture<'_, bool>;
+    fn ping(&self) -> impl Future<Output = bool> + Send;
+}
+
+/// One of the remote stores, called without a boxed future.
+#[derive(Debug)]
+pub enum RemoteStore {
+    /// Redis: a single server, a cluster or a sentinel-monitored master.
+    Redis(redis::RedisCounters),
+    /// memcached nodes.
+    Memcache(memcache::MemcacheCounters),
+}
+
+impl RemoteStore {
+    async fn call(&self, batch: Batch<'_>) -> Result<Totals, BackendError> {
+        match self {
+            RemoteStore::Redis(store) => store.call(batch).await,
+            RemoteStore::Memcache(store) => store.call(batch).await,
+        }
+    }
+
+    async fn ping(&self) -> bool {
+        match self {
+            RemoteStore::Redis(store) => store.ping().await,
+            RemoteStore::Memcache(store) => store.ping().await,
+        }
+    }
 }
 
 /// One remote store per worker: each worker's connections wake only that worker.
-pub type PerWorkerStore = PerWorker<Box<dyn RemoteCounters>>;
+pub type PerWorkerStore = PerWorker<RemoteStore>;
 
 /// Opens the backend the settings choose, with one set of connections per worker of
 /// `pool` for a remote store.
@@ -104,7 +150,7 @@ pub async fn open(
             let workers = memcache::per_worker(&settings.memcache, jitter, pool, &breakers)
                 .await?
                 .into_iter()
-                .map(|c| Box::new(c) as Box<dyn RemoteCounters>)
+                .map(RemoteStore::Memcache)
                 .collect();
             tracing::warn!(nodes = %settings.memcache.memcache_host_port, "using the memcache backend");
             Ok(Backend::Remote(Remote::new(
@@ -194,11 +240,15 @@ impl Remote {
         &self,
         plan: &mut Plan,
         caller_deadline: Option<Duration>,
-    ) -> Result<Vec<u64>, BackendError> {
+    ) -> Result<Totals, BackendError> {
         // A tenth of the caller's time is kept for answering (the failure mode's answer
         // must reach it before it gives up).
         let deadline = caller_deadline.map_or(self.deadline, |d| (d - d / 10).min(self.deadline));
-        let result = self.within(deadline, self.exchange(plan)).await;
+        let until = Instant::now() + deadline;
+        let result = match tokio::time::timeout_at(until.into(), self.exchange(plan, until)).await {
+            Ok(result) => result,
+            Err(_) => Err(self.late(deadline)),
+        };
         if result.is_err() {
             self.errors.add(1);
         }
@@ -211,38 +261,21 @@ impl Remote {
     }
 
     /// The counters' current totals, in order, without adding to them (an explanation).
-    pub async fn current(&self, increments: &[Increment]) -> Result<Vec<u64>, BackendError> {
-        let read = self.routed(increments, |store, items| store.current(items));
-        self.within_deadline(read).await
-    }
-
-    /// `call`'s result, or `Unavailable` naming the deadline's setting when it takes longer.
-    async fn within_deadline(
-        &self,
-        call: impl Future<Output = Result<Vec<u64>, BackendError>>,
-    ) -> Result<Vec<u64>, BackendError> {
-        self.within(self.deadline, call).await
-    }
-
-    async fn within(
-        &self,
-        deadline: Duration,
-        call: impl Future<Output = Result<Vec<u64>, BackendError>>,
-    ) -> Result<Vec<u64>, BackendError> {
-        let until = std::time::Instant::now() + deadline;
-        breaker::DEADLINE
-            .scope(until, tokio::time::timeout(deadline, call))
+    pub async fn current(&self, increments: &[Increment]) -> Result<Totals, BackendError> {
+        let until = Instant::now() + self.deadline;
+        let read = self.routed(increments, Mode::Current, until);
+        tokio::time::timeout_at(until.into(), read)
             .await
-            .unwrap_or_else(|_| {
-                let whose = if deadline < self.deadline {
-                    "the caller's grpc-timeout".to_owned()
-                } else {
-                    self.deadline_setting.to_owned()
-                };
-                Err(BackendError::Unavailable(format!(
-                    "no answer within {whose} ({deadline:?})"
-                )))
-            })
+            .unwrap_or_else(|_| Err(self.late(self.deadline)))
+    }
+
+    /// `Unavailable`, naming what set the `deadline` a call did not end within.
+    fn late(&self, deadline: Duration) -> BackendError {
+        let whose = match deadline < self.deadline {
+            true => "the caller's grpc-timeout",
+            false => self.deadline_setting,
+        };
+        BackendError::Unavailable(format!("no answer within {whose} ({deadline:?})"))
     }
 
     /// Whether the main store answers, within the deadline.
@@ -251,33 +284,30 @@ impl Remote {
         matches!(answer.await, Ok(true))
     }
 
-    async fn exchange(&self, plan: &mut Plan) -> Result<Vec<u64>, BackendError> {
+    async fn exchange(&self, plan: &mut Plan, until: Instant) -> Result<Totals, BackendError> {
         if plan.needs_current_counts() {
-            let current = self
-                .routed(plan.increments(), |store, items| store.current(items))
-                .await?;
+            let current = self.routed(plan.increments(), Mode::Current, until).await?;
             plan.apply_current(&current);
         }
-        self.routed(plan.increments(), |store, items| store.increment(items))
-            .await
+        self.routed(plan.increments(), Mode::Increment, until).await
     }
 
-    /// Calls `call` on the main store with every increment, or, with a per-second store,
+    /// Runs `mode` on the main store with every increment, or, with a per-second store,
     /// on each store with its share, at once; the totals come back in plan order.
-    async fn routed<'a, F>(
-        &'a self,
-        increments: &'a [Increment],
-        call: F,
-    ) -> Result<Vec<u64>, BackendError>
-    where
-        F: for<'b> Fn(
-            &'b dyn RemoteCounters,
-            &'b [&'b Increment],
-        ) -> BoxFuture<'b, Result<Vec<u64>, BackendError>>,
-    {
+    async fn routed(
+        &self,
+        increments: &[Increment],
+        mode: Mode,
+        until: Instant,
+    ) -> Result<Totals, BackendError> {
+        let batch = |increments| Batch {
+            increments,
+            mode,
+            deadline: until,
+        };
         let Some(per_second) = &self.per_second else {
             let all: SmallVec<[&Increment; 4]> = increments.iter().collect();
-            return call(self.main.get().as_ref(), &all).await;
+            return self.main.get().call(batch(&all)).await;
         };
         let (seconds, others): (Vec<usize>, Vec<usize>) =
             (0..increments.len()).partition(|&i| increments[i].per_second());
@@ -286,10 +316,10 @@ impl Remote {
         };
         let (seconds_items, others_items) = (pick(&seconds), pick(&others));
         let (a, b) = tokio::join!(
-            call(per_second.get().as_ref(), &seconds_items),
-            call(self.main.get().as_ref(), &others_items)
+            per_second.get().call(batch(&seconds_items)),
+            self.main.get().call(batch(&others_items))
         );
-        let mut totals = vec![0; increments.len()];
+        let mut totals: Totals = smallvec::smallvec![0; increments.len()];
         for (i, total) in seconds.iter().zip(a?).chain(others.iter().zip(b?)) {
             totals[*i] = total;
         }

@@ -100,7 +100,7 @@ async fn counters(
 ) -> Option<Vec<u64>> {
     let mut plan = limit.plan(ops);
     match shared.service.run_counters(&mut plan).await {
-        Ok(totals) => Some(totals),
+        Ok(totals) => Some(totals.into_vec()),
         Err(error) => {
             shared.stats.reserve_failed.add(1);
             tracing::warn!(%error, %bucket, "RLQS quota counter not updated");

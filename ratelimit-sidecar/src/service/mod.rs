@@ -20,7 +20,7 @@ use ratelimit_core::{
 use ratelimit_proto::envoy::{InvalidRequest, request_from_pb, response_to_pb};
 use ratelimit_proto::wire::encode_response;
 
-use crate::backend::{Backend, BackendError, Remote};
+use crate::backend::{Backend, BackendError, Remote, Totals};
 use crate::observe::health::Health;
 use crate::observe::traces::{self, RequestSpan, Traces};
 use crate::service::metadata::dynamic_metadata;
@@ -145,7 +145,7 @@ impl Service {
     /// Runs `plan`'s counters as a decision's plan is run: on a remote store within its
     /// deadline, through its breakers and counted in its error statistic (the Rate Limit
     /// Quota Service's reservations). The totals, in plan order.
-    pub async fn run_counters(&self, plan: &mut Plan) -> Result<Vec<u64>, BackendError> {
+    pub async fn run_counters(&self, plan: &mut Plan) -> Result<Totals, BackendError> {
         let remote = match &self.backend {
             Backend::Memory(store) => {
                 return Ok(plan.increments().iter().map(|i| store.apply(i)).collect());
@@ -383,7 +383,7 @@ impl Service {
                 .iter()
                 .map(|increment| store.current(increment))
                 .collect(),
-            Backend::Remote(remote) => remote.current(explanation.increments()).await?,
+            Backend::Remote(remote) => remote.current(explanation.increments()).await?.into_vec(),
         };
         let answer = explanation.answer(&current);
         Ok((explanation, current, answer))

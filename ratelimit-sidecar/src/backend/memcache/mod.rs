@@ -19,14 +19,14 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
-use futures_util::future::{BoxFuture, join_all, try_join_all};
+use futures_util::future::{join_all, try_join_all};
 use ratelimit_core::Increment;
 use tokio::runtime::Handle;
 
 use self::connection::{Link, Target};
 use self::protocol::key_problem;
 use super::breaker::{Breaker, Breakers};
-use super::{BackendError, RemoteCounters};
+use super::{BackendError, Batch, Mode, RemoteCounters, Totals};
 use crate::ingress::workers::Pool;
 use crate::settings::MemcacheSettings;
 
@@ -76,13 +76,6 @@ struct Node {
     address: NodeAddress,
     breaker: Arc<Breaker>,
     link: Link,
-}
-
-/// What a call does with its counters.
-#[derive(Clone, Copy)]
-enum Mode {
-    Increment,
-    Current,
 }
 
 /// One [`MemcacheCounters`] per worker of `pool` on the nodes the settings name:
@@ -192,10 +185,11 @@ impl MemcacheCounters {
         }
     }
 
-    /// Runs `mode` on each node with its share of `items`, all at once, each through its
-    /// node's breaker, and returns the results in item order. Every node's call runs to
-    /// its end, so that a failed node does not count against the others.
-    async fn counters(&self, items: &[&Increment], mode: Mode) -> Result<Vec<u64>, BackendError> {
+    /// Runs the batch on each node with its share of the counters, all at once, each
+    /// through its node's breaker, and returns the results in item order. Every node's
+    /// call runs to its end, so that a failed node does not count against the others.
+    async fn counters(&self, batch: Batch<'_>) -> Result<Totals, BackendError> {
+        let items = batch.increments;
         let nodes = self.nodes();
         if nodes.is_empty() {
             return Err(BackendError::Unavailable(
@@ -212,7 +206,7 @@ impl MemcacheCounters {
             }
         }
         if let [node] = &nodes[..] {
-            return self.call(node, items, mode).await;
+            return self.on_node(node, batch).await;
         }
         let mut groups = vec![Vec::new(); nodes.len()];
         for (index, item) in items.iter().enumerate() {
@@ -226,7 +220,7 @@ impl MemcacheCounters {
             .iter()
             .zip(nodes.iter())
             .filter(|(share, _)| !share.is_empty())
-            .map(|(share, node)| self.call(node, share, mode));
+            .map(|(share, node)| self.on_node(node, batch.on(share)));
         let results = join_all(calls)
             .await
             .into_iter()
@@ -234,21 +228,17 @@ impl MemcacheCounters {
         Ok(reassemble(items.len(), &groups, results))
     }
 
-    /// `mode` on one node's share, through its breaker.
-    async fn call(
-        &self,
-        node: &Node,
-        share: &[&Increment],
-        mode: Mode,
-    ) -> Result<Vec<u64>, BackendError> {
+    /// A batch of one node's share, through its breaker.
+    async fn on_node(&self, node: &Node, batch: Batch<'_>) -> Result<Totals, BackendError> {
+        let share = batch.increments;
         let work = async {
-            let result = match mode {
+            let result = match batch.mode {
                 Mode::Increment => ops::increment(&node.link, share, self.jitter_max).await,
                 Mode::Current => ops::current(&node.link, share).await,
             };
             result.map_err(|error| node.failed(&error))
         };
-        node.breaker.call(work).await
+        node.breaker.call(Some(batch.deadline), work).await
     }
 }
 
@@ -262,8 +252,8 @@ fn node_of(key: &str, count: usize) -> usize {
 }
 
 /// Puts per-node results back in item order.
-fn reassemble(len: usize, groups: &[Vec<usize>], results: Vec<Vec<u64>>) -> Vec<u64> {
-    let mut out = vec![0; len];
+fn reassemble(len: usize, groups: &[Vec<usize>], results: Vec<Totals>) -> Totals {
+    let mut out: Totals = smallvec::smallvec![0; len];
     let filled = groups.iter().filter(|g| !g.is_empty());
     for (group, values) in filled.zip(results) {
         for (&index, value) in group.iter().zip(values) {
@@ -280,27 +270,15 @@ impl Node {
 }
 
 impl RemoteCounters for MemcacheCounters {
-    fn increment<'a>(
-        &'a self,
-        increments: &'a [&'a Increment],
-    ) -> BoxFuture<'a, Result<Vec<u64>, BackendError>> {
-        Box::pin(self.counters(increments, Mode::Increment))
-    }
-
-    fn current<'a>(
-        &'a self,
-        increments: &'a [&'a Increment],
-    ) -> BoxFuture<'a, Result<Vec<u64>, BackendError>> {
-        Box::pin(self.counters(increments, Mode::Current))
+    async fn call(&self, batch: Batch<'_>) -> Result<Totals, BackendError> {
+        self.counters(batch).await
     }
 
     /// Every node answers `version`.
-    fn ping(&self) -> BoxFuture<'_, bool> {
-        Box::pin(async move {
-            let nodes = self.nodes();
-            let checks = nodes.iter().map(|node| ops::version(&node.link));
-            try_join_all(checks).await.is_ok()
-        })
+    async fn ping(&self) -> bool {
+        let nodes = self.nodes();
+        let checks = nodes.iter().map(|node| ops::version(&node.link));
+        try_join_all(checks).await.is_ok()
     }
 }
 

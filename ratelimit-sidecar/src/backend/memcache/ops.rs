@@ -14,6 +14,7 @@ use smallvec::{SmallVec, smallvec};
 use super::connection::Link;
 use super::protocol::{Commands, Reply};
 use super::{LONGEST_RELATIVE_EXPIRY, RACE_ATTEMPTS};
+use crate::backend::Totals;
 
 /// What a counter does next, with the rounds its races have taken so far.
 #[derive(Clone, Copy, Debug)]
@@ -54,7 +55,7 @@ pub(super) async fn increment(
     link: &Link,
     items: &[&Increment],
     jitter_max: u64,
-) -> Result<Vec<u64>, Failure> {
+) -> Result<Totals, Failure> {
     let steps = items.iter().map(|item| match item.op {
         CounterOp::Add => Step::Incr(0),
         CounterOp::Read => Step::Get,
@@ -65,7 +66,7 @@ pub(super) async fn increment(
 }
 
 /// The items' current totals (0 for a missing counter), in order.
-pub(super) async fn current(link: &Link, items: &[&Increment]) -> Result<Vec<u64>, Failure> {
+pub(super) async fn current(link: &Link, items: &[&Increment]) -> Result<Totals, Failure> {
     rounds(link, items, items.iter().map(|_| Step::Get).collect(), 0).await
 }
 
@@ -83,7 +84,7 @@ async fn rounds(
     items: &[&Increment],
     mut steps: SmallVec<[Step; 4]>,
     jitter_max: u64,
-) -> Result<Vec<u64>, Failure> {
+) -> Result<Totals, Failure> {
     loop {
         // The clock only for a counter that is created (its expiry may be a unix time).
         let now = match steps.iter().any(|step| matches!(step, Step::Add(_))) {

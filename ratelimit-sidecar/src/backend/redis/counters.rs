@@ -3,15 +3,15 @@
 //! bucket; or `GET` for every counter's current value.
 
 use std::sync::LazyLock;
+use std::time::Instant;
 
-use futures_util::future::BoxFuture;
 use ratelimit_core::{CounterOp, Increment};
 use smallvec::SmallVec;
 
 use super::nodes::Nodes;
-use super::resp::{Arg, Reply};
+use super::resp::{Arg, Replies, Reply};
 use super::{Store, query, redis_error};
-use crate::backend::{BackendError, RemoteCounters};
+use crate::backend::{BackendError, Batch, Mode, RemoteCounters, Totals};
 
 /// One step of a token bucket, as `ratelimit_core::Bucket::step` computes it: the
 /// stored TAT (unix ms) moves to `max(stored, now) + cost × interval` when that is at
@@ -97,16 +97,13 @@ impl std::fmt::Debug for RedisCounters {
 /// Writes one command.
 type Command<'c> = &'c mut dyn FnMut(&[Arg<'_>]);
 
-/// Each counter's first reply, in order (a request has a few counters: no allocation).
-type Replies = SmallVec<[Reply; 4]>;
-
 impl RedisCounters {
-    async fn run(&self, items: &[&Increment]) -> Result<Vec<u64>, BackendError> {
-        let totals = run_batched(self, items, |command, increment| {
+    async fn run(&self, items: &[&Increment], deadline: Instant) -> Result<Totals, BackendError> {
+        let totals = run_batched(self, items, deadline, |command, increment| {
             self.add(command, increment, false);
         })
         .await?;
-        let mut out = Vec::with_capacity(totals.len());
+        let mut out = Totals::with_capacity(totals.len());
         let mut unloaded = Vec::new();
         for (i, total) in totals.iter().enumerate() {
             if total.is_noscript() {
@@ -119,7 +116,7 @@ impl RedisCounters {
         }
         if !unloaded.is_empty() {
             let again: Vec<&Increment> = unloaded.iter().map(|&i| items[i]).collect();
-            let totals = run_batched(self, &again, |command, increment| {
+            let totals = run_batched(self, &again, deadline, |command, increment| {
                 self.add(command, increment, true);
             })
             .await?;
@@ -181,8 +178,8 @@ impl RedisCounters {
         increment.expiry_seconds(jitter)
     }
 
-    async fn get(&self, items: &[&Increment]) -> Result<Vec<u64>, BackendError> {
-        let values = run_batched(self, items, |command, increment| {
+    async fn get(&self, items: &[&Increment], deadline: Instant) -> Result<Totals, BackendError> {
+        let values = run_batched(self, items, deadline, |command, increment| {
             command(&[Arg::Text("GET"), Arg::Text(&increment.key)]);
         })
         .await?;
@@ -198,25 +195,16 @@ impl RedisCounters {
 }
 
 impl RemoteCounters for RedisCounters {
-    fn increment<'a>(
-        &'a self,
-        increments: &'a [&'a Increment],
-    ) -> BoxFuture<'a, Result<Vec<u64>, BackendError>> {
-        Box::pin(self.run(increments))
+    async fn call(&self, batch: Batch<'_>) -> Result<Totals, BackendError> {
+        match batch.mode {
+            Mode::Increment => self.run(batch.increments, batch.deadline).await,
+            Mode::Current => self.get(batch.increments, batch.deadline).await,
+        }
     }
 
-    fn current<'a>(
-        &'a self,
-        increments: &'a [&'a Increment],
-    ) -> BoxFuture<'a, Result<Vec<u64>, BackendError>> {
-        Box::pin(self.get(increments))
-    }
-
-    fn ping(&self) -> BoxFuture<'_, bool> {
-        Box::pin(async move {
-            let replies = query(&self.store, |command| command(&[Arg::Text("PING")])).await;
-            matches!(replies.as_deref(), Ok([reply]) if !matches!(reply, Reply::Error(_)))
-        })
+    async fn ping(&self) -> bool {
+        let replies = query(&self.store, |command| command(&[Arg::Text("PING")])).await;
+        matches!(replies.as_deref(), Ok([reply]) if !matches!(reply, Reply::Error(_)))
     }
 }
 
@@ -240,6 +228,7 @@ fn saturated_total(total: &Reply) -> Result<u64, BackendError> {
 async fn run_batched(
     counters: &RedisCounters,
     items: &[&Increment],
+    deadline: Instant,
     add: impl Fn(Command<'_>, &Increment),
 ) -> Result<Replies, BackendError> {
     let Some(first) = items.first() else {
@@ -263,7 +252,7 @@ async fn run_batched(
             }
         };
         let breaker = counters.nodes.breaker(&first.key);
-        let mut replies = breaker.call(query(store, write)).await?;
+        let mut replies = breaker.call(Some(deadline), query(store, write)).await?;
         return starts
             .into_iter()
             .map(|at| {
@@ -279,7 +268,7 @@ async fn run_batched(
         let add = &add;
         async move {
             let replies = breaker
-                .call(query(store, |command| add(command, item)))
+                .call(Some(deadline), query(store, |command| add(command, item)))
                 .await?;
             replies
                 .into_iter()

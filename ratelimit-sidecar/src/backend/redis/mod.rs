@@ -8,6 +8,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
+use futures_util::future::BoxFuture;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig, MultiplexedConnection};
 use redis::cluster::ClusterClientBuilder;
 use redis::cluster_async::ClusterConnection;
@@ -22,13 +23,13 @@ mod nodes;
 mod pipelined;
 mod resp;
 
-use counters::RedisCounters;
+pub use counters::RedisCounters;
 use nodes::{Nodes, SlotOwners};
 use pipelined::Pipelined;
-use resp::{Arg, Reply};
+use resp::{Arg, Replies, Reply};
 
 use super::breaker::Breakers;
-use super::{BackendError, PerWorkerStore, RemoteCounters};
+use super::{BackendError, PerWorkerStore, RemoteStore};
 use crate::ingress::workers::{PerWorker, Pool};
 use crate::settings::{RedisSettings, RedisType, Settings};
 
@@ -137,12 +138,12 @@ pub async fn per_worker(
             }
         })
         .await;
-    let mut main: Vec<Box<dyn RemoteCounters>> = Vec::with_capacity(connected.len());
-    let mut per_second: Vec<Box<dyn RemoteCounters>> = Vec::new();
+    let mut main = Vec::with_capacity(connected.len());
+    let mut per_second = Vec::new();
     for counters in connected {
         let (worker_main, worker_per_second) = counters?;
-        main.push(Box::new(worker_main));
-        per_second.extend(worker_per_second.map(|c| Box::new(c) as Box<dyn RemoteCounters>));
+        main.push(RemoteStore::Redis(worker_main));
+        per_second.extend(worker_per_second.map(RemoteStore::Redis));
     }
     let per_second = (!per_second.is_empty()).then(|| PerWorker::new(per_second));
     Ok((PerWorker::new(main), per_second))
@@ -229,7 +230,7 @@ async fn counters(
 async fn query(
     store: &Store,
     write: impl FnOnce(&mut dyn FnMut(&[Arg<'_>])),
-) -> Result<Vec<Reply>, BackendError> {
+) -> Result<Replies, BackendError> {
     if let Store::Single(connections, next) = store {
         // The first connection with room: concurrent requests share its writes, and the
         // others take the overflow.
@@ -266,12 +267,14 @@ async fn query(
         }
         pipe.add_command(command);
     });
-    // The redis crate's futures are large: boxed, they do not weigh on every request's.
-    Box::pin(query_crate(store, pipe)).await
+    // The redis crate's futures are large and deep: boxed as a trait object, they weigh
+    // neither on every request's future nor on the compiler's proof that it is `Send`.
+    let call: BoxFuture<'_, _> = Box::pin(query_crate(store, pipe));
+    call.await
 }
 
 /// Runs `pipe` on a store the `redis` crate connects to.
-async fn query_crate(store: &Store, pipe: redis::Pipeline) -> Result<Vec<Reply>, BackendError> {
+async fn query_crate(store: &Store, pipe: redis::Pipeline) -> Result<Replies, BackendError> {
     let in_turn = |next: &AtomicUsize, count: usize| next.fetch_add(1, Ordering::Relaxed) % count;
     let result: redis::RedisResult<Vec<Value>> = match store {
         Store::Single(..) => unreachable!("the pipelined connection answers a single Redis"),

@@ -22,7 +22,7 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpStream, UnixStream};
 use tokio::sync::{Notify, oneshot};
 
-use super::resp::{self, Arg, Reply};
+use super::resp::{self, Arg, Replies, Reply};
 
 /// The most requests that may wait on one connection.
 pub const MAX_WAITING: usize = 65_536;
@@ -103,11 +103,11 @@ enum Link {
 }
 
 /// A request's replies, or why there are none.
-type Answer = Result<Vec<Reply>, String>;
+type Answer = Result<Replies, String>;
 
 struct Waiter {
     replies: usize,
-    got: Vec<Reply>,
+    got: Replies,
     answer: oneshot::Sender<Answer>,
 }
 
@@ -163,11 +163,11 @@ impl Pipelined {
                 count += 1;
             });
             if count == 0 {
-                return Ok(Vec::new());
+                return Ok(Replies::new());
             }
             state.waiting.push_back(Waiter {
                 replies: count,
-                got: Vec::with_capacity(count),
+                got: Replies::new(),
                 answer,
             });
         }

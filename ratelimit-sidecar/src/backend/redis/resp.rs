@@ -16,6 +16,9 @@ pub const MAX_DEPTH: usize = 4;
 const MAX_LINE: usize = 64 * 1024;
 
 /// One argument of a command.
+/// A request's replies, in order (a request sends a few commands: kept inline).
+pub type Replies = smallvec::SmallVec<[Reply; 4]>;
+
 #[derive(Debug, Clone, Copy)]
 pub enum Arg<'a> {
     Text(&'a str),
