@@ -152,36 +152,40 @@ enum Pass {
 }
 
 impl Breaker {
-    /// Runs `call` on this breaker's node: at once `Unavailable` while the breaker is
-    /// open, otherwise the call's result, whose outcome the breaker records. A call
-    /// dropped before it ends counts as a failure once `deadline` has passed (always,
-    /// without one): dropped earlier, its caller went away.
+    /// Runs `call` on this breaker's node ([`Breaker::attempt`], then the call, then
+    /// [`Attempt::settle`]): at once `Unavailable` while the breaker is open, otherwise
+    /// the call's result.
     pub async fn call<T>(
         &self,
         deadline: Option<Instant>,
         call: impl Future<Output = Result<T, BackendError>>,
     ) -> Result<T, BackendError> {
+        let attempt = self.attempt(deadline)?;
+        let result = call.await;
+        attempt.settle(&result);
+        result
+    }
+
+    /// Leave to call this breaker's node: `Unavailable` at once while the breaker is
+    /// open. The call's outcome is recorded when the attempt is settled; an attempt
+    /// dropped unsettled (its call dropped before it ended) is a failure once `deadline`
+    /// has passed (always, without one): dropped earlier, its caller went away.
+    ///
+    /// A guard rather than a future wrapped around the call's, so that the caller's
+    /// future holds the call's once, not twice (an argument and the awaited value).
+    pub fn attempt(&self, deadline: Option<Instant>) -> Result<Attempt<'_>, BackendError> {
         let Some(pass) = self.admit() else {
             return Err(BackendError::Unavailable(format!(
                 "{} {}: circuit breaker open after repeated failures",
                 self.store, self.node
             )));
         };
-        let mut outcome = Outcome {
+        Ok(Attempt {
             breaker: self,
             pass,
             settled: false,
             deadline,
-        };
-        let result = call.await;
-        // A key the store refuses is the request's fault, not the node's.
-        let failed = matches!(
-            result,
-            Err(BackendError::Unavailable(_) | BackendError::Settings(_))
-        );
-        outcome.settled = true;
-        self.record(pass, !failed);
-        result
+        })
     }
 
     /// Whether a call may go to the node now; `None` while the breaker is open (the
@@ -285,14 +289,28 @@ impl Breaker {
 
 /// A call let through and not yet ended: dropped unsettled at or after its deadline (or
 /// without one), it is a failure; dropped before, it is abandoned.
-struct Outcome<'a> {
+#[must_use = "an attempt records its call's outcome when settled"]
+pub struct Attempt<'a> {
     breaker: &'a Breaker,
     pass: Pass,
     settled: bool,
     deadline: Option<Instant>,
 }
 
-impl Drop for Outcome<'_> {
+impl Attempt<'_> {
+    /// Records the outcome of the call: a failure when the store failed or did not
+    /// answer, not when it refused a key (the request's fault, not the node's).
+    pub fn settle<T>(mut self, result: &Result<T, BackendError>) {
+        let failed = matches!(
+            result,
+            Err(BackendError::Unavailable(_) | BackendError::Settings(_))
+        );
+        self.settled = true;
+        self.breaker.record(self.pass, !failed);
+    }
+}
+
+impl Drop for Attempt<'_> {
     fn drop(&mut self) {
         if self.settled {
             return;

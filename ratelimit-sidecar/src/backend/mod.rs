@@ -13,6 +13,7 @@ pub mod redis;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use futures_util::future::BoxFuture;
 use ratelimit_core::stats::{Counter, StatsRegistry, names};
 use ratelimit_core::{Increment, MemoryStore, MemoryUsage, Plan};
 use smallvec::SmallVec;
@@ -300,14 +301,32 @@ impl Remote {
         mode: Mode,
         until: Instant,
     ) -> Result<Totals, BackendError> {
+        let Some(per_second) = &self.per_second else {
+            let all: SmallVec<[&Increment; 4]> = increments.iter().collect();
+            let batch = Batch {
+                increments: &all,
+                mode,
+                deadline: until,
+            };
+            return self.main.get().call(batch).await;
+        };
+        // Boxed: the two stores' calls at once would double every request's future.
+        let split: BoxFuture<'_, _> = Box::pin(self.split(per_second, increments, mode, until));
+        split.await
+    }
+
+    /// [`Remote::routed`] with a per-second store.
+    async fn split(
+        &self,
+        per_second: &PerWorkerStore,
+        increments: &[Increment],
+        mode: Mode,
+        until: Instant,
+    ) -> Result<Totals, BackendError> {
         let batch = |increments| Batch {
             increments,
             mode,
             deadline: until,
-        };
-        let Some(per_second) = &self.per_second else {
-            let all: SmallVec<[&Increment; 4]> = increments.iter().collect();
-            return self.main.get().call(batch(&all)).await;
         };
         let (seconds, others): (Vec<usize>, Vec<usize>) =
             (0..increments.len()).partition(|&i| increments[i].per_second());

@@ -34,7 +34,7 @@ use tokio::sync::{Semaphore, watch};
 use tonic::codegen::{Service as _, http};
 use tonic::service::Routes;
 
-use crate::ingress::grpc::{self, Answer};
+use crate::ingress::grpc::{self, Call, Reply};
 use crate::service::Service as Decider;
 
 /// The connection bounds of one worker.
@@ -71,18 +71,14 @@ impl Methods {
     }
 }
 
-type Body = Either<Answer, tonic::body::Body>;
-type Call = Pin<Box<dyn Future<Output = Result<http::Response<Body>, Infallible>> + Send>>;
-
 impl hyper::service::Service<http::Request<Incoming>> for Methods {
-    type Response = http::Response<Body>;
+    type Response = http::Response<Reply>;
     type Error = Infallible;
     type Future = Call;
 
     fn call(&self, request: http::Request<Incoming>) -> Call {
         if request.uri().path() == grpc::SHOULD_RATE_LIMIT {
-            let decider = Arc::clone(&self.decider);
-            return Box::pin(async move { Ok(grpc::call(&decider, request).await) });
+            return grpc::call(Arc::clone(&self.decider), request);
         }
         let mut others = self.others.clone();
         Box::pin(async move {

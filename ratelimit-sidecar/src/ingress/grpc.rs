@@ -12,12 +12,13 @@
 
 use std::convert::Infallible;
 use std::pin::{Pin, pin};
+use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
 use http_body_util::{BodyExt, Either};
-use hyper::body::Frame;
+use hyper::body::{Frame, Incoming};
 use prost::Message;
 use tonic::Status;
 use tonic::codegen::http::header::{CONTENT_TYPE, HeaderMap, HeaderName, HeaderValue};
@@ -28,7 +29,7 @@ use ratelimit_proto::envoy::InvalidRequest;
 use ratelimit_proto::wire::{self, RequestError};
 
 use crate::backend::BackendError;
-use crate::service::{Service as Decider, ServiceError};
+use crate::service::{Decided, Service as Decider, ServiceError};
 
 /// The method's path.
 pub const SHOULD_RATE_LIMIT: &str = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit";
@@ -37,54 +38,76 @@ const MAX_MESSAGE: usize = 4 * 1024 * 1024;
 /// A message's prefix: a compression flag and a big-endian length.
 const PREFIX: usize = 5;
 
-/// Answers one `ShouldRateLimit` call: the decision, or the call's error status.
-pub async fn call<B>(
-    decider: &Decider,
-    request: http::Request<B>,
-) -> http::Response<Either<Answer, tonic::body::Body>>
-where
-    B: Body,
-    B::Error: Into<StdError>,
-{
-    match should_rate_limit(decider, request).await {
-        Ok(message) => answer(message).map(Either::Left),
-        Err(status) => status.into_http().map(Either::Right),
-    }
-}
+/// The answer to one `ShouldRateLimit` call.
+pub type Call = Pin<Box<dyn Future<Output = Result<http::Response<Reply>, Infallible>> + Send>>;
 
-/// Reads the request of a call, decides it and returns the answer's message, framed.
-async fn should_rate_limit<B>(service: &Decider, request: http::Request<B>) -> Result<Bytes, Status>
-where
-    B: Body,
-    B::Error: Into<StdError>,
-{
-    refuse_compressed(request.headers())?;
+/// A call's body: the answer, or tonic's body of an error status.
+pub type Reply = Either<Answer, tonic::body::Body>;
+
+/// Answers one `ShouldRateLimit` call: the decision, or the call's error status.
+///
+/// Each way of deciding is its own future, boxed, so that a request carries only its
+/// own: a decision on the memory store waits for nothing, while a remote store's
+/// future holds the store's call, and a traced one the span's work too.
+pub fn call(service: Arc<Decider>, request: http::Request<Incoming>) -> Call {
+    if let Err(status) = refuse_compressed(request.headers()) {
+        return Box::pin(std::future::ready(Ok(refused(status))));
+    }
     let (parts, body) = request.into_parts();
     // A decision that is not traced decodes the message straight into the core's
     // request, and its answer is encoded straight from the core's response; one that
     // also waits for nothing reads no header.
-    let decided = match service.decides_now() {
-        Some(store) => {
-            let (request, _) = read_request(body, to_core).await?;
-            service.should_rate_limit_grpc_now(store, request)
-        }
-        None if service.decodes_to_core() => {
-            let (request, trailers) = read_request(body, to_core).await?;
-            let headers = with_trailers(parts.headers, trailers);
-            service
-                .should_rate_limit_grpc_decoded(request, &headers)
-                .await
-        }
-        None => {
+    if service.decides_now() {
+        return Box::pin(async move {
+            let result = async {
+                let (request, _) = read_request(body, to_core).await?;
+                frame_decided(&service, service.should_rate_limit_grpc_now(request))
+            };
+            answered(result.await)
+        });
+    }
+    if service.decodes_to_core() {
+        return Box::pin(async move {
+            let result = async {
+                let (request, trailers) = read_request(body, to_core).await?;
+                let headers = with_trailers(parts.headers, trailers);
+                let decided = service.should_rate_limit_grpc_decoded(request, &headers);
+                frame_decided(&service, decided.await)
+            };
+            answered(result.await)
+        });
+    }
+    Box::pin(async move {
+        let result = async {
             let (request, trailers) = read_request(body, to_pb).await?;
             let headers = with_trailers(parts.headers, trailers);
             let response = service.should_rate_limit_grpc(request, &headers).await;
             let response = response.map_err(|error| status(&error))?;
-            return frame(|buf| response.encode_raw(buf));
-        }
-    };
+            frame(|buf| response.encode_raw(buf))
+        };
+        answered(result.await)
+    })
+}
+
+/// The answer's message of a decision, framed, or the call's error status.
+fn frame_decided(
+    service: &Decider,
+    decided: Result<Decided, ServiceError>,
+) -> Result<Bytes, Status> {
     let decided = decided.map_err(|error| status(&error))?;
     frame(|buf| service.encode(&decided, buf))
+}
+
+/// The response to a call: its answer, or its error status.
+fn answered(result: Result<Bytes, Status>) -> Result<http::Response<Reply>, Infallible> {
+    Ok(match result {
+        Ok(message) => answer(message).map(Either::Left),
+        Err(status) => refused(status),
+    })
+}
+
+fn refused(status: Status) -> http::Response<Reply> {
+    status.into_http().map(Either::Right)
 }
 
 /// A call's headers and its trailers, which the service reads as one map.

@@ -157,22 +157,19 @@ impl Service {
         Ok(totals)
     }
 
-    /// The memory store, when a decision waits for nothing (the memory store, without
-    /// tracing): then [`Service::should_rate_limit_grpc_now`] answers without a future.
-    pub fn decides_now(&self) -> Option<&MemoryStore> {
-        match &self.backend {
-            Backend::Memory(store) if self.traces.is_none() => Some(store),
-            _ => None,
-        }
+    /// Whether a decision waits for nothing (the memory store, without tracing): then
+    /// [`Service::should_rate_limit_grpc_now`] answers without a future.
+    pub fn decides_now(&self) -> bool {
+        matches!(self.backend, Backend::Memory(_)) && self.traces.is_none()
     }
 
-    /// [`Service::should_rate_limit_grpc`] without a future, counted the same way, on
-    /// the store [`Service::decides_now`] gave. It never waits, so it takes no place among
-    /// the requests in flight (MAX_INFLIGHT_REQUESTS bounds the ones that wait).
-    /// The request comes decoded into the core's form (or the reason it cannot be).
+    /// [`Service::should_rate_limit_grpc`] without a future, counted the same way, on the
+    /// memory store (on another, `Unavailable`: see [`Service::decides_now`]). It never
+    /// waits, so it takes no place among the requests in flight (MAX_INFLIGHT_REQUESTS
+    /// bounds the ones that wait). The request comes decoded into the core's form (or
+    /// the reason it cannot be).
     pub fn should_rate_limit_grpc_now(
         &self,
-        store: &MemoryStore,
         request: Result<Request, InvalidRequest>,
     ) -> Result<Decided, ServiceError> {
         // One clock for the decision and the response time: two reads instead of three
@@ -180,6 +177,10 @@ impl Service {
         let started = SystemTime::now();
         self.total_requests.add(1);
         let result = request.map_err(ServiceError::from).and_then(|request| {
+            let Backend::Memory(store) = &self.backend else {
+                let error = "only the memory store decides without waiting";
+                return Err(BackendError::Unavailable(error.into()).into());
+            };
             let response = self.decide_core(store, &request, unix_ms(started))?;
             Ok(Decided { request, response })
         });

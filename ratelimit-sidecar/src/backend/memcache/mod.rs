@@ -231,14 +231,14 @@ impl MemcacheCounters {
     /// A batch of one node's share, through its breaker.
     async fn on_node(&self, node: &Node, batch: Batch<'_>) -> Result<Totals, BackendError> {
         let share = batch.increments;
-        let work = async {
-            let result = match batch.mode {
-                Mode::Increment => ops::increment(&node.link, share, self.jitter_max).await,
-                Mode::Current => ops::current(&node.link, share).await,
-            };
-            result.map_err(|error| node.failed(&error))
+        let attempt = node.breaker.attempt(Some(batch.deadline))?;
+        let result = match batch.mode {
+            Mode::Increment => ops::increment(&node.link, share, self.jitter_max).await,
+            Mode::Current => ops::current(&node.link, share).await,
         };
-        node.breaker.call(Some(batch.deadline), work).await
+        let result = result.map_err(|error| node.failed(&error));
+        attempt.settle(&result);
+        result
     }
 }
 

@@ -252,7 +252,10 @@ async fn run_batched(
             }
         };
         let breaker = counters.nodes.breaker(&first.key);
-        let mut replies = breaker.call(Some(deadline), query(store, write)).await?;
+        let attempt = breaker.attempt(Some(deadline))?;
+        let replies = query(store, write).await;
+        attempt.settle(&replies);
+        let mut replies = replies?;
         return starts
             .into_iter()
             .map(|at| {
