@@ -8,6 +8,7 @@
 
 pub mod breaker;
 pub mod memcache;
+mod outbox;
 pub mod redis;
 
 use std::sync::Arc;

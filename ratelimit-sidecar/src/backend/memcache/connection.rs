@@ -21,13 +21,14 @@ use std::time::{Duration, Instant};
 
 use bytes::{Buf, BytesMut};
 use smallvec::SmallVec;
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite};
 use tokio::net::TcpStream;
 use tokio::runtime::Handle;
 use tokio::sync::{Notify, oneshot};
 
 use super::protocol::{Commands, Kind, Reply, parse};
 use super::tls::Tls;
+use crate::backend::outbox::{self, Outbox, write_gathered};
 
 /// The most requests that may wait on one connection.
 pub const MAX_WAITING: usize = 65_536;
@@ -59,7 +60,7 @@ impl std::fmt::Debug for Link {
 
 impl Drop for Link {
     fn drop(&mut self) {
-        self.shared.lock().closed = true;
+        self.shared.lock().outbox.closed = true;
         self.shared.work.notify_one();
     }
 }
@@ -73,7 +74,7 @@ struct Shared {
 }
 
 struct State {
-    out: Vec<u8>,
+    outbox: Outbox,
     /// The kind of each reply still to come, in order.
     kinds: VecDeque<Kind>,
     waiting: VecDeque<Waiter>,
@@ -81,7 +82,6 @@ struct State {
     /// when a request began waiting on a connection that owed none.
     owing_since: Instant,
     status: Status,
-    closed: bool,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -109,12 +109,11 @@ impl Link {
         let shared = Arc::new(Shared {
             target,
             state: Mutex::new(State {
-                out: Vec::with_capacity(4 * 1024),
+                outbox: Outbox::with_capacity(4 * 1024),
                 kinds: VecDeque::new(),
                 waiting: VecDeque::new(),
                 owing_since: Instant::now(),
                 status: Status::Idle,
-                closed: false,
             }),
             work: Notify::new(),
         });
@@ -132,7 +131,7 @@ impl Link {
             if state.waiting.len() >= MAX_WAITING {
                 return Err(format!("{MAX_WAITING} requests are already waiting"));
             }
-            let mut commands = Commands::new(&mut state.out, &mut state.kinds);
+            let mut commands = Commands::new(&mut state.outbox.out, &mut state.kinds);
             write(&mut commands);
             let count = commands.count();
             if count == 0 {
@@ -150,25 +149,20 @@ impl Link {
                 state.status = Status::Connecting;
             }
         }
-        shared.work.notify_one();
-        replies
-            .await
-            .unwrap_or_else(|_| Err("the connection's task ended".into()))
+        outbox::replies(&shared.work, replies, "the connection's task ended").await
     }
 }
 
 impl Shared {
     fn lock(&self) -> MutexGuard<'_, State> {
-        self.state
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
+        outbox::lock(&self.state)
     }
 
     /// Fails every waiting request; the next request connects again.
     fn broken(&self, error: &str) {
         let waiting = {
             let mut state = self.lock();
-            state.out.clear();
+            state.outbox.out.clear();
             state.kinds.clear();
             state.status = Status::Idle;
             std::mem::take(&mut state.waiting)
@@ -225,7 +219,7 @@ impl Shared {
             let notified = self.work.notified();
             {
                 let state = self.lock();
-                if state.closed {
+                if state.outbox.closed {
                     return false;
                 }
                 if state.status == Status::Connecting {
@@ -289,27 +283,9 @@ async fn open(target: &Target) -> Result<Halves, String> {
 /// Writes what requests add and reads their replies until the connection breaks (the
 /// error) or the link is dropped (`None`).
 async fn drive(shared: &Shared, (mut reader, mut writer): Halves) -> Option<String> {
-    let write = async {
-        let mut buffer = Vec::with_capacity(4 * 1024);
-        loop {
-            let notified = shared.work.notified();
-            {
-                let mut state = shared.lock();
-                if state.closed {
-                    return None;
-                }
-                std::mem::swap(&mut state.out, &mut buffer);
-            }
-            if buffer.is_empty() {
-                notified.await;
-                continue;
-            }
-            if let Err(error) = writer.write_all(&buffer).await {
-                return Some(error.to_string());
-            }
-            buffer.clear();
-        }
-    };
+    let write = write_gathered(&mut writer, &shared.work, 4 * 1024, |buffer| {
+        shared.lock().outbox.take(buffer)
+    });
     let read = async {
         let mut input = BytesMut::with_capacity(16 * 1024);
         loop {

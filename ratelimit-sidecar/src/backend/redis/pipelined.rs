@@ -23,6 +23,7 @@ use tokio::net::{TcpStream, UnixStream};
 use tokio::sync::{Notify, oneshot};
 
 use super::resp::{self, Arg, Replies, Reply};
+use crate::backend::outbox::{self, Outbox, write_gathered};
 
 /// The most requests that may wait on one connection.
 pub const MAX_WAITING: usize = 65_536;
@@ -63,7 +64,7 @@ struct Handle(Arc<Shared>);
 
 impl Drop for Handle {
     fn drop(&mut self) {
-        self.0.lock().closed = true;
+        self.0.lock().outbox.closed = true;
         self.0.work.notify_one();
     }
 }
@@ -85,10 +86,9 @@ struct Shared {
 }
 
 struct State {
-    out: Vec<u8>,
+    outbox: Outbox,
     waiting: VecDeque<Waiter>,
     link: Link,
-    closed: bool,
 }
 
 enum Link {
@@ -119,10 +119,9 @@ impl Pipelined {
         let shared = Arc::new(Shared {
             target,
             state: Mutex::new(State {
-                out: Vec::with_capacity(16 * 1024),
+                outbox: Outbox::with_capacity(16 * 1024),
                 waiting: VecDeque::new(),
                 link: Link::Up,
-                closed: false,
             }),
             work: Notify::new(),
         });
@@ -157,7 +156,7 @@ impl Pipelined {
                 ));
             }
             let mut count = 0;
-            let out = &mut state.out;
+            let out = &mut state.outbox.out;
             write(&mut |args| {
                 resp::encode(out, args);
                 count += 1;
@@ -171,18 +170,13 @@ impl Pipelined {
                 answer,
             });
         }
-        shared.work.notify_one();
-        replies
-            .await
-            .unwrap_or_else(|_| Err("redis connection: closed".into()))
+        outbox::replies(&shared.work, replies, "redis connection: closed").await
     }
 }
 
 impl Shared {
     fn lock(&self) -> MutexGuard<'_, State> {
-        self.state
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
+        outbox::lock(&self.state)
     }
 
     /// Fails every waiting request and marks the link down.
@@ -190,7 +184,7 @@ impl Shared {
         let error = format!("redis connection: {error}");
         let waiting = {
             let mut state = self.lock();
-            state.out.clear();
+            state.outbox.out.clear();
             state.link = Link::Down {
                 at: Instant::now(),
                 error: error.clone(),
@@ -236,7 +230,7 @@ async fn supervise(shared: Arc<Shared>, first: Connection) {
             let notified = shared.work.notified();
             let (closed, due) = {
                 let state = shared.lock();
-                (state.closed, matches!(state.link, Link::Connecting))
+                (state.outbox.closed, matches!(state.link, Link::Connecting))
             };
             if closed {
                 return;
@@ -260,27 +254,9 @@ async fn supervise(shared: Arc<Shared>, first: Connection) {
 /// error) or is no longer held (`None`).
 async fn drive(shared: &Shared, connection: Connection) -> Option<String> {
     let (mut reader, mut writer) = connection.split();
-    let write = async {
-        let mut buffer = Vec::with_capacity(16 * 1024);
-        loop {
-            let notified = shared.work.notified();
-            {
-                let mut state = shared.lock();
-                if state.closed {
-                    return None;
-                }
-                std::mem::swap(&mut state.out, &mut buffer);
-            }
-            if buffer.is_empty() {
-                notified.await;
-                continue;
-            }
-            if let Err(error) = writer.write_all(&buffer).await {
-                return Some(error.to_string());
-            }
-            buffer.clear();
-        }
-    };
+    let write = write_gathered(&mut writer, &shared.work, 16 * 1024, |buffer| {
+        shared.lock().outbox.take(buffer)
+    });
     let read = async {
         let mut input = BytesMut::with_capacity(16 * 1024);
         let mut replies = Vec::new();
