@@ -55,6 +55,7 @@ pub enum Mode {
 pub struct Batch<'a> {
     /// The counters, in the order their totals come back.
     pub increments: &'a [&'a Increment],
+    /// Whether they are added to or read.
     pub mode: Mode,
     /// When the call must have ended: a node's call dropped before it is not counted
     /// against the node (its caller went away).
