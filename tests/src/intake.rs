@@ -27,14 +27,30 @@ pub struct Intake {
 }
 
 impl Intake {
-    /// Starts the service with `env` (besides HOST and PORT) and waits for its port.
+    /// Starts the service with `env` (besides HOST and PORT) and waits until it listens.
     /// Clients are not authenticated (`AUTH=none`) unless `env` sets `AUTH`.
     pub fn start(env: &[(&str, &str)]) -> Intake {
-        Intake::start_on(free_port(), env)
+        // A port found free can be taken before the service binds it (by a server another
+        // test starts at the same moment): then the service is started on another.
+        for _ in 0..3 {
+            match Intake::try_start_on(free_port(), env) {
+                Ok(intake) => return intake,
+                Err(log) if log.contains("Address already in use") => continue,
+                Err(log) => panic!("operations-intake did not start; log:\n{log}"),
+            }
+        }
+        panic!("operations-intake found no free port in three tries");
     }
 
     /// [`Intake::start`] on `port` (a replica started again where it was).
     pub fn start_on(port: u16, env: &[(&str, &str)]) -> Intake {
+        Intake::try_start_on(port, env)
+            .unwrap_or_else(|log| panic!("operations-intake did not start; log:\n{log}"))
+    }
+
+    /// Starts the service on `port` and waits until it says it listens (the port alone
+    /// could be another process's); its log when it ends or stays silent for 30 s.
+    fn try_start_on(port: u16, env: &[(&str, &str)]) -> Result<Intake, String> {
         let dir = tempfile::tempdir().unwrap();
         let log = dir.path().join("intake.log");
         let mut command = Command::new(binary("operations-intake"));
@@ -53,13 +69,23 @@ impl Intake {
         let child = command
             .spawn()
             .expect("the operations-intake binary starts");
-        wait_for_port(port, "operations-intake", &log);
-        Intake {
+        let mut intake = Intake {
             child: Some(child),
             port,
             _dir: dir,
             log,
+        };
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !intake.log().contains("operations-intake listening") {
+            let ended = intake.child.as_mut().unwrap().try_wait().unwrap().is_some();
+            if ended || Instant::now() >= deadline {
+                // Dropped, the launcher stops the process if it still runs.
+                return Err(intake.log());
+            }
+            std::thread::sleep(Duration::from_millis(20));
         }
+        wait_for_port(port, "operations-intake", &intake.log);
+        Ok(intake)
     }
 
     pub fn url(&self, path: &str) -> String {
@@ -411,4 +437,23 @@ pub fn replace_file(path: &Path, text: &str) {
     let aside = path.with_extension("tmp");
     std::fs::write(&aside, text).unwrap();
     std::fs::rename(&aside, path).unwrap();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A port another process listens on is not mistaken for the service's: the launcher
+    /// waits for the service to say it listens, and hands back its log when it cannot
+    /// (which [`Intake::start`] answers by trying another port).
+    #[test]
+    fn a_port_another_process_holds_is_not_taken_for_the_service() {
+        let squatter = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = squatter.local_addr().unwrap().port();
+        let log = match Intake::try_start_on(port, &[]) {
+            Ok(_) => panic!("the launcher took another process's listener for the service"),
+            Err(log) => log,
+        };
+        assert!(log.contains("Address already in use"), "{log}");
+    }
 }
