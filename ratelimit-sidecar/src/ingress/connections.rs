@@ -24,6 +24,7 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::{Buf, Bytes, BytesMut};
+use futures_util::future::Either as OneOf;
 use futures_util::{Stream, StreamExt};
 use http_body_util::Either;
 use hyper::body::Incoming;
@@ -81,10 +82,10 @@ impl hyper::service::Service<http::Request<Incoming>> for Methods {
             return grpc::call(Arc::clone(&self.decider), request);
         }
         let mut others = self.others.clone();
-        Box::pin(async move {
+        OneOf::Right(Box::pin(async move {
             let response = others.call(request).await?;
             Ok(response.map(Either::Right))
-        })
+        }))
     }
 }
 

@@ -10,19 +10,22 @@
 //! that a body ending inside a message is always `Unexpected EOF decoding stream.`:
 //! tonic lets a lone length prefix, or a message cut short by trailers, pass.
 
-use std::convert::Infallible;
-use std::pin::{Pin, pin};
-use std::sync::Arc;
-use std::task::{Context, Poll};
+mod read;
 
-use bytes::{Buf, BufMut, Bytes, BytesMut};
+use std::convert::Infallible;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll, ready};
+
+use bytes::{BufMut, Bytes, BytesMut};
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
-use http_body_util::{BodyExt, Either};
+use futures_util::future::Either as OneOf;
+use http_body_util::Either;
 use hyper::body::{Frame, Incoming};
 use prost::Message;
 use tonic::Status;
 use tonic::codegen::http::header::{CONTENT_TYPE, HeaderMap, HeaderName, HeaderValue};
-use tonic::codegen::{Body, StdError, http};
+use tonic::codegen::{Body, http};
 
 use ratelimit_core::Request;
 use ratelimit_proto::envoy::InvalidRequest;
@@ -30,44 +33,50 @@ use ratelimit_proto::wire::{self, RequestError};
 
 use crate::backend::BackendError;
 use crate::service::{Decided, Service as Decider, ServiceError};
+use read::{Reader, read_request};
 
 /// The method's path.
 pub const SHOULD_RATE_LIMIT: &str = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit";
-/// The largest request message, as tonic's default.
-const MAX_MESSAGE: usize = 4 * 1024 * 1024;
 /// A message's prefix: a compression flag and a big-endian length.
 const PREFIX: usize = 5;
 
-/// The answer to one `ShouldRateLimit` call.
-pub type Call = Pin<Box<dyn Future<Output = Result<http::Response<Reply>, Infallible>> + Send>>;
+/// The answer to one `ShouldRateLimit` call: a decision on the memory store is a plain
+/// future, every other way of deciding (or refusing) one boxed.
+pub type Call = OneOf<Now, Boxed>;
+
+/// A call's answer, boxed.
+pub type Boxed = Pin<Box<dyn Future<Output = Answered> + Send>>;
+
+/// The response to a call, which is never an error of hyper's.
+pub type Answered = Result<http::Response<Reply>, Infallible>;
 
 /// A call's body: the answer, or tonic's body of an error status.
 pub type Reply = Either<Answer, tonic::body::Body>;
 
 /// Answers one `ShouldRateLimit` call: the decision, or the call's error status.
 ///
-/// Each way of deciding is its own future, boxed, so that a request carries only its
-/// own: a decision on the memory store waits for nothing, while a remote store's
-/// future holds the store's call, and a traced one the span's work too.
+/// A decision on the memory store waits for nothing but the body: it is [`Now`], which
+/// hyper holds in the stream's task as it is. The other ways are each their own future,
+/// boxed, so that a request carries only its own: a remote store's future holds the
+/// store's call, and a traced one the span's work too.
 pub fn call(service: Arc<Decider>, request: http::Request<Incoming>) -> Call {
     if let Err(status) = refuse_compressed(request.headers()) {
-        return Box::pin(std::future::ready(Ok(refused(status))));
+        return OneOf::Right(Box::pin(std::future::ready(Ok(refused(status)))));
     }
     let (parts, body) = request.into_parts();
     // A decision that is not traced decodes the message straight into the core's
     // request, and its answer is encoded straight from the core's response; one that
     // also waits for nothing reads no header.
     if service.decides_now() {
-        return Box::pin(async move {
-            let result = async {
-                let (request, _) = read_request(body, to_core).await?;
-                frame_decided(&service, service.should_rate_limit_grpc_now(request))
-            };
-            answered(result.await)
+        let reader = Reader::new(to_core);
+        return OneOf::Left(Now {
+            service,
+            body,
+            reader,
         });
     }
-    if service.decodes_to_core() {
-        return Box::pin(async move {
+    OneOf::Right(if service.decodes_to_core() {
+        Box::pin(async move {
             let result = async {
                 let (request, trailers) = read_request(body, to_core).await?;
                 let headers = with_trailers(parts.headers, trailers);
@@ -75,18 +84,43 @@ pub fn call(service: Arc<Decider>, request: http::Request<Incoming>) -> Call {
                 frame_decided(&service, decided.await)
             };
             answered(result.await)
-        });
-    }
-    Box::pin(async move {
-        let result = async {
-            let (request, trailers) = read_request(body, to_pb).await?;
-            let headers = with_trailers(parts.headers, trailers);
-            let response = service.should_rate_limit_grpc(request, &headers).await;
-            let response = response.map_err(|error| status(&error))?;
-            frame(|buf| response.encode_raw(buf))
-        };
-        answered(result.await)
+        })
+    } else {
+        Box::pin(async move {
+            let result = async {
+                let (request, trailers) = read_request(body, to_pb).await?;
+                let headers = with_trailers(parts.headers, trailers);
+                let response = service.should_rate_limit_grpc(request, &headers).await;
+                let response = response.map_err(|error| status(&error))?;
+                frame(|buf| response.encode_raw(buf))
+            };
+            answered(result.await)
+        })
     })
+}
+
+/// A call decided as soon as its body is read: on the memory store, untraced.
+pub struct Now {
+    service: Arc<Decider>,
+    body: Incoming,
+    reader: Reader<Result<Request, InvalidRequest>>,
+}
+
+impl Future for Now {
+    type Output = Answered;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Answered> {
+        let Now {
+            service,
+            body,
+            reader,
+        } = self.get_mut();
+        let read = ready!(reader.poll_read(Pin::new(body), cx));
+        let result = read.and_then(|(request, _)| {
+            frame_decided(service, service.should_rate_limit_grpc_now(request))
+        });
+        Poll::Ready(answered(result))
+    }
 }
 
 /// The answer's message of a decision, framed, or the call's error status.
@@ -99,7 +133,7 @@ fn frame_decided(
 }
 
 /// The response to a call: its answer, or its error status.
-fn answered(result: Result<Bytes, Status>) -> Result<http::Response<Reply>, Infallible> {
+fn answered(result: Result<Bytes, Status>) -> Answered {
     Ok(match result {
         Ok(message) => answer(message).map(Either::Left),
         Err(status) => refused(status),
@@ -159,89 +193,6 @@ fn refuse_compressed(headers: &HeaderMap) -> Result<(), Status> {
     }
 }
 
-/// The first message of `body`, and its trailers. Later messages, which a unary call
-/// should not carry, are decoded and dropped, as tonic does. At most one message is
-/// buffered, and a message is at most [`MAX_MESSAGE`] bytes.
-async fn read_request<B, T>(
-    body: B,
-    decode: fn(&[u8]) -> Result<T, Status>,
-) -> Result<(T, Option<HeaderMap>), Status>
-where
-    B: Body,
-    B::Error: Into<StdError>,
-{
-    let mut body = pin!(body);
-    let (mut first, mut trailers, mut pending) = (None, None, BytesMut::new());
-    while let Some(frame) = body.frame().await {
-        let frame = match frame {
-            Ok(frame) => frame,
-            Err(error) => match Status::from_error(error.into()) {
-                // As in tonic, a request the client cancelled ends there.
-                status if status.code() == tonic::Code::Cancelled => break,
-                status => return Err(status),
-            },
-        };
-        match frame.into_data() {
-            // A frame that starts on a message boundary is decoded where it lies.
-            Ok(mut data) if pending.is_empty() => {
-                let data = data.copy_to_bytes(data.remaining());
-                let used = decode_messages(&data, &mut first, decode)?;
-                pending.extend_from_slice(&data[used..]);
-            }
-            Ok(mut data) => {
-                pending.extend_from_slice(&data.copy_to_bytes(data.remaining()));
-                let used = decode_messages(&pending, &mut first, decode)?;
-                let _ = pending.split_to(used);
-            }
-            Err(frame) => trailers = frame.into_trailers().ok().or(trailers),
-        }
-    }
-    if !pending.is_empty() {
-        return Err(Status::internal("Unexpected EOF decoding stream."));
-    }
-    let request = first.ok_or_else(|| Status::internal("Missing request message."))?;
-    Ok((request, trailers))
-}
-
-/// Decodes the complete messages at the start of `bytes` (keeping the first in `first`)
-/// and returns how many bytes they took.
-fn decode_messages<T>(
-    bytes: &[u8],
-    first: &mut Option<T>,
-    decode: fn(&[u8]) -> Result<T, Status>,
-) -> Result<usize, Status> {
-    let mut at = 0;
-    while let Some(prefix) = bytes.get(at..at + PREFIX) {
-        match prefix[0] {
-            0 => {}
-            // https://grpc.github.io/grpc/core/md_doc_compression.html: INTERNAL.
-            1 => {
-                return Err(Status::internal(
-                    "protocol error: received message with compressed-flag but no grpc-encoding was specified",
-                ));
-            }
-            flag => {
-                return Err(Status::internal(format!(
-                    "protocol error: received message with invalid compression flag: {flag} (valid flags are 0 and 1), while sending request"
-                )));
-            }
-        }
-        let len = u32::from_be_bytes([prefix[1], prefix[2], prefix[3], prefix[4]]) as usize;
-        if len > MAX_MESSAGE {
-            return Err(Status::out_of_range(format!(
-                "Error, decoded message length too large: found {len} bytes, the limit is: {MAX_MESSAGE} bytes"
-            )));
-        }
-        let Some(message) = bytes.get(at + PREFIX..at + PREFIX + len) else {
-            break;
-        };
-        let request = decode(message)?;
-        first.get_or_insert(request);
-        at += PREFIX + len;
-    }
-    Ok(at)
-}
-
 /// The message `write` appends, behind its prefix (uncompressed, its length).
 fn frame(write: impl FnOnce(&mut BytesMut)) -> Result<Bytes, Status> {
     let mut message = BytesMut::with_capacity(128);
@@ -288,7 +239,9 @@ impl Body for Answer {
         }
         if std::mem::take(&mut self.trailers_due) {
             let mut trailers = HeaderMap::with_capacity(1);
-            trailers.insert("grpc-status", HeaderValue::from_static("0"));
+            // A name made once: a `&str` would be parsed on every answer.
+            static GRPC_STATUS: HeaderName = HeaderName::from_static("grpc-status");
+            trailers.insert(&GRPC_STATUS, HeaderValue::from_static("0"));
             return Poll::Ready(Some(Ok(Frame::trailers(trailers))));
         }
         Poll::Ready(None)
@@ -321,12 +274,12 @@ mod tests {
     use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
     use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
     use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitResponse;
-    use http_body_util::StreamBody;
+    use http_body_util::BodyExt;
     use tonic::Code;
 
     use super::*;
 
-    fn request(domain: &str) -> RateLimitRequest {
+    pub(super) fn request(domain: &str) -> RateLimitRequest {
         RateLimitRequest {
             domain: domain.into(),
             descriptors: vec![RateLimitDescriptor {
@@ -340,134 +293,11 @@ mod tests {
         }
     }
 
-    fn framed(message: &[u8]) -> Vec<u8> {
+    pub(super) fn framed(message: &[u8]) -> Vec<u8> {
         let mut bytes = vec![0];
         bytes.extend_from_slice(&(message.len() as u32).to_be_bytes());
         bytes.extend_from_slice(message);
         bytes
-    }
-
-    /// A body of these frames: data, then the trailers if any.
-    fn body(
-        chunks: Vec<Vec<u8>>,
-        trailers: Option<HeaderMap>,
-    ) -> StreamBody<impl futures_util::Stream<Item = Result<Frame<bytes::Bytes>, Infallible>>> {
-        let frames = chunks
-            .into_iter()
-            .map(|chunk| Ok(Frame::data(chunk.into())))
-            .chain(trailers.map(|t| Ok(Frame::trailers(t))));
-        StreamBody::new(futures_util::stream::iter(frames))
-    }
-
-    async fn read(chunks: Vec<Vec<u8>>) -> Result<RateLimitRequest, Status> {
-        read_request(body(chunks, None), to_pb)
-            .await
-            .map(|(r, _)| r)
-    }
-
-    #[tokio::test]
-    async fn a_request_split_anywhere_reads_whole_and_later_messages_are_dropped() {
-        let mut bytes = framed(&request("first").encode_to_vec());
-        bytes.extend(framed(&request("second").encode_to_vec()));
-        // One byte per frame: the prefix and the message both arrive in pieces.
-        let chunks = bytes.iter().map(|b| vec![*b]).collect();
-        let mut trailers = HeaderMap::new();
-        trailers.insert("x-trailer", HeaderValue::from_static("t"));
-        let (first, got) = read_request(body(chunks, Some(trailers)), to_pb)
-            .await
-            .unwrap();
-        assert_eq!(first, request("first"));
-        assert_eq!(got.unwrap()["x-trailer"], "t");
-        assert_eq!(read(vec![bytes]).await.unwrap(), request("first"));
-    }
-
-    #[tokio::test]
-    async fn malformed_calls_get_tonics_codes_and_ours_for_a_bad_message() {
-        let cases: [(Vec<u8>, Code, &str); 6] = [
-            (vec![], Code::Internal, "Missing request message."),
-            (
-                framed(b"\x0a\x05ab")[..8].to_vec(),
-                Code::Internal,
-                "Unexpected EOF",
-            ),
-            (
-                [&[1u8][..], &framed(b"")[1..]].concat(),
-                Code::Internal,
-                "compressed-flag",
-            ),
-            (
-                [&[7u8][..], &framed(b"")[1..]].concat(),
-                Code::Internal,
-                "flag: 7",
-            ),
-            (
-                vec![0, 0, 0x40, 0, 1],
-                Code::OutOfRange,
-                "found 4194305 bytes, the limit is: 4194304 bytes",
-            ),
-            (
-                framed(b"\xff\xff"),
-                Code::InvalidArgument,
-                "not a RateLimitRequest",
-            ),
-        ];
-        for (bytes, code, message) in cases {
-            let error = read(vec![bytes.clone()]).await.unwrap_err();
-            assert_eq!(error.code(), code, "{bytes:?}: {error:?}");
-            assert!(error.message().contains(message), "{bytes:?}: {error:?}");
-        }
-    }
-
-    #[tokio::test]
-    async fn a_cancelled_body_ends_the_request_and_other_body_errors_fail_it() {
-        let message = framed(&request("sent").encode_to_vec());
-        for (error, expected) in [
-            (Status::cancelled("gone"), Ok(request("sent"))),
-            (Status::unavailable("reset"), Err(Code::Unavailable)),
-        ] {
-            let frames = [
-                Ok(Frame::data(bytes::Bytes::from(message.clone()))),
-                Err(error),
-            ];
-            let body = StreamBody::new(futures_util::stream::iter(frames));
-            let read = read_request(body, to_pb).await.map(|(r, _)| r);
-            assert_eq!(read.map_err(|e| e.code()), expected);
-        }
-    }
-
-    proptest::proptest! {
-        /// However a body is cut into frames, it reads as it does whole: the same request
-        /// or the same error.
-        #[test]
-        fn frames_do_not_change_what_a_body_reads_as(
-            bytes in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..64),
-            valid in proptest::prelude::any::<bool>(),
-            cuts in proptest::collection::vec(0usize..80, 0..6),
-        ) {
-            let bytes = if valid { framed(&request(&format!("{bytes:?}")).encode_to_vec()) } else { bytes };
-            let mut cuts: Vec<usize> = cuts.into_iter().filter(|c| *c < bytes.len()).collect();
-            cuts.sort_unstable();
-            let mut chunks = Vec::new();
-            let mut from = 0;
-            for cut in cuts.into_iter().chain([bytes.len()]) {
-                chunks.push(bytes[from..cut].to_vec());
-                from = cut;
-            }
-            let runtime = tokio::runtime::Builder::new_current_thread().build().unwrap();
-            let whole = runtime.block_on(read(vec![bytes.clone()]));
-            let split = runtime.block_on(read(chunks));
-            match (whole, split) {
-                (Ok(a), Ok(b)) => proptest::prop_assert_eq!(a, b),
-                (Err(a), Err(b)) => {
-                    proptest::prop_assert_eq!(a.code(), b.code());
-                    proptest::prop_assert_eq!(a.message(), b.message());
-                }
-                (a, b) => proptest::prop_assert!(false, "{a:?} whole, {b:?} split"),
-            }
-            if valid {
-                proptest::prop_assert!(runtime.block_on(read(vec![bytes])).is_ok());
-            }
-        }
     }
 
     #[test]
