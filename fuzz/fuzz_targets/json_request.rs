@@ -10,7 +10,7 @@ use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
 use libfuzzer_sys::fuzz_target;
 use ratelimit_proto::envoy::client::unit_from_pb;
 use ratelimit_proto::envoy::request_from_pb;
-use ratelimit_sidecar::ingress::json::parse_request;
+use ratelimit_proto::json::parse_request;
 use serde_json::{Map, Value, json};
 
 fuzz_target!(|data: &[u8]| {

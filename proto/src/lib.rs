@@ -14,6 +14,8 @@ mod edge;
 #[cfg(feature = "envoy")]
 pub mod envoy;
 #[cfg(feature = "envoy")]
+pub mod json;
+#[cfg(feature = "envoy")]
 pub mod wire;
 #[cfg(feature = "xds")]
 pub mod xds;

@@ -12,7 +12,7 @@ use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescript
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
-use ratelimit_sidecar::ingress::json::render_response;
+use ratelimit_proto::json::render_response;
 use ratelimit_sidecar::settings::cli::Flags;
 
 const USAGE: &str = "usage: ratelimit-client [-dial_string host:port] -domain DOMAIN -descriptors k=v[,k2=v2] [-descriptors ...] [-explain [-debug_address host:port]]

@@ -10,8 +10,8 @@ use warp::reply::{Reply, Response, with_header, with_status};
 use warp::{Filter, Rejection};
 
 use crate::backend::BackendError;
-use crate::ingress::json::{parse_request, render_response};
 use crate::service::{Service, ServiceError};
+use ratelimit_proto::json::{parse_request, render_response};
 
 /// `/json` (any method) and `/healthcheck` (any method); everything else is 404.
 pub fn routes(

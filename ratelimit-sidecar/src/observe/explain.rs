@@ -5,8 +5,8 @@ use ratelimit_core::{Code, Explanation, Response};
 use serde_json::{Map, Value, json};
 
 use crate::backend::BackendError;
-use crate::ingress::json::parse_request;
 use crate::service::{Service, ServiceError};
+use ratelimit_proto::json::parse_request;
 
 /// The most descriptors one `/explain` request may carry: its answer is about 500 bytes a
 /// descriptor, built on the debug thread while the caller waits.
