@@ -23,7 +23,7 @@ use bytes::Bytes;
 use http::{HeaderMap, HeaderName, HeaderValue};
 use libfuzzer_sys::fuzz_target;
 use operations_intake::idempotency::{self, memory::Found, memory::Store};
-use operations_intake::routes;
+use operations_intake::request;
 
 fuzz_target!(|data: &[u8]| {
     let (head, rest) = match data.windows(2).position(|w| w == b"\n\n") {
@@ -39,7 +39,7 @@ fuzz_target!(|data: &[u8]| {
     };
 
     let key = headers.get("idempotency-key");
-    match routes::idempotency_key(&headers) {
+    match request::idempotency_key(&headers) {
         Ok(None) => assert!(key.is_none()),
         Ok(Some(k)) => {
             assert_eq!(Some(k.as_bytes()), key.map(HeaderValue::as_bytes));
@@ -56,7 +56,7 @@ fuzz_target!(|data: &[u8]| {
     }
 
     let client = headers.get("x-client-id");
-    match routes::client_id(&headers, peer) {
+    match request::client_id(&headers, peer) {
         Ok(id) => match client {
             Some(value) => {
                 assert!(visible(value));
@@ -71,7 +71,7 @@ fuzz_target!(|data: &[u8]| {
     }
 
     let content_type = headers.get("content-type").map(HeaderValue::to_str);
-    if routes::is_json(&headers) {
+    if request::is_json(&headers) {
         let media = content_type.expect("JSON without a Content-Type");
         let media = media
             .expect("JSON in a header that is not ASCII")
@@ -85,7 +85,7 @@ fuzz_target!(|data: &[u8]| {
         );
     }
 
-    let key = routes::idempotency_key(&headers).ok().flatten();
+    let key = request::idempotency_key(&headers).ok().flatten();
     let _ = store_operations(&mut u, key);
 });
 

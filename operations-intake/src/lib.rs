@@ -7,18 +7,23 @@
 //! answer waits for `acks=all`) and never recorded twice by a retry (`Idempotency-Key`).
 
 pub mod answer;
+#[cfg(feature = "kafka")]
 pub mod app;
 pub mod auth;
 pub mod batch;
 pub mod files;
+#[cfg(feature = "kafka")]
 pub mod health;
 pub mod idempotency;
+#[cfg(feature = "kafka")]
 pub mod kafka;
 pub mod limits;
 pub mod metrics;
 pub mod names;
 pub mod problem;
 pub mod request;
+#[cfg(feature = "kafka")]
 pub mod routes;
+#[cfg(feature = "kafka")]
 pub mod run;
 pub mod settings;
