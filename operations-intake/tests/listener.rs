@@ -103,7 +103,9 @@ async fn health_is_answered_while_trickling_clients_hold_every_connection() {
     // status is read.
     drop(clients);
     wait_until("a batch is accepted once the holders are gone", || async {
-        send_batch().await.is_ok_and(|answer| answer.status() == 202)
+        send_batch()
+            .await
+            .is_ok_and(|answer| answer.status() == 202)
     })
     .await;
 }
