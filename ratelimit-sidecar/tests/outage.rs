@@ -194,6 +194,52 @@ async fn the_callers_deadline_bounds_the_backend_call() {
     );
 }
 
+/// Each call waiting on one frozen connection fails at its own deadline, named: one
+/// asked later with a shorter `grpc-timeout` fails first, while the one before it waits
+/// for the whole REDIS_TIMEOUT.
+#[tokio::test]
+async fn each_waiting_call_ends_at_its_own_deadline() {
+    let (_redis, server) = frozen(("BACKEND_FAILURE_MODE", "error"));
+    let first = {
+        let mut client = server.client().await;
+        tokio::spawn(async move {
+            let started = Instant::now();
+            let answer = client
+                .should_rate_limit(request("o", &[&[("user", "e")]]))
+                .await;
+            (answer.map(|_| ()), started.elapsed())
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let mut client = server.client().await;
+    let mut asked = tonic::Request::new(request("o", &[&[("user", "f")]]));
+    asked.set_timeout(Duration::from_millis(500));
+    let started = Instant::now();
+    let status = client.should_rate_limit(asked).await.unwrap_err();
+    let took = started.elapsed();
+    assert_eq!(status.code(), GrpcCode::Unavailable, "{status:?}");
+    assert!(
+        status
+            .message()
+            .contains("no answer within the caller's grpc-timeout (450ms)"),
+        "{status:?}"
+    );
+    assert!(took < Duration::from_secs(2), "{took:?}");
+    assert!(
+        !first.is_finished(),
+        "the first call waits for REDIS_TIMEOUT"
+    );
+    let (answer, took) = first.await.unwrap();
+    let status = answer.unwrap_err();
+    assert!(
+        status
+            .message()
+            .contains("no answer within REDIS_TIMEOUT (3s)"),
+        "{status:?}"
+    );
+    assert!(took >= Duration::from_secs(3), "{took:?}");
+}
+
 #[tokio::test]
 async fn work_in_flight_is_bounded_and_the_service_recovers() {
     let (redis, server) = frozen(("MAX_INFLIGHT_REQUESTS", "2"));

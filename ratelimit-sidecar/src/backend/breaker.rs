@@ -303,7 +303,7 @@ impl Attempt<'_> {
     pub fn settle<T>(mut self, result: &Result<T, BackendError>) {
         let failed = matches!(
             result,
-            Err(BackendError::Unavailable(_) | BackendError::Settings(_))
+            Err(BackendError::Unavailable(_) | BackendError::Settings(_) | BackendError::Late)
         );
         self.settled = true;
         self.breaker.record(self.pass, !failed);

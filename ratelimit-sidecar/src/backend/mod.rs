@@ -1,7 +1,8 @@
 //! Where counters live: this process's memory, or a remote store behind
 //! [`RemoteCounters`] (Redis and memcached, one module each).
 //!
-//! Running a plan remotely is written once, in [`Remote::run`]: the deadline, the error
+//! Running a plan remotely is written once, in [`Remote::run`]: the deadline (which each
+//! store keeps, without a timer per call on the pipelined connections), the error
 //! statistic, the routing of per-second counters to their own store, and the
 //! current-counts step of STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT (whose rule the core
 //! owns: [`Plan::needs_current_counts`] and [`Plan::apply_current`]).
@@ -10,6 +11,7 @@ pub mod breaker;
 pub mod memcache;
 mod outbox;
 pub mod redis;
+mod waiting;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -32,6 +34,10 @@ pub enum BackendError {
     /// The store failed or did not answer in time.
     #[error("{0}")]
     Unavailable(String),
+    /// The call's deadline passed first: [`Remote`] reports it as `Unavailable`, naming
+    /// the deadline.
+    #[error("no answer in time")]
+    Late,
     /// A counter's key cannot be stored there (the request's fault).
     #[error("{0}")]
     Key(String),
@@ -248,9 +254,11 @@ impl Remote {
         // must reach it before it gives up).
         let deadline = caller_deadline.map_or(self.deadline, |d| (d - d / 10).min(self.deadline));
         let until = Instant::now() + deadline;
-        let result = match tokio::time::timeout_at(until.into(), self.exchange(plan, until)).await {
-            Ok(result) => result,
-            Err(_) => Err(self.late(deadline)),
+        // Every store call ends by `until`: the pipelined connections' timers fail their
+        // late requests, and the other connections' calls are bounded where they are made.
+        let result = match self.exchange(plan, until).await {
+            Err(BackendError::Late) => Err(self.late(deadline)),
+            result => result,
         };
         if result.is_err() {
             self.errors.add(1);
@@ -267,9 +275,10 @@ impl Remote {
     pub async fn current(&self, increments: &[Increment]) -> Result<Totals, BackendError> {
         let until = Instant::now() + self.deadline;
         let read = self.routed(increments, Mode::Current, until);
-        tokio::time::timeout_at(until.into(), read)
-            .await
-            .unwrap_or_else(|_| Err(self.late(self.deadline)))
+        match read.await {
+            Err(BackendError::Late) => Err(self.late(self.deadline)),
+            result => result,
+        }
     }
 
     /// `Unavailable`, naming what set the `deadline` a call did not end within.

@@ -7,6 +7,8 @@ use std::sync::{Mutex, MutexGuard};
 use tokio::io::{AsyncWrite, AsyncWriteExt};
 use tokio::sync::{Notify, oneshot};
 
+use super::waiting::{Answer, Failure};
+
 /// The commands requests have written and not yet sent, and whether the connection is
 /// still held (kept under the connection's lock, with what else it guards).
 #[derive(Debug, Default)]
@@ -65,13 +67,15 @@ pub(super) async fn write_gathered(
 
 /// Wakes the connection's task (`work`) to write what a request has just gathered, and
 /// waits for the request's replies; `ended` is the error when the task ended first.
-pub(super) async fn replies<T>(
+pub(super) async fn replies<R>(
     work: &Notify,
-    replies: oneshot::Receiver<Result<T, String>>,
+    replies: oneshot::Receiver<Answer<R>>,
     ended: &str,
-) -> Result<T, String> {
+) -> Answer<R> {
     work.notify_one();
-    replies.await.unwrap_or_else(|_| Err(ended.to_owned()))
+    replies
+        .await
+        .unwrap_or_else(|_| Err(Failure::Failed(ended.to_owned())))
 }
 
 /// The connection's state, locked; a request that panicked while holding it left it

@@ -11,7 +11,7 @@
 //! reply that is not one, or no reply for `MEMCACHE_TIMEOUT` while requests wait on it)
 //! every request waiting on it fails with the error, and the next request opens another.
 //! Waiting requests are bounded by [`MAX_WAITING`]; each request's own deadline bounds
-//! its wait.
+//! its wait, through the connection's one timer ([`waiting`]).
 
 use std::collections::VecDeque;
 use std::io;
@@ -24,11 +24,12 @@ use smallvec::SmallVec;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite};
 use tokio::net::TcpStream;
 use tokio::runtime::Handle;
-use tokio::sync::{Notify, oneshot};
+use tokio::sync::Notify;
 
 use super::protocol::{Commands, Kind, Reply, parse};
 use super::tls::Tls;
 use crate::backend::outbox::{self, Outbox, write_gathered};
+use crate::backend::waiting::{self, Done, Failure, Waiting};
 
 /// The most requests that may wait on one connection.
 pub const MAX_WAITING: usize = 65_536;
@@ -71,13 +72,15 @@ struct Shared {
     /// Wakes the connection's task: commands to write, a connection is asked for, or
     /// the link is dropped.
     work: Notify,
+    /// Wakes the connection's deadline timer: a request's deadline comes sooner.
+    sooner: Notify,
 }
 
 struct State {
     outbox: Outbox,
     /// The kind of each reply still to come, in order.
     kinds: VecDeque<Kind>,
-    waiting: VecDeque<Waiter>,
+    waiting: Waiting<Reply>,
     /// Since when the connection has owed a reply with none coming: the last reply, or
     /// when a request began waiting on a connection that owed none.
     owing_since: Instant,
@@ -94,13 +97,7 @@ enum Status {
 }
 
 /// A request's replies, or why there are none.
-type Answer = Result<Vec<Reply>, String>;
-
-struct Waiter {
-    replies: usize,
-    got: Vec<Reply>,
-    answer: oneshot::Sender<Answer>,
-}
+type Answer = waiting::Answer<Reply>;
 
 impl Link {
     /// A link to `target`, whose task runs on `runtime` (the worker's); nothing is
@@ -111,43 +108,55 @@ impl Link {
             state: Mutex::new(State {
                 outbox: Outbox::with_capacity(4 * 1024),
                 kinds: VecDeque::new(),
-                waiting: VecDeque::new(),
+                waiting: Waiting::new(),
                 owing_since: Instant::now(),
                 status: Status::Idle,
             }),
             work: Notify::new(),
+            sooner: Notify::new(),
         });
-        runtime.spawn(supervise(Arc::clone(&shared)));
+        let task = Arc::clone(&shared);
+        runtime.spawn(async move {
+            let late = waiting::fail_late(&task.sooner, |f| f(&mut task.lock().waiting));
+            tokio::select! {
+                () = supervise(&task) => {}
+                () = late => {}
+            }
+        });
         Link { shared }
     }
 
-    /// Sends the commands `write` encodes and returns their replies, in order.
-    pub async fn query(&self, write: impl FnOnce(&mut Commands<'_>)) -> Answer {
+    /// Sends the commands `write` encodes and returns their replies, in order, or
+    /// [`Failure::Late`] once `deadline` passes.
+    pub async fn query(
+        &self,
+        deadline: Option<Instant>,
+        write: impl FnOnce(&mut Commands<'_>),
+    ) -> Answer {
         let shared = &self.shared;
-        let (answer, replies) = oneshot::channel();
-        {
+        let (replies, sooner) = {
             let mut guard = shared.lock();
             let state = &mut *guard;
             if state.waiting.len() >= MAX_WAITING {
-                return Err(format!("{MAX_WAITING} requests are already waiting"));
+                let error = format!("{MAX_WAITING} requests are already waiting");
+                return Err(Failure::Failed(error));
             }
             let mut commands = Commands::new(&mut state.outbox.out, &mut state.kinds);
             write(&mut commands);
             let count = commands.count();
             if count == 0 {
-                return Ok(Vec::new());
+                return Ok(waiting::Got::new());
             }
             if state.waiting.is_empty() {
                 state.owing_since = Instant::now();
             }
-            state.waiting.push_back(Waiter {
-                replies: count,
-                got: Vec::with_capacity(count),
-                answer,
-            });
             if state.status == Status::Idle {
                 state.status = Status::Connecting;
             }
+            state.waiting.push(count, deadline)
+        };
+        if sooner {
+            shared.sooner.notify_one();
         }
         outbox::replies(&shared.work, replies, "the connection's task ended").await
     }
@@ -160,22 +169,20 @@ impl Shared {
 
     /// Fails every waiting request; the next request connects again.
     fn broken(&self, error: &str) {
-        let waiting = {
+        let failed = {
             let mut state = self.lock();
             state.outbox.out.clear();
             state.kinds.clear();
             state.status = Status::Idle;
-            std::mem::take(&mut state.waiting)
+            state.waiting.fail_all(error)
         };
-        for waiter in waiting {
-            let _ = waiter.answer.send(Err(error.to_owned()));
-        }
+        failed.into_iter().for_each(Done::send);
     }
 
     /// Parses the complete replies at the start of `input` and hands them to their
     /// requests, in order; returns the bytes used, or why the connection is out of step.
     fn deliver(&self, input: &[u8]) -> Result<usize, String> {
-        let mut done: SmallVec<[Waiter; 8]> = SmallVec::new();
+        let mut done: SmallVec<[Done<Reply>; 8]> = SmallVec::new();
         let mut at = 0;
         let result = {
             let mut guard = self.lock();
@@ -194,12 +201,9 @@ impl Shared {
                 };
                 at += used;
                 state.kinds.pop_front();
-                let Some(waiter) = state.waiting.front_mut() else {
-                    break Err("a reply to no request".to_owned());
-                };
-                waiter.got.push(reply);
-                if waiter.got.len() == waiter.replies {
-                    done.extend(state.waiting.pop_front());
+                match state.waiting.reply(reply) {
+                    Ok(answered) => done.extend(answered),
+                    Err(error) => break Err(error.to_owned()),
                 }
             };
             if at > 0 {
@@ -207,9 +211,7 @@ impl Shared {
             }
             result
         };
-        for waiter in done {
-            let _ = waiter.answer.send(Ok(waiter.got));
-        }
+        done.into_iter().for_each(Done::send);
         result
     }
 
@@ -233,12 +235,12 @@ impl Shared {
 
 /// Connects when asked, runs the connection until it breaks, and again; ends when the
 /// link is dropped.
-async fn supervise(shared: Arc<Shared>) {
+async fn supervise(shared: &Shared) {
     while shared.asked().await {
         let error = match open(&shared.target).await {
             Ok(halves) => {
                 shared.lock().status = Status::Up;
-                let Some(error) = drive(&shared, halves).await else {
+                let Some(error) = drive(shared, halves).await else {
                     return;
                 };
                 tracing::warn!(node = %shared.target.label, %error, "memcached connection failed; waiting requests fail");

@@ -26,6 +26,7 @@ use tokio::runtime::Handle;
 use self::connection::{Link, Target};
 use self::protocol::key_problem;
 use super::breaker::{Breaker, Breakers};
+use super::waiting::Failure;
 use super::{BackendError, Batch, Mode, RemoteCounters, Totals};
 use crate::ingress::workers::Pool;
 use crate::settings::MemcacheSettings;
@@ -233,10 +234,15 @@ impl MemcacheCounters {
         let share = batch.increments;
         let attempt = node.breaker.attempt(Some(batch.deadline))?;
         let result = match batch.mode {
-            Mode::Increment => ops::increment(&node.link, share, self.jitter_max).await,
-            Mode::Current => ops::current(&node.link, share).await,
+            Mode::Increment => {
+                ops::increment(&node.link, share, self.jitter_max, batch.deadline).await
+            }
+            Mode::Current => ops::current(&node.link, share, batch.deadline).await,
         };
-        let result = result.map_err(|error| node.failed(&error));
+        let result = result.map_err(|failure| match failure {
+            Failure::Late => BackendError::Late,
+            Failure::Failed(error) => node.failed(&error),
+        });
         attempt.settle(&result);
         result
     }

@@ -7,6 +7,8 @@
 //! with `gets` and written with `cas` (or `add` when there is none), and read again when
 //! another client changed it in between. Most requests settle in one round.
 
+use std::time::Instant;
+
 use ratelimit_core::{Bucket, CounterOp, Increment};
 use ratelimit_service_kit::clock::unix_now;
 use smallvec::{SmallVec, smallvec};
@@ -15,6 +17,7 @@ use super::connection::Link;
 use super::protocol::{Commands, Reply};
 use super::{LONGEST_RELATIVE_EXPIRY, RACE_ATTEMPTS};
 use crate::backend::Totals;
+use crate::backend::waiting::Failure;
 
 /// What a counter does next, with the rounds its races have taken so far.
 #[derive(Clone, Copy, Debug)]
@@ -47,7 +50,7 @@ struct Swap {
 }
 
 /// Why a counter's operation failed.
-pub(super) type Failure = String;
+type Error = String;
 
 /// Adds each item's hits (or runs its operation) and returns what the store reports,
 /// in item order.
@@ -55,6 +58,7 @@ pub(super) async fn increment(
     link: &Link,
     items: &[&Increment],
     jitter_max: u64,
+    deadline: Instant,
 ) -> Result<Totals, Failure> {
     let steps = items.iter().map(|item| match item.op {
         CounterOp::Add => Step::Incr(0),
@@ -62,28 +66,40 @@ pub(super) async fn increment(
         CounterOp::Refund => Step::Decr,
         CounterOp::Gcra(_) | CounterOp::GcraRefund(_) => Step::Gets(0),
     });
-    rounds(link, items, steps.collect(), jitter_max).await
+    rounds(link, items, steps.collect(), (jitter_max, deadline)).await
 }
 
 /// The items' current totals (0 for a missing counter), in order.
-pub(super) async fn current(link: &Link, items: &[&Increment]) -> Result<Totals, Failure> {
-    rounds(link, items, items.iter().map(|_| Step::Get).collect(), 0).await
+pub(super) async fn current(
+    link: &Link,
+    items: &[&Increment],
+    deadline: Instant,
+) -> Result<Totals, Failure> {
+    let steps = items.iter().map(|_| Step::Get).collect();
+    rounds(link, items, steps, (0, deadline)).await
 }
 
 /// Whether the node answers `version`.
 pub(super) async fn version(link: &Link) -> Result<(), Failure> {
-    match link.query(|commands| commands.version()).await?.as_slice() {
+    match link
+        .query(None, |commands| commands.version())
+        .await?
+        .as_slice()
+    {
         [Reply::Version] => Ok(()),
-        other => Err(format!("unexpected answer to version: {other:?}")),
+        other => Err(Failure::Failed(format!(
+            "unexpected answer to version: {other:?}"
+        ))),
     }
 }
 
-/// Runs the steps, one round trip per round, until every one is done.
+/// Runs the steps, one round trip per round, until every one is done or `deadline`
+/// passes.
 async fn rounds(
     link: &Link,
     items: &[&Increment],
     mut steps: SmallVec<[Step; 4]>,
-    jitter_max: u64,
+    (jitter_max, deadline): (u64, Instant),
 ) -> Result<Totals, Failure> {
     loop {
         // The clock only for a counter that is created (its expiry may be a unix time).
@@ -93,7 +109,7 @@ async fn rounds(
         };
         let held = held(items, &steps);
         let replies = link
-            .query(|commands| {
+            .query(Some(deadline), |commands| {
                 for ((item, step), held) in items.iter().zip(&steps).zip(&held) {
                     if !held {
                         send(commands, item, *step, jitter_max, now);
@@ -105,8 +121,9 @@ async fn rounds(
         let mut pending = false;
         for ((item, step), held) in items.iter().zip(steps.iter_mut()).zip(held) {
             if !held && !matches!(step, Step::Done(_)) {
-                let reply = replies.next().ok_or("fewer replies than commands")?;
-                *step = next(item, *step, reply)?;
+                let fewer = || Failure::Failed("fewer replies than commands".into());
+                let reply = replies.next().ok_or_else(fewer)?;
+                *step = next(item, *step, reply).map_err(Failure::Failed)?;
             }
             pending |= !matches!(step, Step::Done(_));
         }
@@ -173,7 +190,7 @@ fn send(commands: &mut Commands<'_>, item: &Increment, step: Step, jitter_max: u
 }
 
 /// The step after `step`'s `reply`.
-fn next(item: &Increment, step: Step, reply: Reply) -> Result<Step, Failure> {
+fn next(item: &Increment, step: Step, reply: Reply) -> Result<Step, Error> {
     let hits = item.store_hits();
     Ok(match (step, reply) {
         (_, Reply::Error(error)) => return Err(format!("memcached answered {error}")),

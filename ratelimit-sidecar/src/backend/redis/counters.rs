@@ -203,7 +203,7 @@ impl RemoteCounters for RedisCounters {
     }
 
     async fn ping(&self) -> bool {
-        let replies = query(&self.store, |command| command(&[Arg::Text("PING")])).await;
+        let replies = query(&self.store, None, |command| command(&[Arg::Text("PING")])).await;
         matches!(replies.as_deref(), Ok([reply]) if !matches!(reply, Reply::Error(_)))
     }
 }
@@ -253,7 +253,7 @@ async fn run_batched(
         };
         let breaker = counters.nodes.breaker(&first.key);
         let attempt = breaker.attempt(Some(deadline))?;
-        let replies = query(store, write).await;
+        let replies = query(store, Some(deadline), write).await;
         attempt.settle(&replies);
         let mut replies = replies?;
         return starts
@@ -271,7 +271,10 @@ async fn run_batched(
         let add = &add;
         async move {
             let replies = breaker
-                .call(Some(deadline), query(store, |command| add(command, item)))
+                .call(
+                    Some(deadline),
+                    query(store, Some(deadline), |command| add(command, item)),
+                )
                 .await?;
             replies
                 .into_iter()

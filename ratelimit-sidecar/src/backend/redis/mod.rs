@@ -6,7 +6,7 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use futures_util::future::BoxFuture;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig, MultiplexedConnection};
@@ -29,6 +29,7 @@ use pipelined::Pipelined;
 use resp::{Arg, Replies, Reply};
 
 use super::breaker::Breakers;
+use super::waiting::Failure;
 use super::{BackendError, PerWorkerStore, RemoteStore};
 use crate::ingress::workers::{PerWorker, Pool};
 use crate::settings::{RedisSettings, RedisType, Settings};
@@ -226,9 +227,11 @@ async fn counters(
 }
 
 /// Runs the commands `write` produces (each through the function it is given) as one
-/// pipeline; one reply per command, in order, errors in their place.
+/// pipeline; one reply per command, in order, errors in their place; or
+/// [`BackendError::Late`] once `deadline` passes.
 async fn query(
     store: &Store,
+    deadline: Option<Instant>,
     write: impl FnOnce(&mut dyn FnMut(&[Arg<'_>])),
 ) -> Result<Replies, BackendError> {
     if let Store::Single(connections, next) = store {
@@ -241,9 +244,12 @@ async fn query(
                 &connections[next.fetch_add(1, Ordering::Relaxed) % connections.len()]
             });
         return connection
-            .query(write)
+            .query(deadline, write)
             .await
-            .map_err(BackendError::Unavailable);
+            .map_err(|failure| match failure {
+                Failure::Late => BackendError::Late,
+                Failure::Failed(error) => BackendError::Unavailable(error),
+            });
     }
     let mut pipe = redis::pipe();
     pipe.ignore_errors();
@@ -270,7 +276,12 @@ async fn query(
     // The redis crate's futures are large and deep: boxed as a trait object, they weigh
     // neither on every request's future nor on the compiler's proof that it is `Send`.
     let call: BoxFuture<'_, _> = Box::pin(query_crate(store, pipe));
-    call.await
+    match deadline {
+        Some(deadline) => tokio::time::timeout_at(deadline.into(), call)
+            .await
+            .unwrap_or(Err(BackendError::Late)),
+        None => call.await,
+    }
 }
 
 /// Runs `pipe` on a store the `redis` crate connects to.

@@ -9,9 +9,9 @@
 //! When the connection breaks, every request waiting on it fails at once, requests fail
 //! fast until the next attempt to connect (at most one every [`RECONNECT_EVERY`]), and
 //! the first request after that waits for the attempt. Waiting requests are bounded by
-//! [`MAX_WAITING`]; the callers' own deadline (`REDIS_TIMEOUT`) bounds the wait.
+//! [`MAX_WAITING`]; each request's own deadline (`REDIS_TIMEOUT`, or the caller's
+//! shorter one) bounds its wait, through the connection's one timer ([`waiting`]).
 
-use std::collections::VecDeque;
 use std::io;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -20,10 +20,11 @@ use bytes::{Buf, BytesMut};
 use smallvec::SmallVec;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpStream, UnixStream};
-use tokio::sync::{Notify, oneshot};
+use tokio::sync::Notify;
 
 use super::resp::{self, Arg, Replies, Reply};
 use crate::backend::outbox::{self, Outbox, write_gathered};
+use crate::backend::waiting::{self, Done, Failure, Waiting};
 
 /// The most requests that may wait on one connection.
 pub const MAX_WAITING: usize = 65_536;
@@ -83,11 +84,13 @@ struct Shared {
     /// Wakes the connection's task: commands to write, an attempt to connect is due, or
     /// the connection is no longer held.
     work: Notify,
+    /// Wakes the connection's deadline timer: a request's deadline comes sooner.
+    sooner: Notify,
 }
 
 struct State {
     outbox: Outbox,
-    waiting: VecDeque<Waiter>,
+    waiting: Waiting<Reply>,
     link: Link,
 }
 
@@ -103,13 +106,7 @@ enum Link {
 }
 
 /// A request's replies, or why there are none.
-type Answer = Result<Replies, String>;
-
-struct Waiter {
-    replies: usize,
-    got: Replies,
-    answer: oneshot::Sender<Answer>,
-}
+type Answer = waiting::Answer<Reply>;
 
 impl Pipelined {
     /// Connects (an error if the server cannot be reached or refuses the login) and
@@ -120,12 +117,20 @@ impl Pipelined {
             target,
             state: Mutex::new(State {
                 outbox: Outbox::with_capacity(16 * 1024),
-                waiting: VecDeque::new(),
+                waiting: Waiting::new(),
                 link: Link::Up,
             }),
             work: Notify::new(),
+            sooner: Notify::new(),
         });
-        tokio::spawn(supervise(Arc::clone(&shared), connection));
+        let task = Arc::clone(&shared);
+        tokio::spawn(async move {
+            let late = waiting::fail_late(&task.sooner, |f| f(&mut task.lock().waiting));
+            tokio::select! {
+                () = supervise(&task, connection) => {}
+                () = late => {}
+            }
+        });
         Ok(Pipelined {
             handle: Arc::new(Handle(shared)),
         })
@@ -137,23 +142,26 @@ impl Pipelined {
     }
 
     /// Sends the commands `write` encodes (each through the function it is given) and
-    /// returns their replies, in order.
-    pub async fn query(&self, write: impl FnOnce(&mut dyn FnMut(&[Arg<'_>]))) -> Answer {
+    /// returns their replies, in order, or [`Failure::Late`] once `deadline` passes.
+    pub async fn query(
+        &self,
+        deadline: Option<Instant>,
+        write: impl FnOnce(&mut dyn FnMut(&[Arg<'_>])),
+    ) -> Answer {
         let shared = &self.handle.0;
-        let (answer, replies) = oneshot::channel();
-        {
+        let (replies, sooner) = {
             let mut state = shared.lock();
             match &state.link {
                 Link::Up | Link::Connecting => {}
                 Link::Down { at, .. } if at.elapsed() >= RECONNECT_EVERY => {
                     state.link = Link::Connecting;
                 }
-                Link::Down { error, .. } => return Err(error.clone()),
+                Link::Down { error, .. } => return Err(Failure::Failed(error.clone())),
             }
             if state.waiting.len() >= MAX_WAITING {
-                return Err(format!(
+                return Err(Failure::Failed(format!(
                     "redis connection: {MAX_WAITING} requests are already waiting on it"
-                ));
+                )));
             }
             let mut count = 0;
             let out = &mut state.outbox.out;
@@ -164,11 +172,10 @@ impl Pipelined {
             if count == 0 {
                 return Ok(Replies::new());
             }
-            state.waiting.push_back(Waiter {
-                replies: count,
-                got: Replies::new(),
-                answer,
-            });
+            state.waiting.push(count, deadline)
+        };
+        if sooner {
+            shared.sooner.notify_one();
         }
         outbox::replies(&shared.work, replies, "redis connection: closed").await
     }
@@ -182,46 +189,38 @@ impl Shared {
     /// Fails every waiting request and marks the link down.
     fn broken(&self, error: &str) {
         let error = format!("redis connection: {error}");
-        let waiting = {
+        let failed = {
             let mut state = self.lock();
             state.outbox.out.clear();
             state.link = Link::Down {
                 at: Instant::now(),
                 error: error.clone(),
             };
-            std::mem::take(&mut state.waiting)
+            state.waiting.fail_all(&error)
         };
-        for waiter in waiting {
-            let _ = waiter.answer.send(Err(error.clone()));
-        }
+        failed.into_iter().for_each(Done::send);
     }
 
     /// Hands complete replies to their requests, in order (leaving `replies` empty).
     fn deliver(&self, replies: &mut Vec<Reply>) -> Result<(), String> {
-        let mut done: SmallVec<[Waiter; 16]> = SmallVec::new();
+        let mut done: SmallVec<[Done<Reply>; 16]> = SmallVec::new();
         {
             let mut state = self.lock();
             for reply in replies.drain(..) {
-                let waiter = state.waiting.front_mut().ok_or("a reply to no command")?;
-                waiter.got.push(reply);
-                if waiter.got.len() == waiter.replies {
-                    done.extend(state.waiting.pop_front());
-                }
+                done.extend(state.waiting.reply(reply)?);
             }
         }
-        for waiter in done {
-            let _ = waiter.answer.send(Ok(waiter.got));
-        }
+        done.into_iter().for_each(Done::send);
         Ok(())
     }
 }
 
 /// Runs the connection; after a break, connects again when a request asks; ends when
 /// nobody holds the connection.
-async fn supervise(shared: Arc<Shared>, first: Connection) {
+async fn supervise(shared: &Shared, first: Connection) {
     let mut connection = first;
     loop {
-        let Some(error) = drive(&shared, connection).await else {
+        let Some(error) = drive(shared, connection).await else {
             return;
         };
         tracing::warn!(%error, address = ?shared.target.address, "redis connection broken");
