@@ -189,11 +189,12 @@ pub fn backend(
         .with_kind(SpanKind::Client)
         .with_attributes(attributes)
         .start_with_context(&parent.tracer, &parent.context);
-    BackendSpan(Some(span))
+    BackendSpan(Some(Box::new(span)))
 }
 
-/// A round trip's span, when the request is traced.
-pub struct BackendSpan(Option<<SdkTracer as opentelemetry::trace::Tracer>::Span>);
+/// A round trip's span, when the request is traced: boxed, so that an untraced request's
+/// future, which holds it across the round trip, carries a pointer instead of a span.
+pub struct BackendSpan(Option<Box<<SdkTracer as opentelemetry::trace::Tracer>::Span>>);
 
 impl BackendSpan {
     /// Ends the span, with the error status when the round trip failed.
