@@ -16,7 +16,7 @@ mod waiting;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use futures_util::future::BoxFuture;
+use futures_util::future::{BoxFuture, Either};
 use ratelimit_core::stats::{Counter, StatsRegistry, names};
 use ratelimit_core::{Increment, MemoryStore, MemoryUsage, Plan};
 use smallvec::SmallVec;
@@ -95,10 +95,14 @@ pub enum RemoteStore {
 }
 
 impl RemoteStore {
-    async fn call(&self, batch: Batch<'_>) -> Result<Totals, BackendError> {
+    /// The store's call, as it is: not inside a future of its own, which would copy it in.
+    fn call<'a>(
+        &'a self,
+        batch: Batch<'a>,
+    ) -> impl Future<Output = Result<Totals, BackendError>> + Send + 'a {
         match self {
-            RemoteStore::Redis(store) => store.call(batch).await,
-            RemoteStore::Memcache(store) => store.call(batch).await,
+            RemoteStore::Redis(store) => Either::Left(store.call(batch)),
+            RemoteStore::Memcache(store) => Either::Right(store.call(batch)),
         }
     }
 
@@ -256,7 +260,18 @@ impl Remote {
         let until = Instant::now() + deadline;
         // Every store call ends by `until`: the pipelined connections' timers fail their
         // late requests, and the other connections' calls are bounded where they are made.
-        let result = match self.exchange(plan, until).await {
+        // The current counts first when the plan needs them; written out here rather than
+        // in a function of its own, whose future this one would copy in.
+        let result = 'run: {
+            if plan.needs_current_counts() {
+                match self.routed(plan.increments(), Mode::Current, until).await {
+                    Ok(current) => plan.apply_current(&current),
+                    Err(error) => break 'run Err(error),
+                }
+            }
+            self.routed(plan.increments(), Mode::Increment, until).await
+        };
+        let result = match result {
             Err(BackendError::Late) => Err(self.late(deadline)),
             result => result,
         };
@@ -294,14 +309,6 @@ impl Remote {
     pub async fn ping(&self) -> bool {
         let answer = tokio::time::timeout(self.deadline, self.main.get().ping());
         matches!(answer.await, Ok(true))
-    }
-
-    async fn exchange(&self, plan: &mut Plan, until: Instant) -> Result<Totals, BackendError> {
-        if plan.needs_current_counts() {
-            let current = self.routed(plan.increments(), Mode::Current, until).await?;
-            plan.apply_current(&current);
-        }
-        self.routed(plan.increments(), Mode::Increment, until).await
     }
 
     /// Runs `mode` on the main store with every increment, or, with a per-second store,

@@ -24,7 +24,7 @@ use crate::backend::{Backend, BackendError, Remote, Totals};
 use crate::observe::health::Health;
 use crate::observe::traces::{self, RequestSpan, Traces};
 use crate::service::metadata::dynamic_metadata;
-use crate::service::outage::{Outage, Overloaded};
+use crate::service::outage::{Outage, Overloaded, Place};
 
 /// Why a request got no decision.
 #[derive(Debug, thiserror::Error)]
@@ -204,32 +204,36 @@ impl Service {
         request: Result<Request, InvalidRequest>,
         headers: &HeaderMap,
     ) -> Result<Decided, ServiceError> {
-        // Written out rather than through `counted_call`: a future handed to another is
-        // copied into it, and this one holds the store's call.
+        // Written out in one function rather than through `counted_call` and a helper: a
+        // future awaited in another is copied into it, and this one holds the store's call.
         let started = std::time::Instant::now();
         self.total_requests.add(1);
-        let result = self.untraced(request, grpc_timeout(headers)).await;
+        let result = match self.admit(request) {
+            Err(error) => Err(error),
+            // In its place among the requests in flight until decided.
+            Ok((_place, request)) => match &self.backend {
+                Backend::Memory(store) => self.decide_core(store, &request, unix_now_ms()),
+                Backend::Remote(remote) => {
+                    let caller_deadline = grpc_timeout(headers);
+                    self.decide_remote(remote, &request, None, caller_deadline)
+                        .await
+                }
+            }
+            .map(|response| Decided { request, response }),
+        };
         self.count_error(&result);
         self.response_time.record(started.elapsed());
         result
     }
 
-    /// Decides a request in the core's form, in its place among the requests in flight.
-    async fn untraced(
+    /// A place among the requests in flight for `request` (refused first when there is
+    /// none), and the request.
+    fn admit(
         &self,
         request: Result<Request, InvalidRequest>,
-        caller_deadline: Option<Duration>,
-    ) -> Result<Decided, ServiceError> {
-        let _place = self.outage.enter()?;
-        let request = request?;
-        let response = match &self.backend {
-            Backend::Memory(store) => self.decide_core(store, &request, unix_now_ms())?,
-            Backend::Remote(remote) => {
-                self.decide_remote(remote, &request, None, caller_deadline)
-                    .await?
-            }
-        };
-        Ok(Decided { request, response })
+    ) -> Result<(Place<'_>, Request), ServiceError> {
+        let place = self.outage.enter()?;
+        Ok((place, request?))
     }
 
     /// Decides one request from `/json`, not counted as a gRPC call (as upstream's

@@ -276,8 +276,8 @@ impl Node {
 }
 
 impl RemoteCounters for MemcacheCounters {
-    async fn call(&self, batch: Batch<'_>) -> Result<Totals, BackendError> {
-        self.counters(batch).await
+    fn call(&self, batch: Batch<'_>) -> impl Future<Output = Result<Totals, BackendError>> + Send {
+        self.counters(batch)
     }
 
     /// Every node answers `version`.

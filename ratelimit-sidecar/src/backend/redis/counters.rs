@@ -5,6 +5,7 @@
 use std::sync::LazyLock;
 use std::time::Instant;
 
+use futures_util::future::Either;
 use ratelimit_core::{CounterOp, Increment};
 use smallvec::SmallVec;
 
@@ -195,10 +196,11 @@ impl RedisCounters {
 }
 
 impl RemoteCounters for RedisCounters {
-    async fn call(&self, batch: Batch<'_>) -> Result<Totals, BackendError> {
+    /// The mode's call as it is, not inside a future of its own (which would copy it in).
+    fn call(&self, batch: Batch<'_>) -> impl Future<Output = Result<Totals, BackendError>> + Send {
         match batch.mode {
-            Mode::Increment => self.run(batch.increments, batch.deadline).await,
-            Mode::Current => self.get(batch.increments, batch.deadline).await,
+            Mode::Increment => Either::Left(self.run(batch.increments, batch.deadline)),
+            Mode::Current => Either::Right(self.get(batch.increments, batch.deadline)),
         }
     }
 

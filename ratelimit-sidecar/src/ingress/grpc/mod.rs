@@ -76,14 +76,18 @@ pub fn call(service: Arc<Decider>, request: http::Request<Incoming>) -> Call {
         });
     }
     OneOf::Right(if service.decodes_to_core() {
+        // One `async` block, not one in another: a future awaited in another is copied
+        // into it, and this one holds the store's call.
         Box::pin(async move {
-            let result = async {
-                let (request, trailers) = read_request(body, to_core).await?;
-                let headers = with_trailers(parts.headers, trailers);
-                let decided = service.should_rate_limit_grpc_decoded(request, &headers);
-                frame_decided(&service, decided.await)
+            let result = match read_request(body, to_core).await {
+                Ok((request, trailers)) => {
+                    let headers = with_trailers(parts.headers, trailers);
+                    let decided = service.should_rate_limit_grpc_decoded(request, &headers);
+                    frame_decided(&service, decided.await)
+                }
+                Err(status) => Err(status),
             };
-            answered(result.await)
+            answered(result)
         })
     } else {
         Box::pin(async move {
