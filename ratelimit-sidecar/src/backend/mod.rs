@@ -43,6 +43,16 @@ pub enum BackendError {
     Key(String),
 }
 
+/// A pipelined connection's failure: late, or the store unavailable.
+impl From<waiting::Failure> for BackendError {
+    fn from(failure: waiting::Failure) -> BackendError {
+        match failure {
+            waiting::Failure::Late => BackendError::Late,
+            waiting::Failure::Failed(error) => BackendError::Unavailable(error),
+        }
+    }
+}
+
 /// A call's totals, in order: a request has a few counters, kept inline.
 pub type Totals = SmallVec<[u64; 4]>;
 

@@ -29,7 +29,6 @@ use pipelined::Pipelined;
 use resp::{Arg, Replies, Reply};
 
 use super::breaker::Breakers;
-use super::waiting::Failure;
 use super::{BackendError, PerWorkerStore, RemoteStore};
 use crate::ingress::workers::{PerWorker, Pool};
 use crate::settings::{RedisSettings, RedisType, Settings};
@@ -246,10 +245,7 @@ async fn query(
         return connection
             .query(deadline, write)
             .await
-            .map_err(|failure| match failure {
-                Failure::Late => BackendError::Late,
-                Failure::Failed(error) => BackendError::Unavailable(error),
-            });
+            .map_err(BackendError::from);
     }
     let mut pipe = redis::pipe();
     pipe.ignore_errors();
