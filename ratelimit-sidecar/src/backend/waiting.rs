@@ -123,7 +123,9 @@ impl<R> Waiting<R> {
 
     /// The requests whose deadline is `now` or earlier, failed as late (they keep their
     /// places for their replies), and the earliest deadline left, which [`fail_late`] sleeps
-    /// until next.
+    /// until next. One pass over the queue (at most its connection's `MAX_WAITING` long):
+    /// under steady load it runs about once a deadline's length, when the deadline it slept
+    /// until belonged to a request answered since.
     fn expire(&mut self, now: Instant) -> (Vec<Done<R>>, Option<Instant>) {
         let mut late = Vec::new();
         let mut earliest: Option<Instant> = None;
@@ -146,10 +148,7 @@ impl<R> Waiting<R> {
 /// connection's task drops it). `expire` locks the connection's [`Waiting`] and runs
 /// `f` on it; `sooner` is notified when a request's deadline comes before the one this
 /// sleeps until.
-pub(super) async fn fail_late<R>(
-    sooner: &Notify,
-    expire: impl Fn(&mut dyn FnMut(&mut Waiting<R>)),
-) {
+async fn fail_late<R>(sooner: &Notify, expire: impl Fn(&mut dyn FnMut(&mut Waiting<R>))) {
     loop {
         let told = sooner.notified();
         let mut late = Vec::new();
@@ -163,6 +162,19 @@ pub(super) async fn fail_late<R>(
             }
             None => told.await,
         }
+    }
+}
+
+/// Runs a connection's task, `run`, with its deadline timer ([`fail_late`], whose
+/// arguments these are beside it) until `run` ends.
+pub(super) async fn with_deadlines<R>(
+    sooner: &Notify,
+    expire: impl Fn(&mut dyn FnMut(&mut Waiting<R>)),
+    run: impl Future<Output = ()>,
+) {
+    tokio::select! {
+        () = run => {}
+        () = fail_late(sooner, expire) => {}
     }
 }
 

@@ -117,11 +117,8 @@ impl Link {
         });
         let task = Arc::clone(&shared);
         runtime.spawn(async move {
-            let late = waiting::fail_late(&task.sooner, |f| f(&mut task.lock().waiting));
-            tokio::select! {
-                () = supervise(&task) => {}
-                () = late => {}
-            }
+            let expire = |f: &mut dyn FnMut(&mut _)| f(&mut task.lock().waiting);
+            waiting::with_deadlines(&task.sooner, expire, supervise(&task)).await;
         });
         Link { shared }
     }

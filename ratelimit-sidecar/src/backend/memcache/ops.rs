@@ -66,7 +66,7 @@ pub(super) async fn increment(
         CounterOp::Refund => Step::Decr,
         CounterOp::Gcra(_) | CounterOp::GcraRefund(_) => Step::Gets(0),
     });
-    rounds(link, items, steps.collect(), (jitter_max, deadline)).await
+    rounds(link, items, steps.collect(), jitter_max, deadline).await
 }
 
 /// The items' current totals (0 for a missing counter), in order.
@@ -76,7 +76,7 @@ pub(super) async fn current(
     deadline: Instant,
 ) -> Result<Totals, Failure> {
     let steps = items.iter().map(|_| Step::Get).collect();
-    rounds(link, items, steps, (0, deadline)).await
+    rounds(link, items, steps, 0, deadline).await
 }
 
 /// Whether the node answers `version`.
@@ -99,7 +99,8 @@ async fn rounds(
     link: &Link,
     items: &[&Increment],
     mut steps: SmallVec<[Step; 4]>,
-    (jitter_max, deadline): (u64, Instant),
+    jitter_max: u64,
+    deadline: Instant,
 ) -> Result<Totals, Failure> {
     loop {
         // The clock only for a counter that is created (its expiry may be a unix time).

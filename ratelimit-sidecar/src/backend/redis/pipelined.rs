@@ -125,11 +125,8 @@ impl Pipelined {
         });
         let task = Arc::clone(&shared);
         tokio::spawn(async move {
-            let late = waiting::fail_late(&task.sooner, |f| f(&mut task.lock().waiting));
-            tokio::select! {
-                () = supervise(&task, connection) => {}
-                () = late => {}
-            }
+            let expire = |f: &mut dyn FnMut(&mut _)| f(&mut task.lock().waiting);
+            waiting::with_deadlines(&task.sooner, expire, supervise(&task, connection)).await;
         });
         Ok(Pipelined {
             handle: Arc::new(Handle(shared)),
