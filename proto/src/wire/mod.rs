@@ -46,42 +46,75 @@ fn malformed(what: impl Into<String>) -> RequestError {
 }
 
 /// Decodes a `RateLimitRequest` into the core's request.
-pub fn decode_request(mut buf: &[u8]) -> Result<Request, RequestError> {
+pub fn decode_request(buf: &[u8]) -> Result<Request, RequestError> {
     let mut request = Request::default();
+    decode_request_into(buf, &mut request)?;
+    Ok(request)
+}
+
+/// [`decode_request`] into `request`, replacing what it held but keeping its strings'
+/// and vectors' allocations: a server that keeps a few requests and decodes into them
+/// allocates nothing for a request no larger than one it decoded before. On an error,
+/// `request` holds part of the message and is fit only to decode into again.
+pub fn decode_request_into(mut buf: &[u8], request: &mut Request) -> Result<(), RequestError> {
+    let Request {
+        domain,
+        descriptors,
+        hits_addend,
+    } = request;
+    domain.clear();
+    *hits_addend = 0;
+    let mut used = 0;
     let mut invalid = None;
     while buf.has_remaining() {
         let (tag, wire_type) = decode_key(&mut buf)?;
         match tag {
-            1 => request.domain = string(wire_type, &mut buf)?,
+            1 => string(wire_type, &mut buf, domain)?,
             2 => {
                 let mut body = embedded(wire_type, &mut buf)?;
-                let index = request.descriptors.len();
-                let (descriptor, unit) = descriptor(&mut body)?;
+                let unit = descriptor(&mut body, slot(descriptors, used))?;
                 if let (Some(unit), None) = (unit, &invalid) {
-                    invalid = Some(InvalidRequest::OverrideUnit { index, unit });
+                    invalid = Some(InvalidRequest::OverrideUnit { index: used, unit });
                 }
-                request.descriptors.push(descriptor);
+                used += 1;
             }
-            3 => request.hits_addend = varint(wire_type, &mut buf)? as u32,
+            3 => *hits_addend = varint(wire_type, &mut buf)? as u32,
             _ => skip_field(wire_type, tag, &mut buf, DecodeContext::default())?,
         }
     }
+    descriptors.truncate(used);
     match invalid {
         Some(error) => Err(error.into()),
-        None => Ok(request),
+        None => Ok(()),
     }
 }
 
-/// One descriptor, and the unit of its override when that unit is unknown.
-fn descriptor(buf: &mut &[u8]) -> Result<(Descriptor, Option<i32>), RequestError> {
-    let mut descriptor = Descriptor::default();
-    let mut limit: Option<(u32, i32)> = None;
+/// The element at `index` of `items`, of which the first `index` are this message's: one
+/// left from an earlier message, or a new one.
+fn slot<T: Default>(items: &mut Vec<T>, index: usize) -> &mut T {
+    if index == items.len() {
+        items.push(T::default());
+    }
+    &mut items[index]
+}
+
+/// One descriptor into `descriptor`; the unit of its override when that unit is unknown.
+fn descriptor(buf: &mut &[u8], descriptor: &mut Descriptor) -> Result<Option<i32>, RequestError> {
+    let Descriptor {
+        entries,
+        limit: applied,
+        hits_addend,
+        negative_hits,
+    } = descriptor;
+    (*applied, *hits_addend, *negative_hits) = (None, None, false);
+    let (mut used, mut limit): (usize, Option<(u32, i32)>) = (0, None);
     while buf.has_remaining() {
         let (tag, wire_type) = decode_key(buf)?;
         match tag {
             1 => {
                 let mut body = embedded(wire_type, buf)?;
-                descriptor.entries.push(entry(&mut body)?);
+                entry(&mut body, slot(entries, used))?;
+                used += 1;
             }
             2 => {
                 let mut body = embedded(wire_type, buf)?;
@@ -98,7 +131,7 @@ fn descriptor(buf: &mut &[u8]) -> Result<(Descriptor, Option<i32>), RequestError
             }
             3 => {
                 let mut body = embedded(wire_type, buf)?;
-                let mut hits = descriptor.hits_addend.unwrap_or_default();
+                let mut hits = hits_addend.unwrap_or_default();
                 while body.has_remaining() {
                     let (tag, wire_type) = decode_key(&mut body)?;
                     match tag {
@@ -106,38 +139,40 @@ fn descriptor(buf: &mut &[u8]) -> Result<(Descriptor, Option<i32>), RequestError
                         _ => skip_field(wire_type, tag, &mut body, DecodeContext::default())?,
                     }
                 }
-                descriptor.hits_addend = Some(hits);
+                *hits_addend = Some(hits);
             }
-            4 => descriptor.negative_hits = varint(wire_type, buf)? != 0,
+            4 => *negative_hits = varint(wire_type, buf)? != 0,
             _ => skip_field(wire_type, tag, buf, DecodeContext::default())?,
         }
     }
+    entries.truncate(used);
     let Some((requests_per_unit, unit)) = limit else {
-        return Ok((descriptor, None));
+        return Ok(None);
     };
     match unit_from_pb(unit) {
         Some(known) => {
-            descriptor.limit = Some(LimitOverride {
+            *applied = Some(LimitOverride {
                 requests_per_unit,
                 unit: known,
             });
-            Ok((descriptor, None))
+            Ok(None)
         }
-        None => Ok((descriptor, Some(unit))),
+        None => Ok(Some(unit)),
     }
 }
 
-fn entry(buf: &mut &[u8]) -> Result<Entry, RequestError> {
-    let mut entry = Entry::default();
+fn entry(buf: &mut &[u8], entry: &mut Entry) -> Result<(), RequestError> {
+    entry.key.clear();
+    entry.value.clear();
     while buf.has_remaining() {
         let (tag, wire_type) = decode_key(buf)?;
         match tag {
-            1 => entry.key = string(wire_type, buf)?,
-            2 => entry.value = string(wire_type, buf)?,
+            1 => string(wire_type, buf, &mut entry.key)?,
+            2 => string(wire_type, buf, &mut entry.value)?,
             _ => skip_field(wire_type, tag, buf, DecodeContext::default())?,
         }
     }
-    Ok(entry)
+    Ok(())
 }
 
 /// A length-delimited field's bytes, taken off `buf`.
@@ -152,10 +187,15 @@ fn embedded<'a>(wire_type: WireType, buf: &mut &'a [u8]) -> Result<&'a [u8], Req
     Ok(body)
 }
 
-fn string(wire_type: WireType, buf: &mut &[u8]) -> Result<String, RequestError> {
+/// A string field into `into`, replacing what it held (the last of a repeated scalar wins).
+fn string(wire_type: WireType, buf: &mut &[u8], into: &mut String) -> Result<(), RequestError> {
     let bytes = embedded(wire_type, buf)?;
     match std::str::from_utf8(bytes) {
-        Ok(text) => Ok(text.to_owned()),
+        Ok(text) => {
+            into.clear();
+            into.push_str(text);
+            Ok(())
+        }
         Err(_) => Err(malformed("invalid string value: data is not UTF-8 encoded")),
     }
 }
@@ -266,6 +306,21 @@ mod tests {
                 Ok(request) => prop_assert_eq!(ours, Ok(request)),
                 Err(_) => prop_assert!(ours.is_err(), "{:?}", ours),
             }
+        }
+
+        /// Decoding into a request that held another message (longer or shorter, with
+        /// entries, overrides and addends of its own) leaves nothing of it behind.
+        #[test]
+        fn a_reused_request_decodes_as_a_new_one(
+            before in pb_request(),
+            after in pb_request(),
+            cut in any::<prop::sample::Index>(),
+        ) {
+            let bytes = after.encode_to_vec();
+            let bytes = &bytes[..cut.index(bytes.len() + 1)];
+            let mut reused = decode_request(&before.encode_to_vec()).unwrap_or_default();
+            let ours = decode_request_into(bytes, &mut reused).map(|()| reused);
+            prop_assert_eq!(ours, decode_request(bytes));
         }
     }
 

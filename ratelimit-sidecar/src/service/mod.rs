@@ -50,6 +50,13 @@ pub struct Decided {
     response: Response,
 }
 
+impl Decided {
+    /// The request decided, for another to be decoded into.
+    pub fn into_request(self) -> Request {
+        self.request
+    }
+}
+
 /// What the last configuration load did.
 #[derive(Clone, Debug)]
 pub struct LoadResult {

@@ -11,6 +11,7 @@
 //! tonic lets a lone length prefix, or a message cut short by trailers, pass.
 
 mod read;
+mod spare;
 
 use std::convert::Infallible;
 use std::pin::Pin;
@@ -29,7 +30,7 @@ use tonic::codegen::{Body, http};
 
 use ratelimit_core::Request;
 use ratelimit_proto::envoy::InvalidRequest;
-use ratelimit_proto::wire::{self, RequestError};
+use ratelimit_proto::wire::RequestError;
 
 use crate::backend::BackendError;
 use crate::service::{Decided, Service as Decider, ServiceError};
@@ -133,7 +134,9 @@ fn frame_decided(
     decided: Result<Decided, ServiceError>,
 ) -> Result<Bytes, Status> {
     let decided = decided.map_err(|error| status(&error))?;
-    frame(|buf| service.encode(&decided, buf))
+    let framed = frame(|buf| service.encode(&decided, buf));
+    spare::keep(decided.into_request());
+    framed
 }
 
 /// The response to a call: its answer, or its error status.
@@ -162,7 +165,7 @@ fn to_pb(message: &[u8]) -> Result<RateLimitRequest, Status> {
 /// A message as the core's request, or the reason the core cannot take it (which the
 /// service counts as it counts every request error).
 fn to_core(message: &[u8]) -> Result<Result<Request, InvalidRequest>, Status> {
-    match wire::decode_request(message) {
+    match spare::decode(message) {
         Ok(request) => Ok(Ok(request)),
         Err(RequestError::Invalid(invalid)) => Ok(Err(invalid)),
         Err(RequestError::Decode(error)) => Err(not_a_request(error)),
