@@ -24,8 +24,9 @@ pub struct MemcacheSettings {
     /// system's resolver, from /etc/resolv.conf).
     #[arg(long, env, default_value = "")]
     pub memcache_srv_dns_server: String,
-    /// Accepted as envoyproxy/ratelimit's setting and unused: each worker keeps one
-    /// pipelined connection per node, whatever the concurrency.
+    /// Accepted as envoyproxy/ratelimit's setting and unused (a warning at start-up says
+    /// so when it is set): each worker keeps one pipelined connection per node, whatever
+    /// the concurrency.
     #[arg(long, env, default_value_t = 2)]
     pub memcache_max_idle_conns: usize,
     /// Time a call to memcached may take, connecting included (this project's; upstream's

@@ -94,19 +94,38 @@ impl Settings {
             .tls
             .check(&settings.server.grpc_uds)
             .map_err(LoadError::Invalid)?;
+        let warnings = settings.warnings(&matches, outputs.statsd);
+        Ok((settings, warnings))
+    }
+}
+
+impl Settings {
+    /// What to warn of at start-up: settings that are accepted but change nothing here,
+    /// and a default an operator may not expect.
+    fn warnings(&self, matches: &clap::ArgMatches, statsd: bool) -> Vec<String> {
+        let set = |id: &str| {
+            matches!(
+                matches.value_source(id),
+                Some(ValueSource::EnvVariable | ValueSource::CommandLine)
+            )
+        };
         let mut warnings = Vec::new();
-        if settings.xds.force_start_without_initial_config
-            && settings.config.config_type == ConfigType::File
+        if self.xds.force_start_without_initial_config
+            && self.config.config_type == ConfigType::File
         {
             warnings.push("FORCE_START_WITHOUT_INITIAL_CONFIG applies to CONFIG_TYPE=GRPC_XDS_SOTW only; files are always read before the listeners open".into());
         }
-        if outputs.statsd && !stats.use_statsd_explicit {
+        if set("memcache_max_idle_conns") && self.backend() == BackendType::Memcache {
+            warnings.push("MEMCACHE_MAX_IDLE_CONNS has no effect: each worker keeps one pipelined connection per memcached node, whatever the concurrency".into());
+        }
+        let stats = &self.stats;
+        if statsd && !stats.use_statsd_explicit {
             warnings.push(format!(
                 "USE_STATSD is true by default: statistics are pushed to {}:{} over {} every {:?}; set USE_STATSD=false to log them instead",
                 stats.statsd_host, stats.statsd_port, stats.statsd_protocol, stats.stats_flush_interval
             ));
         }
-        Ok((settings, warnings))
+        warnings
     }
 }
 
@@ -311,6 +330,29 @@ mod tests {
             bad_address.to_string().contains("PROMETHEUS_ADDR"),
             "{bad_address}"
         );
+    }
+
+    #[test]
+    fn an_idle_connection_count_for_memcached_is_warned_of_as_unused() {
+        if std::env::var_os("MEMCACHE_MAX_IDLE_CONNS").is_some() {
+            return;
+        }
+        let warnings = |args: &[&str]| {
+            let mut all = vec!["ratelimit", "--use-statsd", "false"];
+            all.extend_from_slice(args);
+            Settings::load_from(all).unwrap().1
+        };
+        let memcache = [
+            "--backend-type",
+            "memcache",
+            "--memcache-host-port",
+            "m:11211",
+        ];
+        assert!(warnings(&memcache).is_empty());
+        let set = warnings(&[&memcache[..], &["--memcache-max-idle-conns", "8"]].concat());
+        assert_eq!(set.len(), 1, "{set:?}");
+        assert!(set[0].starts_with("MEMCACHE_MAX_IDLE_CONNS has no effect"));
+        assert!(warnings(&["--memcache-max-idle-conns", "8"]).is_empty());
     }
 
     #[test]
