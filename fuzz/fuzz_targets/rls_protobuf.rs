@@ -32,7 +32,10 @@ fuzz_target!(|data: &[u8]| {
         return;
     };
     let Ok(request) = request_from_pb(request) else {
-        assert!(ours.is_err(), "the conversion refuses what wire accepts: {ours:?}");
+        assert!(
+            ours.is_err(),
+            "the conversion refuses what wire accepts: {ours:?}"
+        );
         return;
     };
     assert_eq!(ours, Ok(request.clone()), "wire decodes as prost does");
