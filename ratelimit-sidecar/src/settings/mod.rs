@@ -82,10 +82,7 @@ impl Settings {
         let matches = Settings::command().try_get_matches_from(args)?;
         let mut settings = Settings::from_arg_matches(&matches)?;
         let stats = &mut settings.stats;
-        stats.use_statsd_explicit = matches!(
-            matches.value_source("use_statsd"),
-            Some(ValueSource::EnvVariable | ValueSource::CommandLine)
-        );
+        stats.use_statsd_explicit = set_explicitly(&matches, "use_statsd");
         stats
             .load_mogrifiers(|name| std::env::var(name).ok())
             .map_err(LoadError::Invalid)?;
@@ -97,25 +94,19 @@ impl Settings {
         let warnings = settings.warnings(&matches, outputs.statsd);
         Ok((settings, warnings))
     }
-}
 
-impl Settings {
     /// What to warn of at start-up: settings that are accepted but change nothing here,
     /// and a default an operator may not expect.
     fn warnings(&self, matches: &clap::ArgMatches, statsd: bool) -> Vec<String> {
-        let set = |id: &str| {
-            matches!(
-                matches.value_source(id),
-                Some(ValueSource::EnvVariable | ValueSource::CommandLine)
-            )
-        };
         let mut warnings = Vec::new();
         if self.xds.force_start_without_initial_config
             && self.config.config_type == ConfigType::File
         {
             warnings.push("FORCE_START_WITHOUT_INITIAL_CONFIG applies to CONFIG_TYPE=GRPC_XDS_SOTW only; files are always read before the listeners open".into());
         }
-        if set("memcache_max_idle_conns") && self.backend() == BackendType::Memcache {
+        if set_explicitly(matches, "memcache_max_idle_conns")
+            && self.backend() == BackendType::Memcache
+        {
             warnings.push("MEMCACHE_MAX_IDLE_CONNS has no effect: each worker keeps one pipelined connection per memcached node, whatever the concurrency".into());
         }
         let stats = &self.stats;
@@ -127,6 +118,15 @@ impl Settings {
         }
         warnings
     }
+}
+
+/// Whether the setting `id` was given (in the environment or on the command line) rather
+/// than left at its default.
+fn set_explicitly(matches: &clap::ArgMatches, id: &str) -> bool {
+    matches!(
+        matches.value_source(id),
+        Some(ValueSource::EnvVariable | ValueSource::CommandLine)
+    )
 }
 
 /// Why the settings were not loaded.
