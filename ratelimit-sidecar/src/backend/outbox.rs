@@ -5,9 +5,7 @@
 use std::sync::{Mutex, MutexGuard};
 
 use tokio::io::{AsyncWrite, AsyncWriteExt};
-use tokio::sync::{Notify, oneshot};
-
-use super::waiting::{Answer, Failure};
+use tokio::sync::Notify;
 
 /// The commands requests have written and not yet sent, and whether the connection is
 /// still held (kept under the connection's lock, with what else it guards).
@@ -63,19 +61,6 @@ pub(super) async fn write_gathered(
         }
         buffer.clear();
     }
-}
-
-/// Wakes the connection's task (`work`) to write what a request has just gathered, and
-/// waits for the request's replies; `ended` is the error when the task ended first.
-pub(super) async fn replies<R>(
-    work: &Notify,
-    replies: oneshot::Receiver<Answer<R>>,
-    ended: &str,
-) -> Answer<R> {
-    work.notify_one();
-    replies
-        .await
-        .unwrap_or_else(|_| Err(Failure::Failed(ended.to_owned())))
 }
 
 /// The connection's state, locked; a request that panicked while holding it left it

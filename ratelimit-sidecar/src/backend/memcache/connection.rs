@@ -17,10 +17,10 @@ use std::collections::VecDeque;
 use std::io;
 use std::pin::pin;
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::task::Waker;
 use std::time::{Duration, Instant};
 
 use bytes::{Buf, BytesMut};
-use smallvec::SmallVec;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite};
 use tokio::net::TcpStream;
 use tokio::runtime::Handle;
@@ -29,7 +29,7 @@ use tokio::sync::Notify;
 use super::protocol::{Commands, Kind, Reply, parse};
 use super::tls::Tls;
 use crate::backend::outbox::{self, Outbox, write_gathered};
-use crate::backend::waiting::{self, Done, Failure, Waiting};
+use crate::backend::waiting::{self, Failure, Queue, Replies as Answered, Waiting, Woken};
 
 /// The most requests that may wait on one connection.
 pub const MAX_WAITING: usize = 65_536;
@@ -117,8 +117,8 @@ impl Link {
         });
         let task = Arc::clone(&shared);
         runtime.spawn(async move {
-            let expire = |f: &mut dyn FnMut(&mut _)| f(&mut task.lock().waiting);
-            waiting::with_deadlines(&task.sooner, expire, supervise(&task)).await;
+            let ended = "the connection's task ended";
+            waiting::with_deadlines(&*task, &task.sooner, ended, supervise(&task)).await;
         });
         Link { shared }
     }
@@ -131,7 +131,7 @@ impl Link {
         write: impl FnOnce(&mut Commands<'_>),
     ) -> Answer {
         let shared = &self.shared;
-        let (replies, sooner) = {
+        let (slot, sooner) = {
             let mut guard = shared.lock();
             let state = &mut *guard;
             if state.waiting.len() >= MAX_WAITING {
@@ -152,10 +152,13 @@ impl Link {
             }
             state.waiting.push(count, deadline)
         };
+        // Taken back from the queue if this request goes away before its answer.
+        let answer = Answered::new(&**shared, slot);
         if sooner {
             shared.sooner.notify_one();
         }
-        outbox::replies(&shared.work, replies, "the connection's task ended").await
+        shared.work.notify_one();
+        answer.await
     }
 }
 
@@ -173,13 +176,13 @@ impl Shared {
             state.status = Status::Idle;
             state.waiting.fail_all(error)
         };
-        failed.into_iter().for_each(Done::send);
+        failed.into_iter().for_each(Waker::wake);
     }
 
     /// Parses the complete replies at the start of `input` and hands them to their
     /// requests, in order; returns the bytes used, or why the connection is out of step.
     fn deliver(&self, input: &[u8]) -> Result<usize, String> {
-        let mut done: SmallVec<[Done<Reply>; 8]> = SmallVec::new();
+        let mut woken = Woken::new();
         let mut at = 0;
         let result = {
             let mut guard = self.lock();
@@ -198,9 +201,8 @@ impl Shared {
                 };
                 at += used;
                 state.kinds.pop_front();
-                match state.waiting.reply(reply) {
-                    Ok(answered) => done.extend(answered),
-                    Err(error) => break Err(error.to_owned()),
+                if let Err(error) = state.waiting.reply(reply, &mut woken) {
+                    break Err(error.to_owned());
                 }
             };
             if at > 0 {
@@ -208,7 +210,7 @@ impl Shared {
             }
             result
         };
-        done.into_iter().for_each(Done::send);
+        woken.into_iter().for_each(Waker::wake);
         result
     }
 
@@ -227,6 +229,12 @@ impl Shared {
             }
             notified.await;
         }
+    }
+}
+
+impl Queue<Reply> for Shared {
+    fn waiting<T>(&self, f: impl FnOnce(&mut Waiting<Reply>) -> T) -> T {
+        f(&mut self.lock().waiting)
     }
 }
 

@@ -14,17 +14,17 @@
 
 use std::io;
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::task::Waker;
 use std::time::{Duration, Instant};
 
 use bytes::{Buf, BytesMut};
-use smallvec::SmallVec;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpStream, UnixStream};
 use tokio::sync::Notify;
 
 use super::resp::{self, Arg, Replies, Reply};
 use crate::backend::outbox::{self, Outbox, write_gathered};
-use crate::backend::waiting::{self, Done, Failure, Waiting};
+use crate::backend::waiting::{self, Failure, Queue, Replies as Answered, Waiting, Woken};
 
 /// The most requests that may wait on one connection.
 pub const MAX_WAITING: usize = 65_536;
@@ -125,8 +125,8 @@ impl Pipelined {
         });
         let task = Arc::clone(&shared);
         tokio::spawn(async move {
-            let expire = |f: &mut dyn FnMut(&mut _)| f(&mut task.lock().waiting);
-            waiting::with_deadlines(&task.sooner, expire, supervise(&task, connection)).await;
+            let run = supervise(&task, connection);
+            waiting::with_deadlines(&*task, &task.sooner, "redis connection: closed", run).await;
         });
         Ok(Pipelined {
             handle: Arc::new(Handle(shared)),
@@ -146,7 +146,7 @@ impl Pipelined {
         write: impl FnOnce(&mut dyn FnMut(&[Arg<'_>])),
     ) -> Answer {
         let shared = &self.handle.0;
-        let (replies, sooner) = {
+        let (slot, sooner) = {
             let mut state = shared.lock();
             match &state.link {
                 Link::Up | Link::Connecting => {}
@@ -171,10 +171,13 @@ impl Pipelined {
             }
             state.waiting.push(count, deadline)
         };
+        // Taken back from the queue if this request goes away before its answer.
+        let answer = Answered::new(&**shared, slot);
         if sooner {
             shared.sooner.notify_one();
         }
-        outbox::replies(&shared.work, replies, "redis connection: closed").await
+        shared.work.notify_one();
+        answer.await
     }
 }
 
@@ -195,20 +198,26 @@ impl Shared {
             };
             state.waiting.fail_all(&error)
         };
-        failed.into_iter().for_each(Done::send);
+        failed.into_iter().for_each(Waker::wake);
     }
 
     /// Hands complete replies to their requests, in order (leaving `replies` empty).
-    fn deliver(&self, replies: &mut Vec<Reply>) -> Result<(), String> {
-        let mut done: SmallVec<[Done<Reply>; 16]> = SmallVec::new();
-        {
+    fn deliver(&self, replies: &mut Vec<Reply>) -> Result<(), &'static str> {
+        let mut woken = Woken::new();
+        let delivered = {
             let mut state = self.lock();
-            for reply in replies.drain(..) {
-                done.extend(state.waiting.reply(reply)?);
-            }
-        }
-        done.into_iter().for_each(Done::send);
-        Ok(())
+            replies
+                .drain(..)
+                .try_for_each(|reply| state.waiting.reply(reply, &mut woken))
+        };
+        woken.into_iter().for_each(Waker::wake);
+        delivered
+    }
+}
+
+impl Queue<Reply> for Shared {
+    fn waiting<T>(&self, f: impl FnOnce(&mut Waiting<Reply>) -> T) -> T {
+        f(&mut self.lock().waiting)
     }
 }
 
