@@ -63,7 +63,7 @@ pub use limiter::Limiter;
 pub use local_cache::OverLimitCache;
 pub use memory::{DEFAULT_MAX_BYTES, MemoryStore, MemoryUsage};
 pub use plan::{
-    Decision, DescriptorExplanation, Explanation, Increment, MatchedEntry, Outcome, Plan,
+    Decision, DescriptorExplanation, Explanation, Increment, MatchedEntry, Outcome, Plan, PlanRoom,
     PrepareError, PreparedCheck, QuotaLimit, QuotaRule,
 };
 pub use request::{Descriptor, Entry, LimitOverride, Request, RequestBounds, RequestError};

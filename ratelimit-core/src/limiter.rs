@@ -10,7 +10,7 @@ use smallvec::SmallVec;
 use crate::config::Config;
 use crate::engine::Engine;
 use crate::local_cache::OverLimitCache;
-use crate::plan::{Explanation, Plan, QuotaRule};
+use crate::plan::{Explanation, Plan, PlanRoom, QuotaRule};
 use crate::request::{Entry, Request, RequestBounds, RequestError};
 use crate::response::Response;
 use crate::rules::{RuleSet, RuleView};
@@ -195,8 +195,19 @@ impl Limiter {
     /// Plans `request` at `now_ms` (unix milliseconds, which sliding windows and token
     /// buckets count in) for a remote counter store.
     pub fn plan_millis(&self, request: &Request, now_ms: u64) -> Result<Plan, RequestError> {
+        self.plan_millis_in(request, now_ms, PlanRoom::default())
+    }
+
+    /// [`Limiter::plan_millis`] in the room an earlier plan left
+    /// ([`Plan::decide_keeping_room`]): its vector and key strings are reused.
+    pub fn plan_millis_in(
+        &self,
+        request: &Request,
+        now_ms: u64,
+        room: PlanRoom,
+    ) -> Result<Plan, RequestError> {
         let engine = self.engine_for(request)?;
-        let body = engine.plan_body(request, now_ms, false);
+        let body = engine.plan_body(request, now_ms, false, room);
         Ok(Plan { engine, body })
     }
 

@@ -3,7 +3,9 @@
 use std::collections::HashMap;
 
 use proptest::prelude::*;
-use ratelimit_core::{Code, Config, Descriptor, Limiter, MemoryStore, Request, Response, Settings};
+use ratelimit_core::{
+    Code, Config, Descriptor, Limiter, MemoryStore, PlanRoom, Request, Response, Settings,
+};
 
 mod support;
 use support::fixture;
@@ -11,6 +13,41 @@ use support::fixture;
 /// A limiter on `fixtures/rules/properties.yaml`.
 fn limiter() -> Limiter {
     support::limiter(&fixture("properties"))
+}
+
+/// A plan made in the room of a decided one writes over its counters, reusing their key
+/// strings, and lists the same counters as a plan made anew, larger or smaller.
+#[test]
+fn a_plan_made_in_a_decided_plans_room_reuses_its_strings() {
+    let limiter = limiter();
+    let user = |v: &str| Descriptor::new([("user", v.to_owned())]);
+    let one = Request::new("p", vec![user("first-user")]);
+    let two = Request::new("p", vec![user("second"), user("third")]);
+    let plan = limiter.plan_millis(&one, 5_000).unwrap();
+    let first = plan.increments()[0].key.as_ptr();
+    let (_, room) = plan.decide_keeping_room(&[1]);
+    assert!(
+        room.held() >= "p_user_first-user_0".len(),
+        "{}",
+        room.held()
+    );
+    let plan = limiter.plan_millis_in(&two, 5_000, room).unwrap();
+    assert_eq!(plan.increments()[0].key.as_ptr(), first, "written over");
+    assert_eq!(
+        plan.increments(),
+        limiter.plan_millis(&two, 5_000).unwrap().increments()
+    );
+    let (_, room) = plan.decide_keeping_room(&[1, 1]);
+    let plan = limiter.plan_millis_in(&one, 5_000, room).unwrap();
+    assert_eq!(
+        plan.increments()[0].key.as_ptr(),
+        first,
+        "written over again"
+    );
+    assert_eq!(
+        plan.increments(),
+        limiter.plan_millis(&one, 5_000).unwrap().increments()
+    );
 }
 
 proptest! {
@@ -192,6 +229,8 @@ proptest! {
     /// Whatever the rules a request's descriptors match, with global shadow or quota mode
     /// on or off: deciding in process (in one pass where the rules allow it) and through a
     /// plan give the same answers, leave the same counters and count the same statistics.
+    /// Each plan is made in the room the one before left, and lists the same counters as
+    /// a plan made anew.
     #[test]
     fn one_pass_and_planned_decisions_agree_with_their_statistics(
         shadow in any::<bool>(),
@@ -203,8 +242,10 @@ proptest! {
     ) {
         let settings = Settings { shadow_mode: shadow, quota_mode: quota, ..Settings::default() };
         let config = Config::from_yaml("o.yaml", &fixture("one_pass_and_planned")).unwrap();
-        let (in_process, planned) = (Limiter::new(&config, settings.clone()), Limiter::new(&config, settings));
+        let (in_process, planned) = (Limiter::new(&config, settings.clone()), Limiter::new(&config, settings.clone()));
+        let fresh = Limiter::new(&config, settings);
         let (a, b) = (MemoryStore::default(), MemoryStore::default());
+        let mut room = PlanRoom::default();
         let mut calls = calls;
         calls.sort_by_key(|c| c.1);
         for (descriptors, t) in calls {
@@ -221,9 +262,13 @@ proptest! {
                 .collect();
             let request = Request::new("o", descriptors);
             let expected = in_process.should_rate_limit_millis(&request, &a, now_ms).unwrap();
-            let plan = planned.plan_millis(&request, now_ms).unwrap();
+            // Each plan in the room the one before left: the same counters as a new plan's.
+            let plan = planned.plan_millis_in(&request, now_ms, room).unwrap();
+            let new = fresh.plan_millis(&request, now_ms).unwrap();
+            prop_assert_eq!(plan.increments(), new.increments());
             let counts: Vec<u64> = plan.increments().iter().map(|i| b.apply(i)).collect();
-            let got = plan.decide(&counts);
+            let got;
+            (got, room) = plan.decide_keeping_room(&counts);
             prop_assert_eq!(&got, &expected, "{:?} at {}", request, now_ms);
         }
         prop_assert_eq!(

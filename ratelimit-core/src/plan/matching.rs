@@ -3,7 +3,7 @@
 use smallvec::SmallVec;
 
 use super::keys::override_stats_key;
-use super::{Applied, Increment, Item, Limited, PlanBody, Source};
+use super::{Applied, Increment, Item, Limited, PlanBody, PlanRoom, Source};
 use crate::config::Limit;
 use crate::engine::Engine;
 use crate::request::Request;
@@ -112,14 +112,26 @@ impl Engine {
     }
 
     /// Matches `request` and lists its counters with their keys, leaving out those the
-    /// local over-limit cache already knows about.
-    pub(crate) fn plan_body(&self, request: &Request, now_ms: u64, dry: bool) -> PlanBody {
+    /// local over-limit cache already knows about; written over `room`'s counters, whose
+    /// key strings are reused (the ones this plan does not need are dropped).
+    pub(crate) fn plan_body(
+        &self,
+        request: &Request,
+        now_ms: u64,
+        dry: bool,
+        room: PlanRoom,
+    ) -> PlanBody {
         let mut body = self.match_request(request, now_ms, dry);
-        let mut increments = Vec::with_capacity(body.items.len());
+        let mut increments = room.increments;
+        let mut used = 0;
         self.for_each_counter(&body, request, |key, hits, span, _| {
-            let mut text = String::new();
+            let mut text = match increments.get_mut(used) {
+                Some(earlier) => std::mem::take(&mut earlier.key),
+                None => String::new(),
+            };
+            text.clear();
             key.write_text(&mut text);
-            increments.push(Increment {
+            let increment = Increment {
                 key: text,
                 id: key.to_id(),
                 hits,
@@ -128,8 +140,14 @@ impl Engine {
                 window_end: span.start + span.window.seconds(),
                 expires: span.expires,
                 now_ms,
-            });
+            };
+            match increments.get_mut(used) {
+                Some(earlier) => *earlier = increment,
+                None => increments.push(increment),
+            }
+            used += 1;
         });
+        increments.truncate(used);
         body.increments = increments;
         if let Some(cache) = self.local_cache.as_ref().filter(|_| !dry) {
             body.skip_cached(cache, self.settings.stop_cache_key_increment_when_overlimit);

@@ -142,6 +142,34 @@ impl Plan {
     pub fn decide(self, counts: &[u64]) -> Response {
         self.body.decide(&self.engine, counts)
     }
+
+    /// [`Plan::decide`], and the room this plan leaves for another
+    /// ([`crate::Limiter::plan_millis_in`]).
+    ///
+    /// # Panics
+    /// If `counts` is shorter than [`Plan::increments`].
+    pub fn decide_keeping_room(self, counts: &[u64]) -> (Response, PlanRoom) {
+        let response = self.body.decide(&self.engine, counts);
+        let increments = self.body.increments;
+        (response, PlanRoom { increments })
+    }
+}
+
+/// The room a decided plan leaves for the next one ([`crate::Limiter::plan_millis_in`]):
+/// its counters, whose vector and key strings the next plan writes over. A caller that
+/// keeps a few plans' room, as a remote store's caller does, plans a request without
+/// allocating once it has planned one as large.
+#[derive(Debug, Default)]
+pub struct PlanRoom {
+    increments: Vec<Increment>,
+}
+
+impl PlanRoom {
+    /// The bytes it holds on the heap.
+    pub fn held(&self) -> usize {
+        let keys: usize = self.increments.iter().map(|i| i.key.capacity()).sum();
+        self.increments.capacity() * size_of::<Increment>() + keys
+    }
 }
 
 #[derive(Debug)]

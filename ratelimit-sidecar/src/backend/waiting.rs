@@ -49,8 +49,8 @@ pub(super) trait Queue<R> {
 
 /// The waiting requests of one connection, in the order their replies will come.
 pub(super) struct Waiting<R> {
-    queue: VecDeque<Waiter<R>>,
-    /// Each request's answer, until its future takes it.
+    queue: VecDeque<Waiter>,
+    /// Each request's replies and answer, until its future takes them.
     slots: Vec<Slot<R>>,
     /// The slots no request holds.
     free: Vec<usize>,
@@ -58,22 +58,29 @@ pub(super) struct Waiting<R> {
     armed: Option<Instant>,
 }
 
-struct Waiter<R> {
-    replies: usize,
-    got: Got<R>,
+struct Waiter {
+    /// Its replies still to come.
+    left: usize,
     /// `None`: no deadline (a health check, bounded by its caller).
     deadline: Option<Instant>,
     /// Its request's slot; `None` once answered early (late): its replies are dropped.
     slot: Option<usize>,
 }
 
-enum Slot<R> {
+/// A request's replies so far, and where its answer stands.
+struct Slot<R> {
+    got: Got<R>,
+    state: State,
+}
+
+enum State {
     Free,
     /// Its request waits (woken by this, once it has polled).
     Waits(Option<Waker>),
     /// Its request's future is gone; its replies have not all come yet.
     Abandoned,
-    Answered(Answer<R>),
+    /// Its replies are all in `got`, or why there are none.
+    Answered(Result<(), Failure>),
 }
 
 /// Wakes the requests answered under the connection's lock, once it is released.
@@ -102,19 +109,20 @@ impl<R> Waiting<R> {
     /// [`Replies::new`], and whether [`fail_late`] must be told (`sooner`): it sleeps until
     /// a later deadline, or until told.
     pub fn push(&mut self, replies: usize, deadline: Option<Instant>) -> (usize, bool) {
+        let waits = State::Waits(None);
         let slot = match self.free.pop() {
             Some(slot) => {
-                self.slots[slot] = Slot::Waits(None);
+                self.slots[slot].state = waits;
                 slot
             }
             None => {
-                self.slots.push(Slot::Waits(None));
+                let got = Got::new();
+                self.slots.push(Slot { got, state: waits });
                 self.slots.len() - 1
             }
         };
         self.queue.push_back(Waiter {
-            replies,
-            got: Got::new(),
+            left: replies,
             deadline,
             slot: Some(slot),
         });
@@ -129,14 +137,19 @@ impl<R> Waiting<R> {
     /// of its replies, its waker (in `woken`). An error when no request awaits one.
     pub fn reply(&mut self, reply: R, woken: &mut Woken) -> Result<(), &'static str> {
         let waiter = self.queue.front_mut().ok_or("a reply to no command")?;
-        waiter.got.push(reply);
-        if waiter.got.len() < waiter.replies {
+        if let Some(slot) = waiter.slot {
+            self.slots[slot].got.push(reply);
+        }
+        waiter.left -= 1;
+        if waiter.left > 0 {
             return Ok(());
         }
-        if let Some(waiter) = self.queue.pop_front()
-            && let Some(slot) = waiter.slot
+        if let Some(Waiter {
+            slot: Some(slot), ..
+        }) = self.queue.pop_front()
+            && let Some(waker) = self.answer(slot, Ok(()))
         {
-            woken.extend(self.answer(slot, Ok(waiter.got)));
+            woken.push(waker);
         }
         Ok(())
     }
@@ -151,11 +164,12 @@ impl<R> Waiting<R> {
             .collect()
     }
 
-    /// Leaves `answer` in `slot` (freed instead when its request's future is gone), and
+    /// Marks `slot` answered (released instead when its request's future is gone), and
     /// returns the waker of the request to wake.
-    fn answer(&mut self, slot: usize, answer: Answer<R>) -> Option<Waker> {
-        match std::mem::replace(&mut self.slots[slot], Slot::Answered(answer)) {
-            Slot::Waits(waker) => waker,
+    fn answer(&mut self, slot: usize, answer: Result<(), Failure>) -> Option<Waker> {
+        let state = &mut self.slots[slot].state;
+        match std::mem::replace(state, State::Answered(answer)) {
+            State::Waits(waker) => waker,
             _ => {
                 self.release(slot);
                 None
@@ -164,37 +178,41 @@ impl<R> Waiting<R> {
     }
 
     fn release(&mut self, slot: usize) {
-        self.slots[slot] = Slot::Free;
+        let Slot { got, state } = &mut self.slots[slot];
+        got.clear();
+        *state = State::Free;
         self.free.push(slot);
     }
 
     /// The answer in `slot`, taken (the slot is released), or `Pending` with `waker` kept
     /// to wake when it comes.
     fn poll_slot(&mut self, slot: usize, waker: &Waker) -> Poll<Answer<R>> {
-        match &mut self.slots[slot] {
-            Slot::Waits(kept) => {
+        let Slot { got, state } = &mut self.slots[slot];
+        match state {
+            State::Waits(kept) => {
                 if !kept.as_ref().is_some_and(|kept| kept.will_wake(waker)) {
                     *kept = Some(waker.clone());
                 }
                 Poll::Pending
             }
-            Slot::Answered(_) => {
-                let Slot::Answered(answer) = std::mem::replace(&mut self.slots[slot], Slot::Free)
-                else {
+            State::Answered(_) => {
+                let State::Answered(answer) = std::mem::replace(state, State::Free) else {
                     unreachable!("matched as answered")
                 };
+                let answer = answer.map(|()| std::mem::take(got));
+                got.clear();
                 self.free.push(slot);
                 Poll::Ready(answer)
             }
-            Slot::Free | Slot::Abandoned => unreachable!("a slot is its future's until taken"),
+            State::Free | State::Abandoned => unreachable!("a slot is its future's until taken"),
         }
     }
 
     /// `slot`'s future is gone: its answer is dropped, or, when its replies are still
     /// to come, the slot is released once they have.
     fn abandon(&mut self, slot: usize) {
-        match self.slots[slot] {
-            Slot::Waits(_) => self.slots[slot] = Slot::Abandoned,
+        match self.slots[slot].state {
+            State::Waits(_) => self.slots[slot].state = State::Abandoned,
             _ => self.release(slot),
         }
     }
@@ -415,6 +433,27 @@ mod tests {
         assert_eq!(queue.waiting(|w| answer(w, next)), got(&[8]));
         assert_eq!(queue.waiting(|w| w.push(1, None)).0, next);
         assert_eq!(queue.waiting(|w| w.slots.len()), 2);
+    }
+
+    /// A request that goes late between two of its replies gets `Late`; its other reply
+    /// is dropped in its place, and its slot comes back empty to the next request.
+    #[test]
+    fn a_late_requests_replies_are_dropped_and_its_slot_comes_back_empty() {
+        let mut waiting: Waiting<u32> = Waiting::new();
+        let mut woken = Woken::new();
+        let (late, _) = waiting.push(2, after(60_000));
+        waiting.reply(1, &mut woken).unwrap();
+        waiting.expire(Instant::now() + Duration::from_secs(61));
+        assert_eq!(answer(&mut waiting, late), Poll::Ready(Err(Failure::Late)));
+        let (next, _) = waiting.push(1, None);
+        assert_eq!(next, late, "the taken slot is reused");
+        waiting.reply(2, &mut woken).unwrap();
+        assert!(
+            answer(&mut waiting, next).is_pending(),
+            "2 was the late one's"
+        );
+        waiting.reply(3, &mut woken).unwrap();
+        assert_eq!(answer(&mut waiting, next), got(&[3]));
     }
 
     /// The watcher fails a request with a short deadline queued behind one with a long

@@ -1,9 +1,10 @@
 //! The decision service shared by the gRPC and HTTP front ends, with what it does when
-//! its backend is away ([`outage`]) and the dynamic metadata of its answers
-//! ([`metadata`]).
+//! its backend is away ([`outage`]), the dynamic metadata of its answers
+//! ([`metadata`]) and the room each worker keeps for the next decision ([`spare`]).
 
 pub mod metadata;
 pub mod outage;
+pub(crate) mod spare;
 
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
@@ -309,7 +310,8 @@ impl Service {
         caller_deadline: Option<Duration>,
     ) -> Result<Response, ServiceError> {
         let now_ms = unix_now_ms();
-        let mut plan = self.limiter.plan_millis(request, now_ms)?;
+        let room = spare::plan_room();
+        let mut plan = self.limiter.plan_millis_in(request, now_ms, room)?;
         let counters = Some(plan.increments().len());
         let round_trip = traces::backend(span, self.backend.name(), counters);
         let counts = remote.run(&mut plan, caller_deadline).await;
@@ -317,7 +319,9 @@ impl Service {
         let response = match counts {
             Ok(counts) => {
                 self.outage.recovered();
-                plan.decide(&counts)
+                let (response, room) = plan.decide_keeping_room(&counts);
+                spare::keep_plan_room(room);
+                response
             }
             Err(error @ BackendError::Key(_)) => return Err(error.into()),
             Err(error) => self.outage.answer(&self.limiter, request, now_ms, error)?,

@@ -100,27 +100,30 @@ type Command<'c> = &'c mut dyn FnMut(&[Arg<'_>]);
 
 impl RedisCounters {
     async fn run(&self, items: &[&Increment], deadline: Instant) -> Result<Totals, BackendError> {
-        let totals = run_batched(self, items, deadline, |command, increment| {
-            self.add(command, increment, false);
-        })
-        .await?;
-        let mut out = Totals::with_capacity(totals.len());
-        let mut unloaded = Vec::new();
-        for (i, total) in totals.iter().enumerate() {
-            if total.is_noscript() {
-                // The script did not run: it runs again below with its source.
-                unloaded.push(i);
-                out.push(0);
-            } else {
-                out.push(saturated_total(total)?);
+        let (mut out, mut unloaded) = (Totals::new(), Vec::new());
+        {
+            let totals = run_batched(self, items, deadline, |command, increment| {
+                self.add(command, increment, false);
+            })
+            .await?;
+            for (i, total) in totals.iter().enumerate() {
+                if total.is_noscript() {
+                    // The script did not run: it runs again below with its source.
+                    unloaded.push(i);
+                    out.push(0);
+                } else {
+                    out.push(saturated_total(total)?);
+                }
             }
         }
         if !unloaded.is_empty() {
             let again: Vec<&Increment> = unloaded.iter().map(|&i| items[i]).collect();
-            let totals = run_batched(self, &again, deadline, |command, increment| {
+            // Boxed: rare (a script flushed from Redis), and inline it would make every
+            // call's future larger by its own, and by what this one keeps meanwhile.
+            let retry = run_batched(self, &again, deadline, |command, increment| {
                 self.add(command, increment, true);
-            })
-            .await?;
+            });
+            let totals = Box::pin(retry).await?;
             for (i, total) in unloaded.into_iter().zip(&totals) {
                 out[i] = saturated_total(total)?;
             }

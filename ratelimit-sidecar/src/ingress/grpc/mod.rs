@@ -11,7 +11,6 @@
 //! tonic lets a lone length prefix, or a message cut short by trailers, pass.
 
 mod read;
-mod spare;
 
 use std::convert::Infallible;
 use std::pin::Pin;
@@ -33,7 +32,7 @@ use ratelimit_proto::envoy::InvalidRequest;
 use ratelimit_proto::wire::RequestError;
 
 use crate::backend::BackendError;
-use crate::service::{Decided, Service as Decider, ServiceError};
+use crate::service::{Decided, Service as Decider, ServiceError, spare};
 use read::{Reader, read_request};
 
 /// The method's path.
@@ -135,7 +134,7 @@ fn frame_decided(
 ) -> Result<Bytes, Status> {
     let decided = decided.map_err(|error| status(&error))?;
     let framed = frame(|buf| service.encode(&decided, buf));
-    spare::keep(decided.into_request());
+    spare::keep_request(decided.into_request());
     framed
 }
 

@@ -1,48 +1,73 @@
-//! Requests kept to decode into: each worker thread keeps a few of the core's requests,
-//! and a call's message is decoded into one of them, reusing its strings and vectors, so
-//! that a call allocates nothing for its request once the thread has seen one as large.
+//! Room kept for the next decision: each worker thread keeps a few of the core's requests
+//! (a call's message is decoded into one, reusing its strings and vectors) and a few
+//! remote plans' room ([`PlanRoom`]: their counters' vector and key strings), so that a
+//! decision allocates nothing for either once the thread has seen one as large.
 //!
-//! Bounded twice: a thread keeps at most [`KEPT`] requests, and only requests that hold
-//! at most [`KEPT_BYTES`] (a request that held more is dropped, as before).
+//! Bounded twice: a thread keeps at most [`KEPT`] of each, and only those that hold at
+//! most [`KEPT_BYTES`] (one that held more is dropped, as before).
 
 use std::cell::RefCell;
+use std::thread::LocalKey;
 
-use ratelimit_core::{Descriptor, Entry, Request};
+use ratelimit_core::{Descriptor, Entry, PlanRoom, Request};
 use ratelimit_proto::wire::{self, RequestError};
 
-/// The requests a thread keeps at most: more than a worker's calls in flight under the
-/// usual load (a call decided on the memory store gives its request back before the next
-/// call is read).
+/// How many of each a thread keeps at most: more than a worker's calls in flight under
+/// the usual load (a call decided on the memory store gives its request back before the
+/// next call is read).
 const KEPT: usize = 64;
 
-/// The bytes a kept request may hold: room for several descriptors of a few entries.
+/// The bytes a kept value may hold: room for several descriptors of a few entries.
 const KEPT_BYTES: usize = 4096;
 
+/// What a thread keeps of one kind.
+type Kept<T> = RefCell<Vec<T>>;
+
 thread_local! {
-    static SPARE: RefCell<Vec<Request>> = const { RefCell::new(Vec::new()) };
+    static REQUESTS: Kept<Request> = const { RefCell::new(Vec::new()) };
+    static PLAN_ROOMS: Kept<PlanRoom> = const { RefCell::new(Vec::new()) };
 }
 
 /// `message` decoded into a kept request, or into a new one when the thread keeps none.
-pub(super) fn decode(message: &[u8]) -> Result<Request, RequestError> {
-    let mut request = SPARE.with_borrow_mut(Vec::pop).unwrap_or_default();
+pub(crate) fn decode(message: &[u8]) -> Result<Request, RequestError> {
+    let mut request = take(&REQUESTS);
     match wire::decode_request_into(message, &mut request) {
         Ok(()) => Ok(request),
         Err(error) => {
-            keep(request);
+            keep_request(request);
             Err(error)
         }
     }
 }
 
-/// Keeps `request` for a later call to decode into, unless the thread keeps enough
-/// already or it holds more than [`KEPT_BYTES`].
-pub(super) fn keep(request: Request) {
-    if held(&request) > KEPT_BYTES {
+/// Keeps `request` for a later call to decode into.
+pub(crate) fn keep_request(request: Request) {
+    keep(&REQUESTS, held(&request), request);
+}
+
+/// A kept plan's room, or an empty one when the thread keeps none.
+pub(crate) fn plan_room() -> PlanRoom {
+    take(&PLAN_ROOMS)
+}
+
+/// Keeps `room` for a later plan.
+pub(crate) fn keep_plan_room(room: PlanRoom) {
+    keep(&PLAN_ROOMS, room.held(), room);
+}
+
+fn take<T: Default>(kept: &'static LocalKey<Kept<T>>) -> T {
+    kept.with_borrow_mut(Vec::pop).unwrap_or_default()
+}
+
+/// Keeps `value`, which holds `bytes`, unless the thread keeps enough already or it holds
+/// more than [`KEPT_BYTES`].
+fn keep<T>(kept: &'static LocalKey<Kept<T>>, bytes: usize, value: T) {
+    if bytes > KEPT_BYTES {
         return;
     }
-    SPARE.with_borrow_mut(|spare| {
-        if spare.len() < KEPT {
-            spare.push(request);
+    kept.with_borrow_mut(|kept| {
+        if kept.len() < KEPT {
+            kept.push(value);
         }
     });
 }
@@ -69,7 +94,7 @@ mod tests {
     use super::*;
 
     fn kept() -> usize {
-        SPARE.with_borrow(Vec::len)
+        REQUESTS.with_borrow(Vec::len)
     }
 
     fn message(value: &str) -> Vec<u8> {
@@ -94,7 +119,7 @@ mod tests {
     fn a_kept_request_is_decoded_into_and_its_room_reused() {
         let first = decode(&message("a longer value")).unwrap();
         let value = first.descriptors[0].entries[0].value.as_ptr();
-        keep(first);
+        keep_request(first);
         assert_eq!(kept(), 1);
         let second = decode(&message("short")).unwrap();
         assert_eq!(kept(), 0);
@@ -105,15 +130,15 @@ mod tests {
     #[test]
     fn a_thread_keeps_a_bounded_number_of_small_requests() {
         let large = decode(&message(&"x".repeat(KEPT_BYTES))).unwrap();
-        keep(large);
+        keep_request(large);
         assert_eq!(
             kept(),
             0,
             "a request holding more than KEPT_BYTES is dropped"
         );
         for _ in 0..KEPT + 5 {
-            keep(decode(&message("v")).unwrap());
-            keep(Request::default());
+            keep_request(decode(&message("v")).unwrap());
+            keep_request(Request::default());
         }
         assert_eq!(kept(), KEPT);
     }
