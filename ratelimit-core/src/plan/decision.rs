@@ -3,7 +3,7 @@
 
 use smallvec::SmallVec;
 
-use super::{Applied, Increment, Item, Limited, PlanBody, Source};
+use super::{Applied, Item, Limited, PlanBody, Source};
 use crate::counting::{Assessed, Counting};
 use crate::engine::Engine;
 use crate::local_cache::OverLimitCache;
@@ -59,36 +59,39 @@ impl PlanBody {
     /// (STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT), a known one makes every other counter
     /// only checked, as upstream does.
     pub(super) fn skip_cached(&mut self, cache: &OverLimitCache, stop: bool) {
-        let increments = std::mem::take(&mut self.increments);
-        let mut kept = Vec::with_capacity(increments.len());
-        let mut any_cached = false;
-        let mut increments = increments.into_iter();
+        // In place: the counters kept move down over the ones left out, which are
+        // dropped at the end, so the list's room is the one the plan was made in.
+        let (mut read, mut kept, mut any_cached) = (0, 0, false);
+        let increments = &mut self.increments;
         for item in &mut self.items {
-            if let Item::Limited(limited) = item {
-                let own: SmallVec<[Increment; 2]> =
-                    increments.by_ref().take(limited.counters).collect();
-                // The local cache knows a limit by its first counter. A refund is always
-                // run, and the counter it lowers is no longer known to be over.
-                let first = own.first().map(|first| first.key.as_str());
-                if limited.refund {
-                    first.inspect(|key| cache.remove(key));
-                    limited.increment = kept.len();
-                    kept.extend(own);
-                } else if first.is_some_and(|key| cache.contains(key, self.now_ms / 1_000)) {
-                    limited.cached = true;
-                    any_cached = true;
-                } else {
-                    limited.increment = kept.len();
-                    kept.extend(own);
-                }
+            let Item::Limited(limited) = item else {
+                continue;
+            };
+            let own = read..read + limited.counters;
+            read = own.end;
+            // The local cache knows a limit by its first counter. A refund is always
+            // run, and the counter it lowers is no longer known to be over.
+            let first = (!own.is_empty()).then(|| increments[own.start].key.as_str());
+            if limited.refund {
+                first.inspect(|key| cache.remove(key));
+            } else if first.is_some_and(|key| cache.contains(key, self.now_ms / 1_000)) {
+                limited.cached = true;
+                any_cached = true;
+                continue;
+            }
+            limited.increment = kept;
+            for at in own {
+                increments.swap(kept, at);
+                kept += 1;
             }
         }
+        increments.truncate(kept);
         if any_cached && stop {
-            kept.iter_mut()
+            increments
+                .iter_mut()
                 .filter(|increment| !increment.op.is_refund())
                 .for_each(|increment| increment.hits = 0);
         }
-        self.increments = kept;
     }
 
     pub(crate) fn decide(&self, engine: &Engine, counts: &[u64]) -> Response {
