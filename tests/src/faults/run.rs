@@ -90,11 +90,15 @@ where
     Fut: Future<Output = bool>,
 {
     let deadline = std::time::Instant::now() + timeout;
+    // The fault may have ended at any moment after the start of the last poll that still
+    // saw it (or, when the first poll sees it over, after the polling began).
+    let mut seen = now_us();
     loop {
-        let seen = now_us();
+        let polled = now_us();
         if over().await {
             return seen;
         }
+        seen = polled;
         assert!(
             std::time::Instant::now() < deadline,
             "{what}: not within {timeout:?}"
@@ -199,5 +203,34 @@ pub fn store_fault(
     Fault {
         loses_counters: lost,
         ..Fault::new(name, promise, timed.times(), timed.settle(open))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+
+    use super::*;
+
+    /// The moment returned is the start of the last poll that still saw the fault, not
+    /// the later one that saw it over: calls between the two may already see it healed.
+    #[tokio::test]
+    async fn the_heal_may_have_come_right_after_the_last_poll_that_saw_the_fault() {
+        let polls = AtomicU32::new(0);
+        let last_unhealed = AtomicU64::new(0);
+        let healed = last_seen(Duration::from_secs(5), "healed", || async {
+            let started = now_us();
+            let over = polls.fetch_add(1, Ordering::SeqCst) == 2;
+            if !over {
+                last_unhealed.store(started, Ordering::SeqCst);
+            }
+            over
+        })
+        .await;
+        assert!(healed <= last_unhealed.load(Ordering::SeqCst));
+        assert!(
+            healed + 40_000 >= last_unhealed.load(Ordering::SeqCst),
+            "not earlier"
+        );
     }
 }
