@@ -125,10 +125,8 @@ impl Engine {
         let mut increments = room.increments;
         let mut used = 0;
         self.for_each_counter(&body, request, |key, hits, span, _| {
-            let mut text = match increments.get_mut(used) {
-                Some(earlier) => std::mem::take(&mut earlier.key),
-                None => String::new(),
-            };
+            let earlier = increments.get_mut(used).map(|earlier| &mut earlier.key);
+            let mut text = earlier.map(std::mem::take).unwrap_or_default();
             text.clear();
             key.write_text(&mut text);
             let increment = Increment {

@@ -264,6 +264,22 @@ impl<'a, Q: Queue<R>, R> Replies<'a, Q, R> {
     }
 }
 
+/// The answer of the request [`Waiting::push`] gave `slot`, in `queue`, once the
+/// connection's task is woken to write its commands (`work`) and, when its deadline comes
+/// sooner than the one the timer sleeps until, the timer told (`sooner`).
+pub(super) fn replies<'a, Q: Queue<R>, R>(
+    queue: &'a Q,
+    slot: usize,
+    sooner: Option<&Notify>,
+    work: &Notify,
+) -> Replies<'a, Q, R> {
+    // Taken back from the queue if the request goes away before its answer.
+    let answer = Replies::new(queue, slot);
+    sooner.inspect(|timer| timer.notify_one());
+    work.notify_one();
+    answer
+}
+
 impl<Q: Queue<R>, R> Future for Replies<'_, Q, R> {
     type Output = Answer<R>;
 

@@ -24,7 +24,7 @@ use tokio::sync::Notify;
 
 use super::resp::{self, Arg, Replies, Reply};
 use crate::backend::outbox::{self, Outbox, write_gathered};
-use crate::backend::waiting::{self, Failure, Queue, Replies as Answered, Waiting, Woken};
+use crate::backend::waiting::{self, Failure, Queue, Waiting, Woken};
 
 /// The most requests that may wait on one connection.
 pub const MAX_WAITING: usize = 65_536;
@@ -171,13 +171,8 @@ impl Pipelined {
             }
             state.waiting.push(count, deadline)
         };
-        // Taken back from the queue if this request goes away before its answer.
-        let answer = Answered::new(&**shared, slot);
-        if sooner {
-            shared.sooner.notify_one();
-        }
-        shared.work.notify_one();
-        answer.await
+        let sooner = sooner.then_some(&shared.sooner);
+        waiting::replies(&**shared, slot, sooner, &shared.work).await
     }
 }
 
