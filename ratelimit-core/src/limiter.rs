@@ -95,7 +95,7 @@ impl Limiter {
     /// caller reads it.)
     fn with_engine<R>(
         &self,
-        f: impl FnOnce(&Engine) -> Result<R, RequestError>,
+        f: impl FnOnce(&Arc<Engine>) -> Result<R, RequestError>,
     ) -> Result<R, RequestError> {
         let generation = self.generation.load(Ordering::Acquire);
         ENGINE.with(|cache| {
@@ -228,12 +228,11 @@ impl Limiter {
 
     /// The configuration a plan keeps alive, once `request` is known to be valid.
     fn engine_for(&self, request: &Request) -> Result<Arc<Engine>, RequestError> {
-        let engine = self
-            .engine
-            .load_full()
-            .ok_or(RequestError::NoConfiguration)?;
-        check(request, &self.settings.bounds)?;
-        Ok(engine)
+        // This thread's cached engine: one reference count, not the `ArcSwap`'s load.
+        self.with_engine(|engine| {
+            check(request, &self.settings.bounds)?;
+            Ok(Arc::clone(engine))
+        })
     }
 
     /// Decides `request` at `now` (unix seconds) against counters in `store`.

@@ -261,15 +261,16 @@ async fn run_batched(
         let replies = query(store, Some(deadline), write).await;
         attempt.settle(&replies);
         let mut replies = replies?;
-        return starts
-            .into_iter()
-            .map(|at| {
-                replies
-                    .get_mut(at)
-                    .map(|reply| std::mem::replace(reply, Reply::Nil))
-                    .ok_or_else(|| redis_error("fewer replies than commands"))
-            })
-            .collect();
+        // Each counter's first reply moves down in place: the starts grow, each counter
+        // writing one command or more, so a swap never moves a reply still to be read.
+        for (i, &at) in starts.iter().enumerate() {
+            if at >= replies.len() {
+                return Err(redis_error("fewer replies than commands"));
+            }
+            replies.swap(i, at);
+        }
+        replies.truncate(starts.len());
+        return Ok(replies);
     }
     let calls = items.iter().map(|item| {
         let breaker = counters.nodes.breaker(&item.key);

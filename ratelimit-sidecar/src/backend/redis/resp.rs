@@ -93,30 +93,60 @@ pub fn encode(out: &mut Vec<u8>, args: &[Arg<'_>]) {
     // Room for every line at once: a length line is at most 1 + 20 + 2 bytes, and a
     // number's 20 digits and CRLF.
     out.reserve(texts + 23 * (args.len() + 1) + 22 * args.len());
-    out.push(b'*');
-    decimal(out, args.len() as u64);
-    out.extend_from_slice(b"\r\n");
+    header(out, b'*', args.len());
     for arg in args {
-        let mut number = itoa::Buffer::new();
-        let bytes = match arg {
-            Arg::Text(text) => text.as_bytes(),
-            Arg::Int(n) => number.format(*n).as_bytes(),
-        };
-        out.push(b'$');
-        decimal(out, bytes.len() as u64);
-        out.extend_from_slice(b"\r\n");
-        out.extend_from_slice(bytes);
-        out.extend_from_slice(b"\r\n");
+        match *arg {
+            // The short numbers a counter's commands carry (hits, an expiry in
+            // seconds), with their length line, in one copy.
+            Arg::Int(n @ 0..10) => {
+                out.extend_from_slice(&[b'$', b'1', b'\r', b'\n', digit(n), b'\r', b'\n'])
+            }
+            Arg::Int(n @ 10..100) => out.extend_from_slice(&[
+                b'$',
+                b'2',
+                b'\r',
+                b'\n',
+                digit(n / 10),
+                digit(n % 10),
+                b'\r',
+                b'\n',
+            ]),
+            Arg::Int(n) => bulk(out, itoa::Buffer::new().format(n).as_bytes()),
+            Arg::Text(text) => bulk(out, text.as_bytes()),
+        }
     }
 }
 
-/// Appends `n` in decimal; the short lengths of a command's lines without a copy.
-fn decimal(out: &mut Vec<u8>, n: u64) {
+/// Appends one bulk string: its length line, its bytes and CRLF.
+fn bulk(out: &mut Vec<u8>, bytes: &[u8]) {
+    header(out, b'$', bytes.len());
+    out.extend_from_slice(bytes);
+    out.extend_from_slice(b"\r\n");
+}
+
+/// Appends a header line: `kind` and `n` in decimal (the short lengths of a command's
+/// lines in one copy).
+fn header(out: &mut Vec<u8>, kind: u8, n: usize) {
     match n {
-        0..10 => out.push(b'0' + n as u8),
-        10..100 => out.extend_from_slice(&[b'0' + (n / 10) as u8, b'0' + (n % 10) as u8]),
-        _ => out.extend_from_slice(itoa::Buffer::new().format(n).as_bytes()),
+        0..10 => out.extend_from_slice(&[kind, digit(n as u64), b'\r', b'\n']),
+        10..100 => out.extend_from_slice(&[
+            kind,
+            digit(n as u64 / 10),
+            digit(n as u64 % 10),
+            b'\r',
+            b'\n',
+        ]),
+        _ => {
+            out.push(kind);
+            out.extend_from_slice(itoa::Buffer::new().format(n).as_bytes());
+            out.extend_from_slice(b"\r\n");
+        }
     }
+}
+
+/// The ASCII digit of `n`, below 10.
+fn digit(n: u64) -> u8 {
+    b'0' + n as u8
 }
 
 /// Parses one reply from the start of `input`: the reply and the bytes it took, `None`
@@ -179,7 +209,20 @@ fn parse_at(input: &[u8], depth: usize) -> Result<Option<(Reply, usize)>, String
 /// Where the first line's CR is, once its CRLF has arrived.
 fn line_end(input: &[u8]) -> Result<Option<usize>, String> {
     let window = &input[..input.len().min(MAX_LINE)];
-    match window.windows(2).position(|pair| pair == b"\r\n") {
+    let mut from = 0;
+    let end = loop {
+        // A CR, then the byte after it: most lines have no other CR.
+        let Some(cr) = window[from..].iter().position(|&byte| byte == b'\r') else {
+            break None;
+        };
+        let at = from + cr;
+        match window.get(at + 1) {
+            Some(b'\n') => break Some(at),
+            Some(_) => from = at + 1,
+            None => break None,
+        }
+    };
+    match end {
         Some(0) => Err("an empty reply line".into()),
         Some(end) => Ok(Some(end)),
         None if input.len() >= MAX_LINE => Err("a reply line too long".into()),
@@ -196,6 +239,18 @@ fn at_most(length: i64, max: usize, what: &str) -> Result<usize, String> {
 }
 
 fn integer(line: &[u8]) -> Result<i64, String> {
+    // Up to 18 digits cannot overflow: read them without the checks of `str::parse`,
+    // which reads everything else (a sign, or a number too long) as before.
+    let (negative, digits) = match line {
+        [b'-', digits @ ..] => (true, digits),
+        digits => (false, digits),
+    };
+    if (1..=18).contains(&digits.len()) && digits.iter().all(u8::is_ascii_digit) {
+        let n = digits
+            .iter()
+            .fold(0i64, |n, digit| n * 10 + i64::from(digit - b'0'));
+        return Ok(if negative { -n } else { n });
+    }
     std::str::from_utf8(line)
         .ok()
         .and_then(|text| text.parse().ok())
@@ -242,6 +297,30 @@ mod tests {
                 })
                 .collect();
             proptest::prop_assert_eq!(parse(&out).unwrap(), Some((Reply::Array(expected), out.len())));
+        }
+    }
+
+    proptest::proptest! {
+        /// A reply's integer reads as `str::parse` reads it: every `i64`, and lines that
+        /// are not one (a sign alone, a plus, too many digits, letters) alike.
+        #[test]
+        fn integers_read_as_rust_reads_them(
+            n in proptest::prelude::any::<i64>(),
+            line in "[-+]?[0-9a]{0,21}",
+        ) {
+            proptest::prop_assert_eq!(integer(n.to_string().as_bytes()), Ok(n));
+            proptest::prop_assert_eq!(integer(line.as_bytes()).ok(), line.parse::<i64>().ok());
+        }
+    }
+
+    #[test]
+    fn a_line_ends_at_its_first_crlf_not_at_a_lone_cr() {
+        assert_eq!(
+            parse(b"+a\rb\r\n:1\r\n"),
+            Ok(Some((Reply::Text(b"a\rb".to_vec()), 6)))
+        );
+        for partial in [&b"+a\r"[..], b"+a\rb", b"+a\rb\r"] {
+            assert_eq!(parse(partial), Ok(None), "{partial:?}");
         }
     }
 
