@@ -24,8 +24,23 @@ fn start(workers: u16, backend: Vec<(&'static str, String)>, uds: bool) -> Serve
     })
 }
 
-/// Listening TCP sockets on `port` (IPv4), from the kernel's table.
+/// Listening TCP sockets on `port` (IPv4), from the kernel's table. The kernel writes
+/// the table a page per read, and sockets that other tests open and close between two
+/// reads can make it skip or repeat a line: the count is one that two whole readings in
+/// a row agree on.
 fn listeners_on(port: u16) -> usize {
+    let mut last = read_listeners_on(port);
+    for _ in 0..20 {
+        let count = read_listeners_on(port);
+        if count == last {
+            return count;
+        }
+        last = count;
+    }
+    panic!("the kernel's table of sockets never read the same twice in a row");
+}
+
+fn read_listeners_on(port: u16) -> usize {
     let table = std::fs::read_to_string("/proc/net/tcp").unwrap();
     let local = format!(":{port:04X}");
     table

@@ -106,13 +106,15 @@ pub enum RemoteStore {
 
 impl RemoteStore {
     /// The store's call, as it is: not inside a future of its own, which would copy it in.
+    /// memcached's is boxed: a call's rounds on several nodes make it the larger, and
+    /// every layer of every request's future would be as large, Redis's too.
     fn call<'a>(
         &'a self,
         batch: Batch<'a>,
     ) -> impl Future<Output = Result<Totals, BackendError>> + Send + 'a {
         match self {
             RemoteStore::Redis(store) => Either::Left(store.call(batch)),
-            RemoteStore::Memcache(store) => Either::Right(store.call(batch)),
+            RemoteStore::Memcache(store) => Either::Right(Box::pin(store.call(batch))),
         }
     }
 

@@ -269,15 +269,19 @@ async fn query(
         }
         pipe.add_command(command);
     });
-    // The redis crate's futures are large and deep: boxed as a trait object, they weigh
-    // neither on every request's future nor on the compiler's proof that it is `Send`.
-    let call: BoxFuture<'_, _> = Box::pin(query_crate(store, pipe));
-    match deadline {
-        Some(deadline) => tokio::time::timeout_at(deadline.into(), call)
-            .await
-            .unwrap_or(Err(BackendError::Late)),
-        None => call.await,
-    }
+    // The redis crate's futures are large and deep: boxed as a trait object with the
+    // pipeline and the deadline's timer, they weigh neither on every request's future
+    // (a single server's too) nor on the compiler's proof that it is `Send`.
+    let call: BoxFuture<'_, _> = Box::pin(async move {
+        let call = query_crate(store, pipe);
+        match deadline {
+            Some(deadline) => tokio::time::timeout_at(deadline.into(), call)
+                .await
+                .unwrap_or(Err(BackendError::Late)),
+            None => call.await,
+        }
+    });
+    call.await
 }
 
 /// Runs `pipe` on a store the `redis` crate connects to.

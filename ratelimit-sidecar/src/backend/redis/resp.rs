@@ -126,6 +126,7 @@ fn bulk(out: &mut Vec<u8>, bytes: &[u8]) {
 
 /// Appends a header line: `kind` and `n` in decimal (the short lengths of a command's
 /// lines in one copy).
+#[inline(always)]
 fn header(out: &mut Vec<u8>, kind: u8, n: usize) {
     match n {
         0..10 => out.extend_from_slice(&[kind, digit(n as u64), b'\r', b'\n']),
@@ -136,12 +137,15 @@ fn header(out: &mut Vec<u8>, kind: u8, n: usize) {
             b'\r',
             b'\n',
         ]),
-        _ => {
-            out.push(kind);
-            out.extend_from_slice(itoa::Buffer::new().format(n).as_bytes());
-            out.extend_from_slice(b"\r\n");
-        }
+        _ => long_header(out, kind, n),
     }
+}
+
+#[cold]
+fn long_header(out: &mut Vec<u8>, kind: u8, n: usize) {
+    out.push(kind);
+    out.extend_from_slice(itoa::Buffer::new().format(n).as_bytes());
+    out.extend_from_slice(b"\r\n");
 }
 
 /// The ASCII digit of `n`, below 10.
@@ -238,6 +242,7 @@ fn at_most(length: i64, max: usize, what: &str) -> Result<usize, String> {
         .ok_or_else(|| format!("{length} {what} (at most {max})"))
 }
 
+#[inline(always)]
 fn integer(line: &[u8]) -> Result<i64, String> {
     // Up to 18 digits cannot overflow: read them without the checks of `str::parse`,
     // which reads everything else (a sign, or a number too long) as before.
@@ -251,6 +256,11 @@ fn integer(line: &[u8]) -> Result<i64, String> {
             .fold(0i64, |n, digit| n * 10 + i64::from(digit - b'0'));
         return Ok(if negative { -n } else { n });
     }
+    parsed_integer(line)
+}
+
+#[cold]
+fn parsed_integer(line: &[u8]) -> Result<i64, String> {
     std::str::from_utf8(line)
         .ok()
         .and_then(|text| text.parse().ok())
