@@ -101,20 +101,17 @@ impl Values<'_> {
         if let Values::Joined(joined) = self {
             return (*joined).into();
         }
-        let mut len = 0;
-        self.for_each(|value| {
-            len += value.len() + 1;
-            true
-        });
-        let mut out = Vec::with_capacity(len);
+        let mut out = SmallVec::new();
         self.join_onto(&mut out);
-        out.into()
+        out.into_vec().into_boxed_slice()
     }
 
-    /// Appends the values, joined, to `out`.
-    fn join_onto(&self, out: &mut impl Extend<u8>) {
+    /// Appends the values, joined, to `out`: each value in one copy (extending by an
+    /// iterator of bytes copies them one at a time).
+    fn join_onto(&self, out: &mut SmallVec<[u8; 24]>) {
         self.for_each(|value| {
-            out.extend(value.iter().copied().chain([SEPARATOR]));
+            out.extend_from_slice(value);
+            out.push(SEPARATOR);
             true
         });
     }
@@ -236,16 +233,11 @@ impl<'a> CounterKey<'a> {
             text: Text::Built(text),
         }
     }
-
-    /// The owned parts of this key, for an [`crate::Increment`].
-    pub(crate) fn to_id(&self) -> CounterId {
-        CounterId::new(self.identity, self.start, &self.values)
-    }
 }
 
 /// A counter's parts, owned: what an [`crate::Increment`] carries so that a
 /// [`crate::MemoryStore`] finds the counter the in-process decision counts in.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub(crate) struct CounterId {
     identity: u64,
     start: u64,
@@ -265,6 +257,14 @@ impl CounterId {
             start,
             values: joined,
         }
+    }
+
+    /// This id made the one of `key`'s counter, in place.
+    pub fn refill(&mut self, key: &CounterKey<'_>) {
+        self.identity = key.identity;
+        self.start = key.start;
+        self.values.clear();
+        key.values.join_onto(&mut self.values);
     }
 
     /// The key of this counter, whose text is `text`.

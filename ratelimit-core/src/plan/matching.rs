@@ -125,23 +125,10 @@ impl Engine {
         let mut increments = room.increments;
         let mut used = 0;
         self.for_each_counter(&body, request, |key, hits, span, _| {
-            let earlier = increments.get_mut(used).map(|earlier| &mut earlier.key);
-            let mut text = earlier.map(std::mem::take).unwrap_or_default();
-            text.clear();
-            key.write_text(&mut text);
-            let increment = Increment {
-                key: text,
-                id: key.to_id(),
-                hits,
-                op: span.op,
-                window: span.window,
-                window_end: span.start + span.window.seconds(),
-                expires: span.expires,
-                now_ms,
-            };
+            // An earlier plan's counter is written over in place, its strings reused.
             match increments.get_mut(used) {
-                Some(earlier) => *earlier = increment,
-                None => increments.push(increment),
+                Some(earlier) => earlier.refill(key, hits, span, now_ms),
+                None => increments.push(Increment::new(key, hits, span, now_ms)),
             }
             used += 1;
         });

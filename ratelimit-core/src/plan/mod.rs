@@ -27,8 +27,8 @@ use std::sync::Arc;
 
 use smallvec::SmallVec;
 
-use crate::counter_key::CounterId;
-use crate::counting::{CounterOp, Counting};
+use crate::counter_key::{CounterId, CounterKey};
+use crate::counting::{CounterOp, Counting, Span};
 use crate::engine::Engine;
 use crate::gcra::Bucket;
 use crate::request::LimitOverride;
@@ -64,6 +64,36 @@ pub struct Increment {
 }
 
 impl Increment {
+    /// The increment of `hits` on the counter `key`, counted as `span` says, at `now_ms`.
+    pub(crate) fn new(key: &CounterKey<'_>, hits: u64, span: Span, now_ms: u64) -> Increment {
+        let mut increment = Increment {
+            key: String::new(),
+            id: CounterId::default(),
+            hits,
+            op: span.op,
+            window: span.window,
+            window_end: 0,
+            expires: 0,
+            now_ms,
+        };
+        increment.refill(key, hits, span, now_ms);
+        increment
+    }
+
+    /// This increment made the one of [`Increment::new`], in place: its key's string and
+    /// its id's room are reused.
+    pub(crate) fn refill(&mut self, key: &CounterKey<'_>, hits: u64, span: Span, now_ms: u64) {
+        self.key.clear();
+        key.write_text(&mut self.key);
+        self.id.refill(key);
+        self.hits = hits;
+        self.op = span.op;
+        self.window = span.window;
+        self.window_end = span.start + span.window.seconds();
+        self.expires = span.expires;
+        self.now_ms = now_ms;
+    }
+
     /// Whether this counter belongs on the per-second store of a split deployment.
     pub fn per_second(&self) -> bool {
         self.window.unit() == Unit::Second

@@ -118,6 +118,7 @@ pub fn encode(out: &mut Vec<u8>, args: &[Arg<'_>]) {
 }
 
 /// Appends one bulk string: its length line, its bytes and CRLF.
+#[inline(always)]
 fn bulk(out: &mut Vec<u8>, bytes: &[u8]) {
     header(out, b'$', bytes.len());
     out.extend_from_slice(bytes);
