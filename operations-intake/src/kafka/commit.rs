@@ -331,7 +331,7 @@ fn initialise(
     topic: &str,
     timeout: Duration,
 ) -> Result<(usize, Vec<(i32, i64)>), KafkaError> {
-    generation.producer.init_transactions(timeout)?;
+    generation.init_transactions_once(timeout)?;
     let client = generation.producer.client();
     let metadata = client.fetch_metadata(Some(topic), timeout)?;
     let partitions = metadata
@@ -376,5 +376,31 @@ mod tests {
         assert_eq!(bounds.get(0), 10);
         bounds.reset(vec![(1, 4)]);
         assert_eq!((bounds.get(0), bounds.get(1)), (0, 4));
+    }
+
+    /// The topic's metadata can fail to come after `init_transactions` succeeded (a
+    /// broker's transport failing in between, as a CI run once saw): the initialisation
+    /// is tried again, and must not ask for the transactions a second time, which
+    /// librdkafka refuses, leaving the producer never ready.
+    #[test]
+    fn an_initialisation_tried_again_after_its_transactions_succeeds() {
+        let tansu = ratelimit_tests::intake::Tansu::start();
+        let mut config = rdkafka::ClientConfig::new();
+        config
+            .set("bootstrap.servers", tansu.bootstrap())
+            .set("transactional.id", "initialised-twice");
+        let health = crate::kafka::BrokerHealth {
+            status: "UP",
+            bootstrap_servers: tansu.bootstrap(),
+            topic: "t".to_owned(),
+            partitions: None,
+            reason: None,
+        };
+        let shared = Arc::new(Shared::new(health));
+        let retire = Duration::from_secs(1);
+        let generation = Producers::new(config, shared, retire).unwrap().current();
+        let timeout = Duration::from_secs(30);
+        initialise(&generation, "t", timeout).expect("the first initialisation");
+        initialise(&generation, "t", timeout).expect("the same, tried again");
     }
 }

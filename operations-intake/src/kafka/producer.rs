@@ -59,11 +59,26 @@ pub(super) struct Generation {
     pub(super) number: u64,
     pub(super) producer: FutureProducer<Context>,
     bumps: Arc<Bumps>,
-    /// Whether its transactions are initialised.
+    /// Whether `init_transactions` succeeded.
+    transactions: AtomicBool,
+    /// Whether its transactions are initialised and the topic's ends known, so it may
+    /// produce.
     ready: AtomicBool,
 }
 
 impl Generation {
+    /// Initialises its transactions unless that already succeeded. What follows it (the
+    /// topic's metadata) can fail, and the whole is then tried again; librdkafka refuses
+    /// a second `init_transactions` ("Operation not valid in state Ready"), which would
+    /// keep the producer from ever being ready. Blocks.
+    pub(super) fn init_transactions_once(&self, timeout: Duration) -> KafkaResult<()> {
+        if !self.transactions.load(Ordering::Acquire) {
+            self.producer.init_transactions(timeout)?;
+            self.transactions.store(true, Ordering::Release);
+        }
+        Ok(())
+    }
+
     /// Whether its transactions are initialised, so it may produce.
     pub(super) fn is_ready(&self) -> bool {
         self.ready.load(Ordering::Acquire)
@@ -356,6 +371,7 @@ fn create(config: &ClientConfig, shared: &Arc<Shared>, number: u64) -> KafkaResu
         number,
         producer,
         bumps,
+        transactions: AtomicBool::new(false),
         ready: AtomicBool::new(false),
     })
 }
