@@ -277,3 +277,54 @@ proptest! {
         );
     }
 }
+
+proptest! {
+    /// A plan made in one pass (each descriptor matching at most one plain limit) and the
+    /// whole plan (which reporting policies always takes) list the same counters and
+    /// decide alike, with the same statistics, whatever the rules matched, with global
+    /// shadow or quota mode on or off; only the policies differ.
+    #[test]
+    fn plans_made_in_one_pass_decide_as_whole_plans(
+        shadow in any::<bool>(),
+        quota in any::<bool>(),
+        calls in proptest::collection::vec(
+            (proptest::collection::vec((0usize..13, 0u8..3, proptest::option::of(0u64..4)), 1..4), 0u64..40_000),
+            1..80,
+        ),
+    ) {
+        let settings = Settings { shadow_mode: shadow, quota_mode: quota, ..Settings::default() };
+        let whole = Settings { report_policies: true, ..settings.clone() };
+        let config = Config::from_yaml("o.yaml", &fixture("one_pass_and_planned")).unwrap();
+        let (one_pass, planned) = (Limiter::new(&config, settings), Limiter::new(&config, whole));
+        let (a, b) = (MemoryStore::default(), MemoryStore::default());
+        let mut calls = calls;
+        calls.sort_by_key(|c| c.1);
+        for (descriptors, t) in calls {
+            let now_ms = 1_000_000_000 + t;
+            let descriptors = descriptors
+                .into_iter()
+                .map(|(kind, value, hits)| match hits {
+                    Some(hits) => any_rule(kind, value).with_hits(hits),
+                    None => any_rule(kind, value),
+                })
+                .collect();
+            let request = Request::new("o", descriptors);
+            let (fast, slow) = (
+                one_pass.plan_millis(&request, now_ms).unwrap(),
+                planned.plan_millis(&request, now_ms).unwrap(),
+            );
+            prop_assert_eq!(fast.increments(), slow.increments());
+            let counts: Vec<u64> = fast.increments().iter().map(|i| a.apply(i)).collect();
+            let expected: Vec<u64> = slow.increments().iter().map(|i| b.apply(i)).collect();
+            let got = fast.decide(&counts);
+            let mut expected = slow.decide(&expected);
+            prop_assert!(got.policies.is_empty());
+            expected.policies.clear();
+            prop_assert_eq!(&got, &expected, "{:?} at {}", request, now_ms);
+        }
+        prop_assert_eq!(
+            one_pass.stats().snapshot().counters(),
+            planned.stats().snapshot().counters()
+        );
+    }
+}

@@ -3,7 +3,8 @@
 
 use smallvec::SmallVec;
 
-use super::{Applied, Item, Limited, PlanBody, Source};
+use super::direct::direct_status;
+use super::{Applied, Increment, Item, Limited, PlanBody, Source};
 use crate::counting::{Assessed, Counting};
 use crate::engine::Engine;
 use crate::local_cache::OverLimitCache;
@@ -102,8 +103,21 @@ impl PlanBody {
         let mut statuses = Statuses::with_capacity(self.items.len());
         let mut policies = Vec::new();
         let mut quotas: SmallVec<[bool; 4]> = SmallVec::new();
+        // Where the next item planned in one pass has its counters.
+        let mut direct_at = 0;
         for item in &self.items {
             let (status, is_quota) = match item {
+                Item::Direct(direct) => {
+                    let own = direct_at..direct_at + usize::from(direct.counters);
+                    direct_at = own.end;
+                    let (node, applied) = engine.direct_limit(direct.node);
+                    let first = self.increments.get(own.start);
+                    let totals = &counts[own];
+                    let (status, after) =
+                        direct_status(engine, node, &applied, direct.addend, totals, self.now_ms);
+                    self.observe(engine, first, &applied, after);
+                    (status, applied.quota)
+                }
                 Item::NoLimit { quota } => (DescriptorStatus::NO_LIMIT, *quota),
                 // Unlimited is neither a quota descriptor nor a passed one, whatever the
                 // quota modes say: it counts for nothing and contributes no metadata.
@@ -164,14 +178,22 @@ impl PlanBody {
         }
         let ratio = engine.settings.near_limit_ratio;
         let status = count_hits(applied, limited.addend, assessed, ratio);
-        self.observe(engine, limited, applied, assessed.after);
+        let first = self.increments.get(limited.increment);
+        self.observe(engine, first, applied, assessed.after);
         status
     }
 
-    /// After a counted request: offers the counter of `limited` to the nearest-counters
-    /// list and, when a fixed window went over its bound, to the local over-limit cache.
-    fn observe(&self, engine: &Engine, limited: &Limited, applied: &Applied<'_>, after: u64) {
-        let Some(counter) = self.increments.get(limited.increment) else {
+    /// After a counted request: offers the first counter of a limit, `applied`, which
+    /// reached `after`, to the nearest-counters list and, when a fixed window went over
+    /// its bound, to the local over-limit cache.
+    fn observe(
+        &self,
+        engine: &Engine,
+        first: Option<&Increment>,
+        applied: &Applied<'_>,
+        after: u64,
+    ) {
+        let Some(counter) = first else {
             return;
         };
         if self.dry {

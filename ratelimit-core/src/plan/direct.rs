@@ -1,19 +1,25 @@
-//! The in-process decision in one pass, for the requests most rules produce: each
-//! descriptor is matched by at most one plain limit, so each can be counted and answered
-//! as soon as it is matched, with no plan in between.
+//! Deciding in one pass, for the requests most rules produce: each descriptor is matched
+//! by at most one plain limit, so each can be counted and answered as soon as it is
+//! matched. In process, with no plan in between; for a remote store, as a plan of one
+//! item per descriptor, whose counters are listed as it is matched and which
+//! [`PlanBody::decide`](super::PlanBody::decide) answers with the same function.
 //!
 //! Anything that needs the whole request before counting (a limit override, `replaces`,
 //! a descriptor with several `rate_limits`, a refund, an unlimited rule, a statistics or counter
 //! key that depends on the levels matched, STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT,
-//! reported policies, an unknown domain) goes through the plan instead, which decides it
-//! alike: the statuses, the statistics and the counters come from the same functions.
+//! reported policies, an unknown domain; for a remote store, also the local over-limit
+//! cache) goes through the whole plan instead, which decides it alike: the statuses, the
+//! statistics and the counters come from the same functions.
+
+use smallvec::SmallVec;
 
 use super::decision::{count_hits, overall_code};
+use super::{Applied, Direct, Increment, Item};
 use crate::config::Limit;
 use crate::counter_key::{CounterKey, Values};
 use crate::counting::{CounterOp, Span};
 use crate::engine::Engine;
-use crate::request::Request;
+use crate::request::{Descriptor, Request};
 use crate::response::{DescriptorStatus, RateLimitHeaders, Response, Statuses};
 use crate::rules::{Node, NodeId, NodeLimit};
 use crate::stats::Nearest;
@@ -26,23 +32,16 @@ const MAX_DESCRIPTORS: usize = 8;
 const NO_LIMIT: NodeId = NodeId::MAX;
 
 impl Engine {
-    /// Decides `request` against `store` at `now_ms` in one pass, or `None`, having
-    /// counted nothing, when it needs the plan (see the module's documentation).
-    pub(crate) fn decide_direct<S>(
-        &self,
-        request: &Request,
-        store: &S,
-        now_ms: u64,
-    ) -> Option<Response>
-    where
-        S: CounterStore + ?Sized,
-    {
+    /// The rule whose one plain limit each descriptor of `request` matches (`NO_LIMIT`
+    /// for none), or `None` when the request needs the plan (see the module's
+    /// documentation).
+    #[inline(always)]
+    fn match_direct(&self, request: &Request) -> Option<[NodeId; MAX_DESCRIPTORS]> {
         if self.settings.stop_cache_key_increment_when_overlimit || self.settings.report_policies {
             return None;
         }
         let root = self.rules.domain(&request.domain)?;
-        let descriptors = request.descriptors.len();
-        if descriptors > MAX_DESCRIPTORS {
+        if request.descriptors.len() > MAX_DESCRIPTORS {
             return None;
         }
         let mut matched = [NO_LIMIT; MAX_DESCRIPTORS];
@@ -59,9 +58,23 @@ impl Engine {
                 _ => return None,
             }
         }
+        Some(matched)
+    }
 
+    /// Decides `request` against `store` at `now_ms` in one pass, or `None`, having
+    /// counted nothing, when it needs the plan (see the module's documentation).
+    pub(crate) fn decide_direct<S>(
+        &self,
+        request: &Request,
+        store: &S,
+        now_ms: u64,
+    ) -> Option<Response>
+    where
+        S: CounterStore + ?Sized,
+    {
+        let matched = self.match_direct(request)?;
+        let descriptors = request.descriptors.len();
         let default_addend = u64::from(request.hits_addend.max(1));
-        let ratio = self.settings.near_limit_ratio;
         let mut statuses = Statuses::with_capacity(descriptors);
         let mut quotas = [false; MAX_DESCRIPTORS];
         for ((descriptor, &id), quota) in request.descriptors.iter().zip(&matched).zip(&mut quotas)
@@ -71,32 +84,15 @@ impl Engine {
                 *quota = self.settings.quota_mode;
                 continue;
             }
-            let node = self.rules.node(id);
-            let limit = &node.limits[0];
-            let source = super::Source::Node(id, 0);
-            let stats = limit
-                .stats
-                .as_deref()
-                .expect("counted limits have statistics");
-            let applied = self.applied_node(node, 0, stats);
             let addend = descriptor.hits_addend.unwrap_or(default_addend);
-            // A direct limit counts under its identity and the entries' values as they are
-            // (see `direct`): no per-level key to work out.
+            let (node, applied) = self.direct_limit(id);
             let (mut totals, mut counted) = ([0u64; 2], 0);
-            let parts = (limit.identity, Values::Of(&descriptor.entries));
-            let at = (applied.counting, now_ms);
-            self.for_each_counter_of(&request.domain, descriptor, source, parts, at, {
-                |key, span| {
-                    totals[counted] = self.count(store, key, addend, span, applied.bound, now_ms);
-                    counted += 1;
-                }
+            self.for_each_direct_counter(request, descriptor, id, now_ms, |key, span| {
+                totals[counted] = self.count(store, key, addend, span, applied.bound, now_ms);
+                counted += 1;
             });
             let totals = &totals[..counted];
-            let assessed = applied
-                .counting
-                .assess(totals, addend, applied.bound, now_ms);
-            let mut status = count_hits(&applied, addend, assessed, ratio);
-            status.metadata.clone_from(&node.metadata);
+            let (status, _) = direct_status(self, node, &applied, addend, totals, now_ms);
             statuses.push(status);
             *quota = applied.quota;
         }
@@ -106,6 +102,75 @@ impl Engine {
             statuses,
             policies: Vec::new(),
         })
+    }
+
+    /// The items of `request` planned in one pass for a remote store, with their
+    /// counters written over `increments` (whose key strings are reused), or `None`,
+    /// having written nothing, when it needs the plan. [`PlanBody::decide`] decides them
+    /// as [`Engine::decide_direct`] does.
+    pub(super) fn plan_direct(
+        &self,
+        request: &Request,
+        now_ms: u64,
+        increments: &mut Vec<Increment>,
+    ) -> Option<SmallVec<[Item; 4]>> {
+        let matched = self.match_direct(request)?;
+        let default_addend = u64::from(request.hits_addend.max(1));
+        let mut items = SmallVec::new();
+        let mut used = 0;
+        for (descriptor, &node) in request.descriptors.iter().zip(&matched) {
+            if node == NO_LIMIT {
+                items.push(self.no_limit());
+                continue;
+            }
+            let addend = descriptor.hits_addend.unwrap_or(default_addend);
+            let first = used;
+            self.for_each_direct_counter(request, descriptor, node, now_ms, |key, span| {
+                match increments.get_mut(used) {
+                    Some(earlier) => earlier.refill(key, addend, span, now_ms),
+                    None => increments.push(Increment::new(key, addend, span, now_ms)),
+                }
+                used += 1;
+            });
+            let counters = u8::try_from(used - first).expect("a limit has at most two counters");
+            items.push(Item::Direct(Direct {
+                node,
+                counters,
+                addend,
+            }));
+        }
+        increments.truncate(used);
+        Some(items)
+    }
+
+    /// Calls `f(counter, span)` for each counter of `descriptor`, which matched `id`'s
+    /// one plain limit: counted under the limit's identity and the entries' values as
+    /// they are (see `direct`), with no per-level key to work out.
+    #[inline(always)]
+    fn for_each_direct_counter(
+        &self,
+        request: &Request,
+        descriptor: &Descriptor,
+        id: NodeId,
+        now_ms: u64,
+        f: impl FnMut(&CounterKey<'_>, Span),
+    ) {
+        let limit = &self.rules.node(id).limits[0];
+        let parts = (limit.identity, Values::Of(&descriptor.entries));
+        let source = super::Source::Node(id, 0);
+        let at = (limit.counting, now_ms);
+        self.for_each_counter_of(&request.domain, descriptor, source, parts, at, f);
+    }
+
+    /// The rule `id` and its one plain limit, counting in the rule's statistics.
+    #[inline(always)]
+    pub(super) fn direct_limit(&self, id: NodeId) -> (&Node, Applied<'_>) {
+        let node = self.rules.node(id);
+        let stats = node.limits[0]
+            .stats
+            .as_deref()
+            .expect("counted limits have statistics");
+        (node, self.applied_node(node, 0, stats))
     }
 
     /// Runs the op of `span` with `hits` on the counter `key` in `store` and returns what
@@ -157,4 +222,24 @@ fn direct(node: &Node, limit: &NodeLimit) -> bool {
         && limit.replaces.is_empty()
         && !node.per_level_stats_key
         && !node.per_level_cache_key
+}
+
+/// The status of a descriptor that matched `node`'s one plain limit, `applied`, counting
+/// its statistics, from its counters' `totals` after `addend` hits; and the count the
+/// limit reached.
+#[inline(always)]
+pub(super) fn direct_status(
+    engine: &Engine,
+    node: &Node,
+    applied: &Applied<'_>,
+    addend: u64,
+    totals: &[u64],
+    now_ms: u64,
+) -> (DescriptorStatus, u64) {
+    let assessed = applied
+        .counting
+        .assess(totals, addend, applied.bound, now_ms);
+    let mut status = count_hits(applied, addend, assessed, engine.settings.near_limit_ratio);
+    status.metadata.clone_from(&node.metadata);
+    (status, assessed.after)
 }

@@ -163,7 +163,7 @@ impl Engine {
                     ..
                 }),
             ) => Outcome::Override,
-            (_, _, Item::Limited(_)) => Outcome::Limited,
+            (_, _, Item::Limited(_) | Item::Direct(_)) => Outcome::Limited,
             (_, _, Item::Unlimited { .. }) => Outcome::Unlimited,
             (_, None, _) => Outcome::NoRule,
             (_, Some(node), _) if node.limits.is_empty() => Outcome::Whitelisted,

@@ -121,8 +121,21 @@ impl Engine {
         dry: bool,
         room: PlanRoom,
     ) -> PlanBody {
-        let mut body = self.match_request(request, now_ms, dry);
         let mut increments = room.increments;
+        // Without a local cache, whose lookups need a limit's plan, most requests are
+        // planned in one pass.
+        if !dry
+            && self.local_cache.is_none()
+            && let Some(items) = self.plan_direct(request, now_ms, &mut increments)
+        {
+            return PlanBody {
+                dry,
+                now_ms,
+                items,
+                increments,
+            };
+        }
+        let mut body = self.match_request(request, now_ms, dry);
         let mut used = 0;
         self.for_each_counter(&body, request, |key, hits, span, _| {
             // An earlier plan's counter is written over in place, its strings reused.

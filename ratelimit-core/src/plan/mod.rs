@@ -2,8 +2,8 @@
 //!
 //! Remote stores run a [`Plan`]'s increments in one round trip and hand the totals back
 //! to [`Plan::decide`]; the in-process [`crate::Limiter::should_rate_limit`] does the same
-//! against a [`crate::CounterStore`], in one pass (`direct`) when each descriptor matches
-//! at most one plain limit. Matching, windows, replaces, shadow and quota modes and
+//! against a [`crate::CounterStore`]. Both go in one pass (`direct`: no list of matched
+//! limits to walk again) when each descriptor matches at most one plain limit. Matching, windows, replaces, shadow and quota modes and
 //! statistics all happen here, once, by concern: `matching` (which rule applies to each
 //! descriptor), `keys` (counter and statistic keys), `decision` (codes, counts and
 //! statistics from the totals), `direct` (the one-pass order of the same steps) and
@@ -215,9 +215,25 @@ pub(crate) struct PlanBody {
 
 #[derive(Debug)]
 enum Item {
-    NoLimit { quota: bool },
-    Unlimited { node: NodeId },
+    NoLimit {
+        quota: bool,
+    },
+    Unlimited {
+        node: NodeId,
+    },
     Limited(Limited),
+    /// Planned in one pass (`direct`): a plan's items are all this or `NoLimit`, or none.
+    Direct(Direct),
+}
+
+/// A descriptor planned in one pass: it matched the one plain limit of a rule, and its
+/// counters follow the ones of the descriptors before it.
+#[derive(Debug)]
+struct Direct {
+    node: NodeId,
+    /// How many counters its limit needs.
+    counters: u8,
+    addend: u64,
 }
 
 #[derive(Debug)]

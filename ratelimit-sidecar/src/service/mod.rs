@@ -13,7 +13,7 @@ use ratelimit_service_kit::clock::{unix_ms, unix_now_ms};
 
 use bytes::BytesMut;
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
-use http::{HeaderMap, HeaderName};
+use http::{HeaderMap, HeaderName, HeaderValue};
 use ratelimit_core::stats::{Counter, Timer, names};
 use ratelimit_core::{
     Explanation, HeaderFormat, Limiter, MemoryStore, Plan, Request, RequestError, Response,
@@ -406,11 +406,21 @@ impl Service {
     }
 }
 
+/// The first value of the header `name`, as [`HeaderMap::get`] finds it. A call
+/// carries a handful of headers: comparing a name with each of theirs first costs less
+/// than hashing it to look it up, which is left for a header that is there.
+pub(crate) fn header<'a>(headers: &'a HeaderMap, name: &HeaderName) -> Option<&'a HeaderValue> {
+    if !headers.keys().any(|key| key == name) {
+        return None;
+    }
+    headers.get(name)
+}
+
 /// The caller's deadline from gRPC's `grpc-timeout` header (`100m`, `2S`, ...).
 fn grpc_timeout(headers: &HeaderMap) -> Option<Duration> {
     // A name made once: looking a `&str` up parses and classifies it on every call.
     static GRPC_TIMEOUT: HeaderName = HeaderName::from_static("grpc-timeout");
-    let value = headers.get(&GRPC_TIMEOUT)?.to_str().ok()?;
+    let value = header(headers, &GRPC_TIMEOUT)?.to_str().ok()?;
     let (amount, unit) = value.split_at(value.len().checked_sub(1)?);
     let amount: u64 = amount.parse().ok()?;
     Some(match unit {
@@ -422,4 +432,51 @@ fn grpc_timeout(headers: &HeaderMap) -> Option<Duration> {
         "n" => Duration::from_nanos(amount),
         _ => return None,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    proptest! {
+        /// Whatever the names, their order and repeats: the value `get` finds.
+        #[test]
+        fn a_header_is_the_value_get_finds(
+            pairs in prop::collection::vec((0..6usize, "[a-z]{0,3}"), 0..12),
+            wanted in 0..7usize,
+        ) {
+            const NAMES: [&str; 7] = [
+                "grpc-timeout", "grpc-encoding", "content-type", "te", "x-request-id",
+                "grpc-timeouts", "user-agent",
+            ];
+            let mut headers = HeaderMap::new();
+            for (name, value) in &pairs {
+                let name = HeaderName::from_static(NAMES[*name]);
+                headers.append(name, HeaderValue::from_str(value).unwrap());
+            }
+            let name = HeaderName::from_static(NAMES[wanted]);
+            prop_assert_eq!(header(&headers, &name), headers.get(&name));
+        }
+    }
+
+    #[test]
+    fn a_caller_deadline_reads_every_grpc_unit() {
+        let deadline = |value: &'static str| {
+            let mut headers = HeaderMap::new();
+            headers.insert("x-other", HeaderValue::from_static("1S"));
+            headers.insert("grpc-timeout", HeaderValue::from_static(value));
+            grpc_timeout(&headers)
+        };
+        assert_eq!(deadline("2H"), Some(Duration::from_secs(7_200)));
+        assert_eq!(deadline("3M"), Some(Duration::from_secs(180)));
+        assert_eq!(deadline("4S"), Some(Duration::from_secs(4)));
+        assert_eq!(deadline("250m"), Some(Duration::from_millis(250)));
+        assert_eq!(deadline("7u"), Some(Duration::from_micros(7)));
+        assert_eq!(deadline("9n"), Some(Duration::from_nanos(9)));
+        assert_eq!(deadline("9x"), None);
+        assert_eq!(deadline("S"), None);
+        assert_eq!(grpc_timeout(&HeaderMap::new()), None);
+    }
 }

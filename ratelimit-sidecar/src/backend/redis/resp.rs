@@ -158,7 +158,30 @@ fn digit(n: u64) -> u8 {
 /// when `input` does not hold a whole reply yet, or an error for bytes that are not RESP
 /// (or exceed the bounds).
 pub fn parse(input: &[u8]) -> Result<Option<(Reply, usize)>, String> {
+    // What a counter's commands get back: a short non-negative integer, read here in one
+    // loop; anything else (a sign, a long number, a line not yet whole) as below.
+    if let Some((n, used)) = short_integer(input) {
+        return Ok(Some((Reply::Int(n), used)));
+    }
     parse_at(input, 0)
+}
+
+/// An integer reply of 1 to 18 digits and no sign, whole (`:17\r\n`), and the bytes it
+/// takes; `None` for anything else, which [`parse_at`] reads the same way.
+#[inline(always)]
+fn short_integer(input: &[u8]) -> Option<(i64, usize)> {
+    let [b':', rest @ ..] = input else {
+        return None;
+    };
+    let mut n = 0i64;
+    for (at, &byte) in rest.iter().enumerate().take(19) {
+        match byte {
+            b'0'..=b'9' if at < 18 => n = n * 10 + i64::from(byte - b'0'),
+            b'\r' if at > 0 && rest.get(at + 1) == Some(&b'\n') => return Some((n, at + 3)),
+            _ => return None,
+        }
+    }
+    None
 }
 
 fn parse_at(input: &[u8], depth: usize) -> Result<Option<(Reply, usize)>, String> {
@@ -321,6 +344,30 @@ mod tests {
         ) {
             proptest::prop_assert_eq!(integer(n.to_string().as_bytes()), Ok(n));
             proptest::prop_assert_eq!(integer(line.as_bytes()).ok(), line.parse::<i64>().ok());
+        }
+    }
+
+    proptest::proptest! {
+        /// The short integers' own path reads every reply as the whole parser does: any
+        /// `i64`, cut anywhere or followed by anything, and lines that only start alike.
+        #[test]
+        fn short_integers_read_as_every_reply_reads(
+            n in proptest::prelude::any::<i64>(),
+            cut in 0usize..24,
+            tail in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..6),
+            line in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..24),
+            digits in "[0-9]{15,21}",
+        ) {
+            let long = format!(":{digits}\r\n");
+            proptest::prop_assert_eq!(parse(long.as_bytes()), parse_at(long.as_bytes(), 0));
+            let mut reply = format!(":{n}\r\n").into_bytes();
+            reply.extend(&tail);
+            for input in [&reply[..], &reply[..cut.min(reply.len())], &line[..]] {
+                proptest::prop_assert_eq!(parse(input), parse_at(input, 0), "{:?}", input);
+            }
+            let mut line = line;
+            line.insert(0, b':');
+            proptest::prop_assert_eq!(parse(&line), parse_at(&line, 0), "{:?}", line);
         }
     }
 

@@ -32,7 +32,7 @@ use ratelimit_proto::envoy::InvalidRequest;
 use ratelimit_proto::wire::RequestError;
 
 use crate::backend::BackendError;
-use crate::service::{Decided, Service as Decider, ServiceError, spare};
+use crate::service::{Decided, Service as Decider, ServiceError, header, spare};
 use read::{Reader, read_request};
 
 /// The method's path.
@@ -183,7 +183,7 @@ fn not_a_request(error: impl std::fmt::Display) -> Status {
 fn refuse_compressed(headers: &HeaderMap) -> Result<(), Status> {
     // A name made once: looking a `&str` up parses and classifies it on every call.
     static GRPC_ENCODING: HeaderName = HeaderName::from_static("grpc-encoding");
-    match headers.get(&GRPC_ENCODING).map(HeaderValue::as_bytes) {
+    match header(headers, &GRPC_ENCODING).map(HeaderValue::as_bytes) {
         None | Some(b"identity") => Ok(()),
         Some(other) => {
             let other = match std::str::from_utf8(other) {
