@@ -1,10 +1,12 @@
 //! The decision from the counts: codes, remaining hits, statistics, shadow and quota
 //! modes, the local over-limit cache and STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT.
 
+use std::ops::Range;
+
 use smallvec::SmallVec;
 
 use super::direct::direct_status;
-use super::{Applied, Increment, Item, Limited, PlanBody, Source};
+use super::{Applied, Direct, Increment, Item, Limited, PlanBody, Source};
 use crate::counting::{Assessed, Counting};
 use crate::engine::Engine;
 use crate::local_cache::OverLimitCache;
@@ -110,13 +112,7 @@ impl PlanBody {
                 Item::Direct(direct) => {
                     let own = direct_at..direct_at + usize::from(direct.counters);
                     direct_at = own.end;
-                    let (node, applied) = engine.direct_limit(direct.node);
-                    let first = self.increments.get(own.start);
-                    let totals = &counts[own];
-                    let (status, after) =
-                        direct_status(engine, node, &applied, direct.addend, totals, self.now_ms);
-                    self.observe(engine, first, &applied, after);
-                    (status, applied.quota)
+                    self.direct_status_of(engine, direct, own, counts)
                 }
                 Item::NoLimit { quota } => (DescriptorStatus::NO_LIMIT, *quota),
                 // Unlimited is neither a quota descriptor nor a passed one, whatever the
@@ -181,6 +177,24 @@ impl PlanBody {
         let first = self.increments.get(limited.increment);
         self.observe(engine, first, applied, assessed.after);
         status
+    }
+
+    /// The status of a descriptor planned in one pass, whose counters are `own`, counting
+    /// its statistics, and whether it is in quota mode.
+    fn direct_status_of(
+        &self,
+        engine: &Engine,
+        direct: &Direct,
+        own: Range<usize>,
+        counts: &[u64],
+    ) -> (DescriptorStatus, bool) {
+        let (node, applied) = engine.direct_limit(direct.node);
+        let first = self.increments.get(own.start);
+        let totals = &counts[own];
+        let (status, after) =
+            direct_status(engine, node, &applied, direct.addend, totals, self.now_ms);
+        self.observe(engine, first, &applied, after);
+        (status, applied.quota)
     }
 
     /// After a counted request: offers the first counter of a limit, `applied`, which

@@ -10,7 +10,7 @@ use ratelimit_core::{CounterOp, Increment};
 use smallvec::SmallVec;
 
 use super::nodes::Nodes;
-use super::resp::{Arg, Replies, Reply};
+use super::resp::{self, Arg, Replies, Reply};
 use super::{Store, query, redis_error};
 use crate::backend::{BackendError, Batch, Mode, RemoteCounters, Totals};
 
@@ -141,7 +141,7 @@ impl RedisCounters {
             let mut all: SmallVec<[Arg<'_>; 8]> = SmallVec::new();
             all.extend(match with_source {
                 true => [Arg::Text("EVAL"), Arg::Text(script.source)],
-                false => [Arg::Text("EVALSHA"), Arg::Text(&script.sha1)],
+                false => [Arg::Verb(resp::EVALSHA), Arg::Text(&script.sha1)],
             });
             all.extend([Arg::Int(1), key]);
             all.extend_from_slice(args);
@@ -150,10 +150,14 @@ impl RedisCounters {
         let now = Arg::Int(increment.now_ms);
         match increment.op {
             CounterOp::Add => {
-                command(&[Arg::Text("INCRBY"), key, hits]);
-                command(&[Arg::Text("EXPIRE"), key, Arg::Int(self.expiry(increment))]);
+                command(&[Arg::Verb(resp::INCRBY), key, hits]);
+                command(&[
+                    Arg::Verb(resp::EXPIRE),
+                    key,
+                    Arg::Int(self.expiry(increment)),
+                ]);
             }
-            CounterOp::Read => command(&[Arg::Text("GET"), key]),
+            CounterOp::Read => command(&[Arg::Verb(resp::GET), key]),
             CounterOp::Gcra(bucket) => {
                 let (interval, capacity) = (bucket.interval_ms, bucket.capacity_ms());
                 let args = [now, Arg::Int(interval), Arg::Int(capacity), hits];
@@ -184,7 +188,7 @@ impl RedisCounters {
 
     async fn get(&self, items: &[&Increment], deadline: Instant) -> Result<Totals, BackendError> {
         let values = run_batched(self, items, deadline, |command, increment| {
-            command(&[Arg::Text("GET"), Arg::Text(&increment.key)]);
+            command(&[Arg::Verb(resp::GET), Arg::Text(&increment.key)]);
         })
         .await?;
         values

@@ -262,6 +262,7 @@ async fn query(
         let mut command = redis::Cmd::new();
         for arg in args {
             match arg {
+                Arg::Verb(verb) => command.arg(verb.name()),
                 Arg::Text(text) => command.arg(*text),
                 Arg::Int(number) => command.arg(*number),
             };

@@ -15,15 +15,35 @@ pub const MAX_DEPTH: usize = 4;
 /// The longest header line (type byte, length or integer or simple string).
 const MAX_LINE: usize = 64 * 1024;
 
-/// One argument of a command.
 /// A request's replies, in order (a request sends a few commands: kept inline).
 pub type Replies = smallvec::SmallVec<[Reply; 4]>;
 
+/// One argument of a command.
 #[derive(Debug, Clone, Copy)]
 pub enum Arg<'a> {
+    /// A command's name, its bulk string written ahead.
+    Verb(Verb),
     Text(&'a str),
     Int(u64),
 }
+
+/// A command's name of at most 9 letters, as its bulk string (`$6\r\nINCRBY\r\n`):
+/// the size of a text argument, written in one copy.
+#[derive(Debug, Clone, Copy)]
+pub struct Verb(&'static [u8]);
+
+impl Verb {
+    /// The command's name.
+    pub fn name(self) -> &'static str {
+        std::str::from_utf8(&self.0[4..self.0.len() - 2]).expect("a verb's name is ASCII")
+    }
+}
+
+/// The names the counters' commands start with.
+pub const INCRBY: Verb = Verb(b"$6\r\nINCRBY\r\n");
+pub const EXPIRE: Verb = Verb(b"$6\r\nEXPIRE\r\n");
+pub const GET: Verb = Verb(b"$3\r\nGET\r\n");
+pub const EVALSHA: Verb = Verb(b"$7\r\nEVALSHA\r\n");
 
 /// One reply.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -86,6 +106,7 @@ pub fn encode(out: &mut Vec<u8>, args: &[Arg<'_>]) {
     let texts: usize = args
         .iter()
         .map(|arg| match arg {
+            Arg::Verb(verb) => verb.0.len(),
             Arg::Text(text) => text.len(),
             Arg::Int(_) => 0,
         })
@@ -96,6 +117,7 @@ pub fn encode(out: &mut Vec<u8>, args: &[Arg<'_>]) {
     header(out, b'*', args.len());
     for arg in args {
         match *arg {
+            Arg::Verb(verb) => out.extend_from_slice(verb.0),
             // The short numbers a counter's commands carry (hits, an expiry in
             // seconds), with their length line, in one copy.
             Arg::Int(n @ 0..10) => {
@@ -309,16 +331,29 @@ mod tests {
         );
     }
 
+    #[test]
+    fn a_verb_is_written_as_its_name_is() {
+        for verb in [INCRBY, EXPIRE, GET, EVALSHA] {
+            let (mut ahead, mut named) = (Vec::new(), Vec::new());
+            encode(&mut ahead, &[Arg::Verb(verb), Arg::Text("k")]);
+            encode(&mut named, &[Arg::Text(verb.name()), Arg::Text("k")]);
+            assert_eq!(ahead, named, "{}", verb.name());
+        }
+    }
+
     proptest::proptest! {
         /// Any command reads back as the array of its arguments, whatever the lengths of
         /// its strings and numbers (one digit, two, or more).
         #[test]
         fn a_command_reads_back_as_its_arguments(
+            verb in proptest::option::of(0usize..4),
             texts in proptest::collection::vec("[a-z_0-9]{0,150}", 0..5),
             numbers in proptest::collection::vec(proptest::prelude::any::<u64>(), 0..4),
             small in 0u64..200,
         ) {
-            let mut args: Vec<Arg<'_>> = texts.iter().map(|t| Arg::Text(t)).collect();
+            let verbs = [INCRBY, EXPIRE, GET, EVALSHA];
+            let mut args: Vec<Arg<'_>> = verb.map(|v| Arg::Verb(verbs[v])).into_iter().collect();
+            args.extend(texts.iter().map(|t| Arg::Text(t)));
             args.extend(numbers.iter().map(|n| Arg::Int(*n)));
             args.push(Arg::Int(small));
             let mut out = Vec::new();
@@ -326,6 +361,7 @@ mod tests {
             let expected: Vec<Reply> = args
                 .iter()
                 .map(|arg| match arg {
+                    Arg::Verb(verb) => Reply::Text(verb.name().as_bytes().to_vec()),
                     Arg::Text(text) => Reply::Text(text.as_bytes().to_vec()),
                     Arg::Int(n) => Reply::Text(n.to_string().into_bytes()),
                 })
