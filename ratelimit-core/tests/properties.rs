@@ -225,6 +225,43 @@ fn any_rule(kind: usize, value: u8) -> Descriptor {
     }
 }
 
+/// A limiter on `fixtures/rules/one_pass_and_planned.yaml`.
+fn one_pass_and_planned(settings: Settings) -> Limiter {
+    let config = Config::from_yaml("o.yaml", &fixture("one_pass_and_planned")).unwrap();
+    Limiter::new(&config, settings)
+}
+
+/// Settings with global shadow mode, quota mode, both or neither.
+fn any_modes() -> impl Strategy<Value = Settings> {
+    (any::<bool>(), any::<bool>()).prop_map(|(shadow_mode, quota_mode)| Settings {
+        shadow_mode,
+        quota_mode,
+        ..Settings::default()
+    })
+}
+
+/// Up to 80 requests of `fixtures/rules/one_pass_and_planned.yaml`'s domain, each of 1 to
+/// 3 descriptors of any rule ([`any_rule`]) and maybe its own hits, with their times
+/// (unix milliseconds, in order, within 40 s).
+fn any_calls() -> impl Strategy<Value = Vec<(Request, u64)>> {
+    let descriptor =
+        (0usize..13, 0u8..3, proptest::option::of(0u64..4)).prop_map(|(kind, value, hits)| {
+            match hits {
+                Some(hits) => any_rule(kind, value).with_hits(hits),
+                None => any_rule(kind, value),
+            }
+        });
+    let request = proptest::collection::vec(descriptor, 1..4)
+        .prop_map(|descriptors| Request::new("o", descriptors));
+    proptest::collection::vec((request, 0u64..40_000), 1..80).prop_map(|mut calls| {
+        calls.sort_by_key(|call| call.1);
+        calls
+            .into_iter()
+            .map(|(request, t)| (request, 1_000_000_000 + t))
+            .collect()
+    })
+}
+
 proptest! {
     /// Whatever the rules a request's descriptors match, with global shadow or quota mode
     /// on or off: deciding in process (in one pass where the rules allow it) and through a
@@ -233,34 +270,14 @@ proptest! {
     /// a plan made anew.
     #[test]
     fn one_pass_and_planned_decisions_agree_with_their_statistics(
-        shadow in any::<bool>(),
-        quota in any::<bool>(),
-        calls in proptest::collection::vec(
-            (proptest::collection::vec((0usize..13, 0u8..3, proptest::option::of(0u64..4)), 1..4), 0u64..40_000),
-            1..80,
-        ),
+        settings in any_modes(),
+        calls in any_calls(),
     ) {
-        let settings = Settings { shadow_mode: shadow, quota_mode: quota, ..Settings::default() };
-        let config = Config::from_yaml("o.yaml", &fixture("one_pass_and_planned")).unwrap();
-        let (in_process, planned) = (Limiter::new(&config, settings.clone()), Limiter::new(&config, settings.clone()));
-        let fresh = Limiter::new(&config, settings);
+        let limiter = || one_pass_and_planned(settings.clone());
+        let (in_process, planned, fresh) = (limiter(), limiter(), limiter());
         let (a, b) = (MemoryStore::default(), MemoryStore::default());
         let mut room = PlanRoom::default();
-        let mut calls = calls;
-        calls.sort_by_key(|c| c.1);
-        for (descriptors, t) in calls {
-            let now_ms = 1_000_000_000 + t;
-            let descriptors = descriptors
-                .into_iter()
-                .map(|(kind, value, hits)| {
-                    let descriptor = any_rule(kind, value);
-                    match hits {
-                        Some(hits) => descriptor.with_hits(hits),
-                        None => descriptor,
-                    }
-                })
-                .collect();
-            let request = Request::new("o", descriptors);
+        for (request, now_ms) in calls {
             let expected = in_process.should_rate_limit_millis(&request, &a, now_ms).unwrap();
             // Each plan in the room the one before left: the same counters as a new plan's.
             let plan = planned.plan_millis_in(&request, now_ms, room).unwrap();
@@ -285,30 +302,13 @@ proptest! {
     /// shadow or quota mode on or off; only the policies differ.
     #[test]
     fn plans_made_in_one_pass_decide_as_whole_plans(
-        shadow in any::<bool>(),
-        quota in any::<bool>(),
-        calls in proptest::collection::vec(
-            (proptest::collection::vec((0usize..13, 0u8..3, proptest::option::of(0u64..4)), 1..4), 0u64..40_000),
-            1..80,
-        ),
+        settings in any_modes(),
+        calls in any_calls(),
     ) {
-        let settings = Settings { shadow_mode: shadow, quota_mode: quota, ..Settings::default() };
         let whole = Settings { report_policies: true, ..settings.clone() };
-        let config = Config::from_yaml("o.yaml", &fixture("one_pass_and_planned")).unwrap();
-        let (one_pass, planned) = (Limiter::new(&config, settings), Limiter::new(&config, whole));
+        let (one_pass, planned) = (one_pass_and_planned(settings), one_pass_and_planned(whole));
         let (a, b) = (MemoryStore::default(), MemoryStore::default());
-        let mut calls = calls;
-        calls.sort_by_key(|c| c.1);
-        for (descriptors, t) in calls {
-            let now_ms = 1_000_000_000 + t;
-            let descriptors = descriptors
-                .into_iter()
-                .map(|(kind, value, hits)| match hits {
-                    Some(hits) => any_rule(kind, value).with_hits(hits),
-                    None => any_rule(kind, value),
-                })
-                .collect();
-            let request = Request::new("o", descriptors);
+        for (request, now_ms) in calls {
             let (fast, slow) = (
                 one_pass.plan_millis(&request, now_ms).unwrap(),
                 planned.plan_millis(&request, now_ms).unwrap(),
