@@ -126,10 +126,7 @@ impl Engine {
             let addend = descriptor.hits_addend.unwrap_or(default_addend);
             let first = used;
             self.for_each_direct_counter(request, descriptor, node, now_ms, |key, span| {
-                match increments.get_mut(used) {
-                    Some(earlier) => earlier.refill(key, addend, span, now_ms),
-                    None => increments.push(Increment::new(key, addend, span, now_ms)),
-                }
+                Increment::put(increments, used, (key, addend, span, now_ms));
                 used += 1;
             });
             let counters = u8::try_from(used - first).expect("a limit has at most two counters");

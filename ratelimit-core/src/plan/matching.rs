@@ -138,11 +138,7 @@ impl Engine {
         let mut body = self.match_request(request, now_ms, dry);
         let mut used = 0;
         self.for_each_counter(&body, request, |key, hits, span, _| {
-            // An earlier plan's counter is written over in place, its strings reused.
-            match increments.get_mut(used) {
-                Some(earlier) => earlier.refill(key, hits, span, now_ms),
-                None => increments.push(Increment::new(key, hits, span, now_ms)),
-            }
+            Increment::put(&mut increments, used, (key, hits, span, now_ms));
             used += 1;
         });
         increments.truncate(used);

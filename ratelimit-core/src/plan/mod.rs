@@ -3,8 +3,8 @@
 //! Remote stores run a [`Plan`]'s increments in one round trip and hand the totals back
 //! to [`Plan::decide`]; the in-process [`crate::Limiter::should_rate_limit`] does the same
 //! against a [`crate::CounterStore`]. Both go in one pass (`direct`: no list of matched
-//! limits to walk again) when each descriptor matches at most one plain limit. Matching, windows, replaces, shadow and quota modes and
-//! statistics all happen here, once, by concern: `matching` (which rule applies to each
+//! limits to walk again) when each descriptor matches at most one plain limit. Matching,
+//! windows, replaces, shadow and quota modes and statistics all happen here, once, by concern: `matching` (which rule applies to each
 //! descriptor), `keys` (counter and statistic keys), `decision` (codes, counts and
 //! statistics from the totals), `direct` (the one-pass order of the same steps) and
 //! `explain` (the same, dry). Which counters a limit
@@ -92,6 +92,19 @@ impl Increment {
         self.window_end = span.start + span.window.seconds();
         self.expires = span.expires;
         self.now_ms = now_ms;
+    }
+
+    /// Writes the increment of [`Increment::new`] at `at` in `increments`: over an
+    /// earlier plan's counter there, reusing its strings, or after the last.
+    pub(crate) fn put(
+        increments: &mut Vec<Increment>,
+        at: usize,
+        (key, hits, span, now_ms): (&CounterKey<'_>, u64, Span, u64),
+    ) {
+        match increments.get_mut(at) {
+            Some(earlier) => earlier.refill(key, hits, span, now_ms),
+            None => increments.push(Increment::new(key, hits, span, now_ms)),
+        }
     }
 
     /// Whether this counter belongs on the per-second store of a split deployment.
