@@ -15,7 +15,9 @@
 # once; each load runs on every server in turn, round after round, so that a server and
 # the floor it is compared with are measured seconds apart and drift of the machine hits
 # all of them alike. Each measurement also records the server's CPU time (utime + stime
-# from /proc), reported per request.
+# from /proc), reported per request. Next to each median ratio the run prints the lowest
+# and highest of that server's ratios over the rounds: a target inside that range is not
+# decided by the run.
 #   bench/load/run.sh [SECONDS] [ROUNDS]   (default 2 s, 9 rounds: short measurements in many
 #   rounds keep the two halves of each ratio seconds apart on a machine whose speed drifts)
 # BIN=DIR measures the binaries in DIR (the sidecar, rls-floor, rls-tonic and rls-load all
@@ -24,6 +26,8 @@
 # the same rounds, each divided by that floor, and by the same server of $BIN in `vs base`:
 # a build with profile-guided optimisation (bench/load/pgo.sh: PGO_BIN=DIR is
 # PAIR_BIN=DIR PAIR_NAME=pgo), or an earlier commit's build, measured seconds apart.
+# ONLY="memory redis" measures only those servers and the floors they are divided by, so
+# that more rounds fit in the same time.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 SECONDS_PER_RUN="${1:-2}"
@@ -113,6 +117,16 @@ if [ -n "${PAIR_BIN:-}" ]; then
 		SERVERS+=("memcache-$PAIR")
 	fi
 fi
+if [ -n "${ONLY:-}" ]; then
+	# A paired build's server goes with the same server of this build.
+	wanted=" floor $ONLY "
+	[[ "$wanted" != *" memory-2w "* ]] || wanted+="floor-2w "
+	chosen=()
+	for name in "${SERVERS[@]}"; do
+		[[ "$wanted" != *" ${name%-"$PAIR"} "* ]] || chosen+=("$name")
+	done
+	SERVERS=("${chosen[@]}")
+fi
 
 # One line per measurement: round server tool keys requests errors seconds p50 p99 cpu_ticks
 RESULTS="$WORK/results.tsv"
@@ -156,7 +170,7 @@ pair = "-" + sys.argv[3]
 by = collections.defaultdict(list)
 for r, server, tool, keys, requests, errors, secs, p50, p99, ticks in rows:
     by[(tool, keys, server)].append((int(r), int(requests), int(errors), float(secs), p50, p99, int(ticks)))
-print(f"{'load':<16} {'server':<12} {'req/s':>8} {'vs floor':>8} {'CPU us/req':>10} {'x floor':>7} {'p50 us':>7} {'p99 us':>7} {'errors':>6} {'vs base':>8}")
+print(f"{'load':<16} {'server':<12} {'req/s':>8} {'vs floor':>8} {'rounds':>9} {'CPU us/req':>10} {'x floor':>7} {'p50 us':>7} {'p99 us':>7} {'errors':>6} {'vs base':>17}")
 BASE = ["floor", "tonic", "memory", "sinks", "redis", "memcache", "floor-2w", "memory-2w"]
 ORDER = BASE + [s + pair for s in ("floor", "memory", "redis", "memcache")]
 def rates(tool, keys, server):
@@ -174,14 +188,18 @@ for tool, keys in sorted({(t, k) for t, k, _ in by}, key=lambda x: (x[0], int(x[
         plain = "-"
         if server.endswith(pair):
             same = rates(tool, keys, server[: -len(pair)])
-            plain = f"{statistics.median(n / s / same[r][0] for r, n, _, s, _, _, _ in runs):.2f}"
+            against = [n / s / same[r][0] for r, n, _, s, _, _, _ in runs]
+            plain = f"{statistics.median(against):.2f} ({min(against):.2f}-{max(against):.2f})"
         rps = statistics.median(n / s for _, n, _, s, _, _, _ in runs)
-        ratio = statistics.median(n / s / base[r][0] for r, n, _, s, _, _, _ in runs)
+        ratios = [n / s / base[r][0] for r, n, _, s, _, _, _ in runs]
+        ratio, spread = statistics.median(ratios), f"{min(ratios):.2f}-{max(ratios):.2f}"
         cpu = statistics.median(t / tick * 1e6 / max(n, 1) for _, n, _, _, _, _, t in runs)
         cpu_ratio = statistics.median(t / tick * 1e6 / max(n, 1) / base[r][1] for r, n, _, _, _, _, t in runs)
         p50 = "-" if runs[0][4] == "-" else int(statistics.median(int(x[4]) for x in runs))
         p99 = "-" if runs[0][5] == "-" else int(statistics.median(int(x[5]) for x in runs))
         errors = sum(x[2] for x in runs)
-        print(f"{tool + ' keys=' + keys:<16} {server:<12} {rps:>8.0f} {ratio:>8.2f} {cpu:>10.1f} {cpu_ratio:>7.2f} {p50:>7} {p99:>7} {errors:>6} {plain:>8}")
-print(f"median of {len(set(r[0] for r in rows))} alternating rounds; ratios are taken within a round, to the floor (memory-2w: to floor-2w; X" + pair + ": to floor" + pair + ", and to X in 'vs base')")
+        print(f"{tool + ' keys=' + keys:<16} {server:<12} {rps:>8.0f} {ratio:>8.2f} {spread:>9} {cpu:>10.1f} {cpu_ratio:>7.2f} {p50:>7} {p99:>7} {errors:>6} {plain:>17}")
+    floors = [n / s for _, n, _, s, _, _, _ in by[(tool, keys, "floor")]]
+    print(f"{'':<16} the floor's req/s over the rounds: {min(floors):.0f}-{max(floors):.0f}, {max(floors) / min(floors):.2f} x apart")
+print(f"median of {len(set(r[0] for r in rows))} alternating rounds; ratios are taken within a round, to the floor (memory-2w: to floor-2w; X" + pair + ": to floor" + pair + ", and to X in 'vs base'); 'rounds' is the lowest and highest of a server's ratios over the rounds")
 PY
