@@ -34,6 +34,8 @@ pub fn parse_request(body: &[u8]) -> Result<RateLimitRequest, JsonError> {
     }
     let value: Value =
         serde_json::from_slice(body).map_err(|e| err("", format!("invalid JSON: {e}")))?;
+    // A parsed `Value` keeps the last of a repeated key; protojson refuses the body.
+    serde_json::from_slice::<Unique>(body).map_err(|e| err("", e))?;
     let object = fields(
         &value,
         "",
@@ -133,6 +135,64 @@ fn fields<'a>(
         return Err(err(path, format!("unknown field '{unknown}'")));
     }
     Ok(object)
+}
+
+/// Any JSON document in which no object names a key twice.
+struct Unique;
+
+impl<'de> serde::Deserialize<'de> for Unique {
+    fn deserialize<D: serde::Deserializer<'de>>(from: D) -> Result<Unique, D::Error> {
+        from.deserialize_any(Unique)
+    }
+}
+
+impl<'de> serde::de::Visitor<'de> for Unique {
+    type Value = Unique;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("a JSON value")
+    }
+
+    fn visit_bool<E>(self, _: bool) -> Result<Unique, E> {
+        Ok(Unique)
+    }
+
+    fn visit_i64<E>(self, _: i64) -> Result<Unique, E> {
+        Ok(Unique)
+    }
+
+    fn visit_u64<E>(self, _: u64) -> Result<Unique, E> {
+        Ok(Unique)
+    }
+
+    fn visit_f64<E>(self, _: f64) -> Result<Unique, E> {
+        Ok(Unique)
+    }
+
+    fn visit_str<E>(self, _: &str) -> Result<Unique, E> {
+        Ok(Unique)
+    }
+
+    fn visit_unit<E>(self) -> Result<Unique, E> {
+        Ok(Unique)
+    }
+
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut items: A) -> Result<Unique, A::Error> {
+        while items.next_element::<Unique>()?.is_some() {}
+        Ok(Unique)
+    }
+
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Unique, A::Error> {
+        let mut seen = std::collections::HashSet::new();
+        while let Some(key) = map.next_key::<String>()? {
+            if !seen.insert(key.replace('_', "").to_ascii_lowercase()) {
+                let message = format!("duplicate field '{key}'");
+                return Err(serde::de::Error::custom(message));
+            }
+            map.next_value::<Unique>()?;
+        }
+        Ok(Unique)
+    }
 }
 
 fn kind(value: &Value) -> &'static str {
@@ -279,11 +339,21 @@ fn value(v: &PbValue) -> Value {
     use envoy_types::pb::google::protobuf::value::Kind;
     match &v.kind {
         None | Some(Kind::NullValue(_)) => Value::Null,
-        Some(Kind::NumberValue(n)) => json!(n),
+        Some(Kind::NumberValue(n)) => number(*n),
         Some(Kind::StringValue(s)) => json!(s),
         Some(Kind::BoolValue(b)) => json!(b),
         Some(Kind::StructValue(s)) => structure(s),
         Some(Kind::ListValue(l)) => Value::Array(l.values.iter().map(value).collect()),
+    }
+}
+
+/// A number as protojson writes it: a whole number without a fraction (`1`, not `1.0`).
+fn number(n: f64) -> Value {
+    // Whole numbers this side of 2^63 convert exactly; others keep their float form.
+    const WHOLE: f64 = 9_223_372_036_854_775_808.0;
+    match n.fract() == 0.0 && n.abs() < WHOLE {
+        true => json!(n as i64),
+        false => json!(n),
     }
 }
 
@@ -338,5 +408,54 @@ mod tests {
             e(r#"{"descriptors":[{"limit":{"unit":"FORTNIGHT"}}]}"#)
                 .starts_with("descriptors[0].limit.unit: unknown unit")
         );
+    }
+
+    #[test]
+    fn a_field_named_twice_is_refused_at_any_depth_and_in_either_spelling() {
+        let e = |body: &str| parse_request(body.as_bytes()).unwrap_err().to_string();
+        let entries = r#""entries":[{"key":"k","value":"v"}]"#;
+        for (body, field) in [
+            (r#"{"domain":"a","domain":"a"}"#.to_owned(), "domain"),
+            (
+                r#"{"hits_addend":1,"hitsAddend":1}"#.to_owned(),
+                "hitsAddend",
+            ),
+            (
+                format!(r#"{{"descriptors":[{{{entries},{entries}}}]}}"#),
+                "entries",
+            ),
+            (
+                r#"{"descriptors":[{"entries":[{"key":"k","key":"k"}]}]}"#.to_owned(),
+                "key",
+            ),
+        ] {
+            let message = e(&body);
+            assert!(
+                message.starts_with(&format!("duplicate field '{field}'")),
+                "{body}: {message}"
+            );
+        }
+        let once = format!(r#"{{"domain":"a","descriptors":[{{{entries}}},{{{entries}}}]}}"#);
+        assert_eq!(parse_request(once.as_bytes()).unwrap().descriptors.len(), 2);
+    }
+
+    #[test]
+    fn whole_numbers_in_metadata_are_written_without_a_fraction() {
+        use envoy_types::pb::google::protobuf::value::Kind;
+        let number = |n: f64| PbValue {
+            kind: Some(Kind::NumberValue(n)),
+        };
+        let metadata = Struct {
+            fields: [("a", 1.0), ("b", -3.0), ("c", 1.5)]
+                .into_iter()
+                .map(|(k, n)| (k.to_owned(), number(n)))
+                .collect(),
+        };
+        let response = RateLimitResponse {
+            dynamic_metadata: Some(metadata),
+            ..RateLimitResponse::default()
+        };
+        let text = render_response(&response);
+        assert!(text.contains(r#"{"a":1,"b":-3,"c":1.5}"#), "{text}");
     }
 }

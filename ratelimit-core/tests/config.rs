@@ -162,6 +162,52 @@ descriptors:
 }
 
 #[test]
+fn yaml_1_1_scalars_read_as_envoy_ratelimits_decoder_reads_them() {
+    // yaml.v2 reads YAML 1.1: `yes` and `off` are booleans, `010` is octal and `1_000` a
+    // thousand; a number or boolean in a string field is its text as written; a
+    // byte-order mark is skipped, `<<` merges, and a number may key metadata.
+    let config = Config::from_yaml(
+        "f.yaml",
+        "\u{feff}domain: d
+descriptors:
+  - key: 0x1F
+    value: True
+    shadow_mode: yes
+    detailed_metric: off
+    rate_limit: &hour {unit: hour, requests_per_unit: 010}
+  - key: k
+    value: +5
+    rate_limit: {<<: *hour, requests_per_unit: 1_000}
+    metadata: {1: a}
+",
+    )
+    .unwrap();
+    let rules = &config.domains()[0].descriptors;
+    let counted = |rule: &DescriptorRule| match rule.rate_limit.as_ref().unwrap().limit {
+        Limit::Counted {
+            window,
+            requests_per_unit,
+            ..
+        } => (window, requests_per_unit),
+        Limit::Unlimited => panic!("counted"),
+    };
+    assert_eq!(rules[0].key, "0x1F");
+    assert_eq!(rules[0].value.as_deref(), Some("True"));
+    assert!(rules[0].shadow_mode && !rules[0].detailed_metric);
+    assert_eq!(counted(&rules[0]), (Window::of(Unit::Hour), 8));
+    assert_eq!(rules[1].value.as_deref(), Some("+5"));
+    assert_eq!(counted(&rules[1]), (Window::of(Unit::Hour), 1_000));
+    let Some(Metadata::Map(metadata)) = &rules[1].metadata else {
+        panic!("metadata is a map")
+    };
+    assert_eq!(metadata["1"], Metadata::String("a".into()));
+    // Quoted, `yes` is a string, which a boolean field refuses, as yaml.v2 does.
+    let quoted = "domain: d\ndescriptors:\n  - {key: k, shadow_mode: \"yes\"}\n";
+    let error = Config::from_yaml("f.yaml", quoted).unwrap_err().to_string();
+    assert!(error.contains("shadow_mode"), "{error}");
+}
+
+#[test]
 fn known_keys_in_the_wrong_place_are_ignored_as_upstream_does() {
     let rule =
         only_rule("domain: d\ndescriptors:\n  - key: k\n    unit: second\n    domain: other\n");

@@ -204,6 +204,39 @@ async fn json_answers_200_429_and_400_with_messages(store: &Store) {
 }
 
 #[tokio::test]
+async fn http_paths_are_exact_and_bodies_may_be_chunked() {
+    let server = Server::start_with(Options::rules(RULES).set("MAX_JSON_BODY_BYTES", "200"));
+    let exchange = |head: &str, body: &str| {
+        let mut stream = std::net::TcpStream::connect(("127.0.0.1", server.http)).unwrap();
+        let request = format!("{head}Host: x\r\nConnection: close\r\n\r\n{body}");
+        std::io::Write::write_all(&mut stream, request.as_bytes()).unwrap();
+        // A refused body may be left unread: the close can reset the connection after the
+        // answer arrived, so what was read counts whatever the read ends with.
+        let mut answer = Vec::new();
+        let _ = std::io::Read::read_to_end(&mut stream, &mut answer);
+        String::from_utf8_lossy(&answer).into_owned()
+    };
+    let chunked = |body: &str| format!("{:x}\r\n{body}\r\n0\r\n\r\n", body.len());
+    let one = r#"{"domain":"e2e","descriptors":[{"entries":[{"key":"user","value":"c"}]}]}"#;
+    let streamed = "POST /json HTTP/1.1\r\nTransfer-Encoding: chunked\r\n";
+    let answer = exchange(streamed, &chunked(one));
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    assert!(answer.contains(r#""overallCode":"OK""#), "{answer}");
+    let big = format!(r#"{{"domain":"{}"}}"#, "d".repeat(200));
+    let answer = exchange(streamed, &chunked(&big));
+    assert!(answer.starts_with("HTTP/1.1 413"), "{answer}");
+    let sized = format!("POST /json HTTP/1.1\r\nContent-Length: {}\r\n", big.len());
+    assert!(exchange(&sized, &big).starts_with("HTTP/1.1 413"));
+    let answer = exchange("POST /json HTTP/1.1\r\n", "");
+    assert!(answer.starts_with("HTTP/1.1 400"), "{answer}");
+    assert!(answer.contains("empty body"), "{answer}");
+    for path in ["/json/", "/healthcheck/", "/json/x"] {
+        let answer = exchange(&format!("GET {path} HTTP/1.1\r\n"), "");
+        assert!(answer.starts_with("HTTP/1.1 404"), "{path}: {answer}");
+    }
+}
+
+#[tokio::test]
 async fn debug_server_lists_paths_rules_and_statistics() {
     let server = Server::start(&[("rules.yaml", RULES)]);
     let index = get_text(&server.debug_url("/")).await;
@@ -221,6 +254,10 @@ async fn debug_server_lists_paths_rules_and_statistics() {
         rules.contains("e2e.free: unit=UNKNOWN requests_per_unit=0"),
         "{rules}"
     );
+    // As upstream's, the index is sorted and answers every path no route takes.
+    let paths: Vec<&str> = index.lines().filter_map(|l| l.split(':').next()).collect();
+    assert!(paths.is_sorted(), "{index}");
+    assert_eq!(get_text(&server.debug_url("/nope")).await, index);
     let pprof = get_text(&server.debug_url("/debug/pprof/")).await;
     assert!(pprof.contains("perf record"), "{pprof}");
     assert_eq!(
@@ -303,7 +340,8 @@ async fn health_needs_a_config_when_asked_to() {
     });
     let r = reqwest::get(server.http_url("/healthcheck")).await.unwrap();
     assert_eq!(r.status(), 500);
-    assert_eq!(r.text().await.unwrap(), "unhealthy: config\n");
+    assert_eq!(r.headers()["x-unhealthy"], "config");
+    assert_eq!(r.text().await.unwrap(), "", "upstream's 500 has no body");
     std::fs::write(server.config_dir().join("a.yaml"), "domain: a\n").unwrap();
     let healthy = eventually(Duration::from_secs(10), || async {
         reqwest::get(server.http_url("/healthcheck"))

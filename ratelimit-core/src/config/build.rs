@@ -105,7 +105,7 @@ impl Domain {
 
     fn decode(&self) -> Decoded {
         let source = self.source_name();
-        decode::decode_document(&source, &self.document())
+        decode::decode_document(&source, &self.document(), Default::default())
             .map_err(|errors| decode::locate_errors(&self.to_yaml(), errors))
     }
 

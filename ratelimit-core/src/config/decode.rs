@@ -2,7 +2,7 @@
 //! parse, then a walk over every map key, then field types and rule semantics.
 
 use std::cell::RefCell;
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 
 use serde::Deserialize;
 use yaml_serde::{Mapping, Value};
@@ -47,6 +47,8 @@ pub(super) type Decoded = Result<(DomainConfig, Vec<String>), Vec<ConfigError>>;
 /// rule at most: a rule in error is left out and the next one read). An error found after
 /// the parse is given the line and column of the node it names.
 pub(super) fn decode_file(file: &str, text: &str) -> Decoded {
+    // A byte-order mark is skipped, as envoyproxy/ratelimit's decoder skips it.
+    let text = text.strip_prefix('\u{feff}').unwrap_or(text);
     decode(file, text).map_err(|errors| locate_errors(text, errors))
 }
 
@@ -69,13 +71,22 @@ pub(super) fn locate_errors(text: &str, errors: Vec<ConfigError>) -> Vec<ConfigE
 }
 
 fn decode(file: &str, text: &str) -> Decoded {
-    let root = parse_first_document(file, text).map_err(|e| vec![e])?;
-    decode_document(file, &root)
+    let mut root = parse_first_document(file, text).map_err(|e| vec![e])?;
+    // `<<: *anchor` merges, as in envoyproxy/ratelimit's decoder.
+    root.apply_merge().map_err(|e| {
+        vec![ConfigError::new(
+            file,
+            "",
+            ConfigErrorKind::Yaml(e.to_string()),
+        )]
+    })?;
+    decode_document(file, &root, super::position::plain_scalars(text))
 }
 
 /// Validates one parsed document (a file's, or rules built in code), after the parse:
-/// the same passes, errors and warnings for either.
-pub(super) fn decode_document(file: &str, root: &Value) -> Decoded {
+/// the same passes, errors and warnings for either. `plain` holds the scalars written
+/// without quotes, as written, by path ([`super::position::plain_scalars`]).
+pub(super) fn decode_document(file: &str, root: &Value, plain: HashMap<String, String>) -> Decoded {
     let max = super::nesting::MAX_DEPTH;
     if depth(root) > max {
         return Err(vec![ConfigError::new(
@@ -86,6 +97,7 @@ pub(super) fn decode_document(file: &str, root: &Value) -> Decoded {
     }
     let cx = Cx {
         file,
+        plain,
         warnings: RefCell::new(Vec::new()),
         errors: RefCell::new(Vec::new()),
     };
@@ -162,6 +174,7 @@ fn parse_first_document(file: &str, text: &str) -> Result<Value, ConfigError> {
 
 struct Cx<'a> {
     file: &'a str,
+    plain: HashMap<String, String>,
     warnings: RefCell<Vec<String>>,
     /// Errors found so far, when reading goes on past them.
     errors: RefCell<Vec<ConfigError>>,
@@ -486,40 +499,46 @@ impl Cx<'_> {
         Ok(names)
     }
 
-    /// Strings, and scalars written without quotes (`key: 123`), as the YAML decoder of
-    /// envoyproxy/ratelimit reads them. Null or absent is `None`.
+    /// Strings, and scalars written without quotes (`key: 123`) as written. Null or absent is `None`.
     fn string_field(
         &self,
         map: &Mapping,
         field: &str,
         path: &str,
     ) -> Result<Option<String>, ConfigError> {
+        let written = || self.plain.get(&join(path, field)).cloned();
         match map.get(field) {
             None | Some(Value::Null) => Ok(None),
             Some(Value::String(s)) => Ok(Some(s.clone())),
-            Some(Value::Number(n)) => Ok(Some(n.to_string())),
-            Some(Value::Bool(b)) => Ok(Some(b.to_string())),
+            // `0x10` and `True` are read as written, not as the number or boolean.
+            Some(Value::Number(n)) => Ok(Some(written().unwrap_or_else(|| n.to_string()))),
+            Some(Value::Bool(b)) => Ok(Some(written().unwrap_or_else(|| b.to_string()))),
             Some(other) => Err(self.wrong_type(&join(path, field), "string", other)),
         }
     }
 
     fn bool_field(&self, map: &Mapping, field: &str, path: &str) -> Result<bool, ConfigError> {
+        let at = join(path, field);
         match map.get(field) {
             None | Some(Value::Null) => Ok(false),
             Some(Value::Bool(b)) => Ok(*b),
-            Some(other) => Err(self.wrong_type(&join(path, field), "bool", other)),
+            Some(Value::String(s)) if self.plain.contains_key(&at) => super::yaml11::boolean(s)
+                .ok_or_else(|| self.wrong_type(&at, "bool", &Value::String(s.clone()))),
+            Some(other) => Err(self.wrong_type(&at, "bool", other)),
         }
     }
 
     fn u32_field(&self, map: &Mapping, field: &str, path: &str) -> Result<u32, ConfigError> {
-        match map.get(field) {
-            None | Some(Value::Null) => Ok(0),
-            Some(value @ Value::Number(n)) => n
-                .as_u64()
-                .and_then(|n| u32::try_from(n).ok())
-                .ok_or_else(|| self.wrong_type(&join(path, field), "uint32", value)),
-            Some(other) => Err(self.wrong_type(&join(path, field), "uint32", other)),
-        }
+        let at = join(path, field);
+        let number = match map.get(field) {
+            None | Some(Value::Null) => return Ok(0),
+            Some(Value::Number(n)) => n.as_i64(),
+            Some(Value::String(s)) if self.plain.contains_key(&at) => super::yaml11::integer(s),
+            Some(_) => None,
+        };
+        number
+            .and_then(|n| u32::try_from(n).ok())
+            .ok_or_else(|| self.wrong_type(&at, "uint32", map.get(field).unwrap_or(&Value::Null)))
     }
 }
 
@@ -566,10 +585,13 @@ fn metadata_value(value: &Value) -> Result<Metadata, String> {
         Value::Mapping(map) => {
             let mut out = BTreeMap::new();
             for (key, child) in map {
-                let Value::String(key) = key else {
-                    return Err(format!("key {} is not a string", describe(key)));
+                // A number or boolean key is read as its text, as upstream reads it.
+                let key = match key {
+                    Value::String(key) => key.clone(),
+                    Value::Number(_) | Value::Bool(_) => describe(key),
+                    other => return Err(format!("key {} is not a string", describe(other))),
                 };
-                out.insert(key.clone(), metadata_value(child)?);
+                out.insert(key, metadata_value(child)?);
             }
             Metadata::Map(out)
         }

@@ -12,6 +12,8 @@ pub(super) struct Event {
     pub(super) column: usize,
     /// A scalar's text (for scalar events).
     pub(super) scalar: Option<String>,
+    /// Whether a scalar was written without quotes, so that YAML resolves its type.
+    pub(super) plain: bool,
 }
 
 /// libyaml's event parser over `text`, freed on drop.
@@ -53,9 +55,12 @@ impl<'a> Parser<'a> {
                 let bytes = std::slice::from_raw_parts(data.value, length);
                 String::from_utf8_lossy(bytes).into_owned()
             });
+            let plain = event.type_ == sys::YAML_SCALAR_EVENT
+                && event.data.scalar.style == sys::YAML_PLAIN_SCALAR_STYLE;
             let read = Event {
                 kind: event.type_,
                 scalar,
+                plain,
                 line: usize::try_from(event.start_mark.line).unwrap_or(usize::MAX),
                 column: usize::try_from(event.start_mark.column).unwrap_or(usize::MAX),
             };

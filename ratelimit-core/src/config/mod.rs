@@ -6,6 +6,7 @@ mod error;
 mod events;
 mod nesting;
 mod position;
+mod yaml11;
 
 use std::collections::BTreeMap;
 

@@ -3,9 +3,11 @@
 use std::convert::Infallible;
 use std::sync::Arc;
 
-use bytes::Bytes;
+use bytes::{Buf, Bytes, BytesMut};
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
+use futures_util::{Stream, StreamExt};
 use warp::http::{HeaderMap, StatusCode};
+use warp::path::FullPath;
 use warp::reply::{Reply, Response, with_header, with_status};
 use warp::{Filter, Rejection};
 
@@ -13,26 +15,79 @@ use crate::backend::BackendError;
 use crate::service::{Service, ServiceError};
 use ratelimit_proto::json::{parse_request, render_response};
 
-/// `/json` (any method) and `/healthcheck` (any method); everything else is 404.
+/// `/json` (any method) and `/healthcheck` (any method), each at exactly that path, as
+/// upstream's router matches them (`/json/` is not `/json`); everything else is 404.
 pub fn routes(
     service: Arc<Service>,
     max_body: u64,
 ) -> impl Filter<Extract = (Response,), Error = Infallible> + Clone {
     let with_service = warp::any().map(move || Arc::clone(&service));
-    let json = warp::path!("json")
-        .and(warp::body::content_length_limit(max_body))
-        .and(warp::body::bytes())
+    let json = exactly("/json")
+        .and(warp::header::optional::<u64>("content-length"))
+        .and(warp::body::stream())
         .and(warp::header::headers_cloned())
         .and(with_service.clone())
         .then(
-            |body: Bytes, headers: HeaderMap, service: Arc<Service>| async move {
-                json(&service, &body, &headers).await
+            move |length: Option<u64>, body, headers: HeaderMap, service: Arc<Service>| async move {
+                match read_body(length, body, max_body).await {
+                    Ok(body) => json(&service, &body, &headers).await,
+                    Err(refused) => refused,
+                }
             },
         );
-    let health = warp::path!("healthcheck")
+    let health = exactly("/healthcheck")
         .and(with_service)
         .map(|service: Arc<Service>| healthcheck(&service));
     json.or(health).unify().recover(rejection).unify()
+}
+
+/// Requests whose path is `path`, byte for byte.
+fn exactly(path: &'static str) -> impl Filter<Extract = (), Error = Rejection> + Clone {
+    warp::path::full()
+        .and_then(move |full: FullPath| async move {
+            match full.as_str() == path {
+                true => Ok(()),
+                false => Err(warp::reject::not_found()),
+            }
+        })
+        .untuple_one()
+}
+
+/// The whole body, with a `Content-Length` or chunked (as upstream reads any body), or
+/// the answer when it is over `max` bytes (known before reading when the length is
+/// sent) or cannot be read.
+async fn read_body<B: Buf>(
+    length: Option<u64>,
+    body: impl Stream<Item = Result<B, warp::Error>>,
+    max: u64,
+) -> Result<Bytes, Response> {
+    let too_large = || {
+        let message = "Payload Too Large: the body exceeds MAX_JSON_BODY_BYTES\n";
+        text(StatusCode::PAYLOAD_TOO_LARGE, message.to_owned())
+    };
+    if length.is_some_and(|length| length > max) {
+        return Err(too_large());
+    }
+    let mut whole = BytesMut::with_capacity(usize::try_from(length.unwrap_or(0)).unwrap_or(0));
+    let mut body = std::pin::pin!(body);
+    while let Some(chunk) = body.next().await {
+        let mut chunk = chunk.map_err(|e| {
+            text(
+                StatusCode::BAD_REQUEST,
+                format!("Bad Request: reading the body: {e}\n"),
+            )
+        })?;
+        if (whole.len() + chunk.remaining()) as u64 > max {
+            return Err(too_large());
+        }
+        while chunk.has_remaining() {
+            let piece = chunk.chunk();
+            whole.extend_from_slice(piece);
+            let read = piece.len();
+            chunk.advance(read);
+        }
+    }
+    Ok(whole.freeze())
 }
 
 async fn json(service: &Service, body: &[u8], headers: &HeaderMap) -> Response {
@@ -72,10 +127,12 @@ async fn json(service: &Service, body: &[u8], headers: &HeaderMap) -> Response {
 fn healthcheck(service: &Service) -> Response {
     match service.health.failing() {
         None => text(StatusCode::OK, "OK".to_owned()),
-        Some(component) => text(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            format!("unhealthy: {component}\n"),
-        ),
+        // Upstream's is a bare 500. The component is named in a header, which
+        // clients reading the status alone ignore.
+        Some(component) => {
+            let bare = with_status(warp::reply(), StatusCode::INTERNAL_SERVER_ERROR);
+            with_header(bare, "x-unhealthy", component).into_response()
+        }
     }
 }
 
@@ -90,16 +147,6 @@ fn text(status: StatusCode, body: String) -> Response {
 async fn rejection(rejection: Rejection) -> Result<Response, Infallible> {
     Ok(if rejection.is_not_found() {
         text(StatusCode::NOT_FOUND, "404 page not found\n".to_owned())
-    } else if rejection.find::<warp::reject::PayloadTooLarge>().is_some() {
-        text(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            "Payload Too Large: the body exceeds MAX_JSON_BODY_BYTES\n".to_owned(),
-        )
-    } else if rejection.find::<warp::reject::LengthRequired>().is_some() {
-        text(
-            StatusCode::LENGTH_REQUIRED,
-            "Length Required: send a Content-Length header\n".to_owned(),
-        )
     } else {
         text(
             StatusCode::BAD_REQUEST,

@@ -19,25 +19,26 @@ use ratelimit_core::stats::Snapshot;
 
 use crate::service::Service;
 
+/// The index, sorted by path as upstream's is.
 const PATHS: [(&str, &str); 6] = [
-    ("/debug/pprof/", "what profiling this server offers"),
     (
-        "/rlconfig",
-        "print out the currently loaded configuration for debugging",
-    ),
-    ("/stats", "print out every statistic and its value"),
-    (
-        "/explain",
-        "POST a request in the /json shape: which rule each descriptor meets, its counter, and the answer it would get, without counting it",
+        "/",
+        "this list; a browser (Accept: text/html) gets the live dashboard",
     ),
     (
         "/dashboard.json",
         "what the dashboard shows: health, the last load, rules, counters, the counters nearest their limits",
     ),
+    ("/debug/pprof/", "what profiling this server offers"),
     (
-        "/",
-        "this list; a browser (Accept: text/html) gets the live dashboard",
+        "/explain",
+        "POST a request in the /json shape: which rule each descriptor meets, its counter, and the answer it would get, without counting it",
     ),
+    (
+        "/rlconfig",
+        "print out the currently loaded configuration for debugging",
+    ),
+    ("/stats", "print out every statistic and its value"),
 ];
 
 /// Statistics rendered into one chunk of the `/stats` body.
@@ -109,13 +110,6 @@ fn route(service: &Service, path: &str) -> Response<Body> {
         _ => path,
     };
     match path {
-        "/" => {
-            let mut out = String::new();
-            for (path, help) in PATHS {
-                let _ = writeln!(out, "{path}: {help}");
-            }
-            text(StatusCode::OK, out)
-        }
         "/rlconfig" => text(StatusCode::OK, service.limiter.describe()),
         "/stats" => stats(service),
         "/dashboard.json" => typed(JSON, crate::observe::dashboard::data(service)),
@@ -126,7 +120,14 @@ fn route(service: &Service, path: &str) -> Response<Body> {
              `perf report`; memory in use by counters is in /stats (ratelimit.memory.*).\n"
                 .to_owned(),
         ),
-        _ => text(StatusCode::NOT_FOUND, "404 page not found\n".to_owned()),
+        // Upstream's index answers every path no other route takes.
+        _ => {
+            let mut out = String::new();
+            for (path, help) in PATHS {
+                let _ = writeln!(out, "{path}: {help}");
+            }
+            text(StatusCode::OK, out)
+        }
     }
 }
 
