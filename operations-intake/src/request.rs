@@ -3,8 +3,9 @@
 
 use std::net::SocketAddr;
 
-use bytes::{Buf, Bytes, BytesMut};
-use futures_util::{Stream, StreamExt};
+use bytes::{Buf, Bytes};
+use futures_util::Stream;
+use ratelimit_service_kit::body::{BodyError, read_bounded};
 use warp::http::header::{CONTENT_LENGTH, CONTENT_TYPE};
 use warp::http::{HeaderMap, HeaderValue};
 
@@ -15,40 +16,26 @@ use crate::idempotency;
 
 /// Reads the body, refusing more than `max` bytes (413) before reading them when the
 /// length is announced; a body that cannot be read is a 400.
-pub async fn read_body<S, B>(headers: &HeaderMap, mut body: S, max: usize) -> Result<Bytes, Failure>
+pub async fn read_body<S, B>(headers: &HeaderMap, body: S, max: usize) -> Result<Bytes, Failure>
 where
     S: Stream<Item = Result<B, warp::Error>> + Unpin,
     B: Buf,
 {
-    let too_large = || {
-        Failure::new(
-            Kind::TooLarge,
-            format!("the body is larger than MAX_BODY_BYTES ({max} bytes)"),
-        )
-    };
     let announced = headers
         .get(CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok()?.parse::<usize>().ok());
-    if announced.is_some_and(|n| n > max) {
-        return Err(too_large());
-    }
-    let mut buffer = BytesMut::with_capacity(announced.unwrap_or(0));
-    while let Some(chunk) = body.next().await {
-        let mut chunk = chunk.map_err(|error| {
-            let problem = Problem::body(format!("the body could not be read: {error}"));
-            Failure::invalid(vec![problem], false)
-        })?;
-        if buffer.len() + chunk.remaining() > max {
-            return Err(too_large());
-        }
-        while chunk.has_remaining() {
-            let part = chunk.chunk();
-            buffer.extend_from_slice(part);
-            let n = part.len();
-            chunk.advance(n);
-        }
-    }
-    Ok(buffer.freeze())
+        .and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
+    read_bounded(announced, body, max as u64)
+        .await
+        .map_err(|e| match e {
+            BodyError::TooLarge => Failure::new(
+                Kind::TooLarge,
+                format!("the body is larger than MAX_BODY_BYTES ({max} bytes)"),
+            ),
+            BodyError::Read(error) => {
+                let problem = Problem::body(format!("the body could not be read: {error}"));
+                Failure::invalid(vec![problem], false)
+            }
+        })
 }
 
 /// Whether `body` is an empty JSON array (`[]`, with any JSON whitespace), which the

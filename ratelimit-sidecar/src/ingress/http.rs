@@ -3,9 +3,10 @@
 use std::convert::Infallible;
 use std::sync::Arc;
 
-use bytes::{Buf, Bytes, BytesMut};
+use bytes::{Buf, Bytes};
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
-use futures_util::{Stream, StreamExt};
+use futures_util::Stream;
+use ratelimit_service_kit::body::{BodyError, read_bounded};
 use warp::http::{HeaderMap, StatusCode};
 use warp::path::FullPath;
 use warp::reply::{Reply, Response, with_header, with_status};
@@ -54,40 +55,22 @@ fn exactly(path: &'static str) -> impl Filter<Extract = (), Error = Rejection> +
 }
 
 /// The whole body, with a `Content-Length` or chunked (as upstream reads any body), or
-/// the answer when it is over `max` bytes (known before reading when the length is
-/// sent) or cannot be read.
+/// the answer when it is over `max` bytes or cannot be read.
 async fn read_body<B: Buf>(
     length: Option<u64>,
     body: impl Stream<Item = Result<B, warp::Error>>,
     max: u64,
 ) -> Result<Bytes, Response> {
-    let too_large = || {
-        let message = "Payload Too Large: the body exceeds MAX_JSON_BODY_BYTES\n";
-        text(StatusCode::PAYLOAD_TOO_LARGE, message.to_owned())
-    };
-    if length.is_some_and(|length| length > max) {
-        return Err(too_large());
-    }
-    let mut whole = BytesMut::with_capacity(usize::try_from(length.unwrap_or(0)).unwrap_or(0));
-    let mut body = std::pin::pin!(body);
-    while let Some(chunk) = body.next().await {
-        let mut chunk = chunk.map_err(|e| {
-            text(
-                StatusCode::BAD_REQUEST,
-                format!("Bad Request: reading the body: {e}\n"),
-            )
-        })?;
-        if (whole.len() + chunk.remaining()) as u64 > max {
-            return Err(too_large());
-        }
-        while chunk.has_remaining() {
-            let piece = chunk.chunk();
-            whole.extend_from_slice(piece);
-            let read = piece.len();
-            chunk.advance(read);
-        }
-    }
-    Ok(whole.freeze())
+    read_bounded(length, body, max).await.map_err(|e| match e {
+        BodyError::TooLarge => text(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "Payload Too Large: the body exceeds MAX_JSON_BODY_BYTES\n".to_owned(),
+        ),
+        BodyError::Read(e) => text(
+            StatusCode::BAD_REQUEST,
+            format!("Bad Request: reading the body: {e}\n"),
+        ),
+    })
 }
 
 async fn json(service: &Service, body: &[u8], headers: &HeaderMap) -> Response {
