@@ -19,7 +19,7 @@ use crate::ingress::listeners::{self, ListenError, Shared};
 use crate::ingress::tls::ServerTls;
 use crate::ingress::workers::{self, Pool, Side};
 use crate::observe::debug;
-use crate::observe::health::Health;
+use crate::observe::health::{GrpcHealth, Health};
 use crate::observe::sinks::prometheus::Prometheus;
 use crate::observe::sinks::{self, Flusher};
 use crate::observe::traces::Traces;
@@ -200,7 +200,7 @@ async fn service(
     backend: Backend,
     traces: Option<Traces>,
     workers: usize,
-) -> (Arc<Service>, HealthServer<HealthService>) {
+) -> (Arc<Service>, HealthServer<GrpcHealth>) {
     let headers = settings.limiter.limit_response_headers_enabled.then(|| {
         match settings.limiter.limit_response_headers_format {
             HeadersFormat::Ratelimit => HeaderFormat::RateLimit(HeaderNames {
@@ -215,7 +215,9 @@ async fn service(
     reporter
         .set_service_status("", ServingStatus::Serving)
         .await;
-    let health_server = HealthServer::new(HealthService::from_health_reporter(reporter.clone()));
+    let health_server = HealthServer::new(GrpcHealth(HealthService::from_health_reporter(
+        reporter.clone(),
+    )));
     let health = Health::new(
         settings.config.healthy_with_at_least_one_config_loaded,
         reporter,

@@ -237,6 +237,34 @@ async fn http_paths_are_exact_and_bodies_may_be_chunked() {
 }
 
 #[tokio::test]
+async fn grpc_health_answers_as_grpc_go_does() {
+    use tonic_health::pb::health_check_response::ServingStatus;
+    use tonic_health::pb::{HealthCheckRequest, health_client::HealthClient};
+    let server = Server::start(&[("rules.yaml", RULES)]);
+    let address = format!("http://127.0.0.1:{}", server.grpc);
+    let channel = tonic::transport::Channel::from_shared(address).unwrap();
+    let mut health = HealthClient::new(channel.connect().await.unwrap());
+    let asking = |service: &str| HealthCheckRequest {
+        service: service.to_owned(),
+    };
+    for service in ["", "ratelimit"] {
+        let status = health.check(asking(service)).await.unwrap().into_inner();
+        assert_eq!(status.status, ServingStatus::Serving as i32, "{service:?}");
+    }
+    let unknown = health.check(asking("bogus")).await.unwrap_err();
+    assert_eq!(
+        (unknown.code(), unknown.message()),
+        (Code::NotFound, "unknown service")
+    );
+    // Watching an unknown service says so, then waits for it instead of ending.
+    let mut watch = health.watch(asking("bogus")).await.unwrap().into_inner();
+    let first = watch.message().await.unwrap().unwrap();
+    assert_eq!(first.status, ServingStatus::ServiceUnknown as i32);
+    let next = tokio::time::timeout(Duration::from_millis(300), watch.message()).await;
+    assert!(next.is_err(), "the stream stays open: {next:?}");
+}
+
+#[tokio::test]
 async fn debug_server_lists_paths_rules_and_statistics() {
     let server = Server::start(&[("rules.yaml", RULES)]);
     let index = get_text(&server.debug_url("/")).await;

@@ -8,6 +8,7 @@ use std::net::TcpListener as StdTcpListener;
 use std::os::unix::net::UnixStream as StdUnixStream;
 use std::sync::Arc;
 
+use crate::observe::health::GrpcHealth;
 use tokio::net::{TcpListener, UnixListener, UnixStream};
 use tokio::sync::{mpsc, watch};
 use tokio_stream::StreamExt;
@@ -15,7 +16,6 @@ use tokio_stream::wrappers::TcpListenerStream;
 use tokio_stream::wrappers::UnboundedReceiverStream;
 use tonic::service::Routes;
 use tonic_health::pb::health_server::HealthServer;
-use tonic_health::server::HealthService;
 
 use crate::ingress::connections::{self, GrpcLimits, Methods};
 use crate::ingress::tls::ServerTls;
@@ -48,7 +48,7 @@ pub struct Shared {
     /// The decision service.
     pub service: Arc<Service>,
     /// `grpc.health.v1.Health`.
-    pub health: HealthServer<HealthService>,
+    pub health: HealthServer<GrpcHealth>,
     /// The server settings.
     pub server: Arc<ServerSettings>,
     /// HTTP_HEADER_READ_TIMEOUT and HTTP_IDLE_TIMEOUT.
