@@ -233,6 +233,9 @@ async fn http_paths_are_exact_and_bodies_may_be_chunked() {
     for path in ["/json/", "/healthcheck/", "/json/x"] {
         let answer = exchange(&format!("GET {path} HTTP/1.1\r\n"), "");
         assert!(answer.starts_with("HTTP/1.1 404"), "{path}: {answer}");
+        // As Go's http.Error writes every error answer.
+        let head = answer.to_ascii_lowercase();
+        assert!(head.contains("x-content-type-options: nosniff"), "{answer}");
     }
 }
 

@@ -119,12 +119,21 @@ fn healthcheck(service: &Service) -> Response {
     }
 }
 
+/// A plain-text answer; an error also says `X-Content-Type-Options: nosniff`, as Go's
+/// `http.Error` (upstream's error answers) does.
 fn text(status: StatusCode, body: String) -> Response {
-    with_status(
+    let mut response = with_status(
         with_header(body, "content-type", "text/plain; charset=utf-8"),
         status,
     )
-    .into_response()
+    .into_response();
+    if !status.is_success() {
+        let nosniff = warp::http::HeaderValue::from_static("nosniff");
+        response
+            .headers_mut()
+            .insert("x-content-type-options", nosniff);
+    }
+    response
 }
 
 async fn rejection(rejection: Rejection) -> Result<Response, Infallible> {
