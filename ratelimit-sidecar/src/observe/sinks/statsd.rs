@@ -1,7 +1,8 @@
 //! statsd and DogStatsD: each flush sends counters as differences since the last flush
-//! (none when nothing changed), gauges as levels, and timers as `ms` samples, one line
-//! per histogram bucket with a sample rate, so a flush is bounded however busy the
-//! server was.
+//! (none when nothing changed), gauges as levels, and timers as whole-millisecond `ms`
+//! samples, one line per duration as upstream sends them, or, past [`TIMER_LINES`] in a
+//! flush, one line per histogram bucket with a sample rate, so a flush is bounded however
+//! busy the server was.
 
 use std::io::Write as _;
 use std::net::{TcpStream, ToSocketAddrs, UdpSocket};
@@ -14,6 +15,9 @@ use super::mogrifier::{Mogrifier, mogrify};
 
 /// Largest UDP datagram sent: what fits a typical path MTU.
 const MAX_DATAGRAM: usize = 1432;
+/// Up to this many durations a flush, a timer sends one line per duration, as upstream
+/// does; past it, one line per histogram bucket with a sample rate.
+const TIMER_LINES: u64 = 1_000;
 /// How long connecting or writing may take before a flush is dropped.
 const NETWORK_TIMEOUT: Duration = Duration::from_secs(2);
 
@@ -87,10 +91,16 @@ impl Statsd {
                 Value::Gauge(value) => lines.push(self.line(&name, &value.to_string(), "g", None)),
                 Value::Timer(reading) => {
                     let interval = self.deltas.timer(&sample.name, reading);
+                    let durations: u64 = interval.representatives().map(|(_, n)| n).sum();
                     for (us, count) in interval.representatives() {
-                        let ms = (us as f64 / 1000.0).to_string();
-                        let rate = (count > 1).then(|| (1.0 / count as f64).to_string());
-                        lines.push(self.line(&name, &ms, "ms", rate.as_deref()));
+                        // Whole milliseconds, as upstream records them.
+                        let ms = (us / 1_000).to_string();
+                        if durations <= TIMER_LINES {
+                            lines.extend((0..count).map(|_| self.line(&name, &ms, "ms", None)));
+                        } else {
+                            let rate = (count > 1).then(|| (1.0 / count as f64).to_string());
+                            lines.push(self.line(&name, &ms, "ms", rate.as_deref()));
+                        }
                     }
                 }
             }
@@ -206,7 +216,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn counters_are_sent_as_differences_and_timers_as_sampled_buckets() {
+    fn counters_are_sent_as_differences_and_timers_one_line_a_duration_up_to_a_bound() {
         let registry = StatsRegistry::default();
         registry.rule("edge.user").add_not_within(3);
         registry.counter(names::CONFIG_LOAD_SUCCESS).add(1);
@@ -223,7 +233,6 @@ mod tests {
             "ratelimit.service.config_load_success.__env=test:1|c",
             "ratelimit.service.rate_limit.edge.path_a_b.total_hits.__env=test:1|c",
             "ratelimit.memory.counters.__env=test:4|g",
-            "ratelimit_server.ShouldRateLimit.response_time.__env=test:0.075|ms|@0.5",
         ] {
             assert!(
                 lines.contains(&expected.to_owned()),
@@ -233,6 +242,17 @@ mod tests {
         assert!(
             !lines.iter().any(|l| l.contains("over_limit")),
             "zero differences are not sent: {lines:?}"
+        );
+        let timed = "ratelimit_server.ShouldRateLimit.response_time.__env=test:0|ms";
+        assert_eq!(lines.iter().filter(|l| *l == timed).count(), 2, "{lines:?}");
+        // Past the bound, one line per bucket stands for its durations.
+        (0..=TIMER_LINES).for_each(|_| timer.record(Duration::from_micros(2_500)));
+        let lines = statsd.render(&registry.snapshot());
+        let sampled: Vec<_> = lines.iter().filter(|l| l.contains("|ms")).collect();
+        assert_eq!(sampled.len(), 1, "{sampled:?}");
+        assert!(
+            sampled[0].ends_with(&format!("|ms|@{}", 1.0 / 1_001.0)),
+            "{sampled:?}"
         );
 
         registry.rule("edge.user").add_not_within(2);
