@@ -58,15 +58,19 @@ pub fn go_duration(value: &str) -> Result<Duration, String> {
     Ok(Duration::from_secs_f64(total))
 }
 
-/// `k1:v1,k2:v2`.
+/// `k1:v1,k2:v2`, as envconfig reads a map: blank is empty, and every item, even an
+/// empty one after a trailing comma, holds exactly one `:`.
 pub fn go_map(value: &str) -> Result<StringMap, String> {
+    if value.trim().is_empty() {
+        return Ok(StringMap::default());
+    }
     value
         .split(',')
-        .filter(|pair| !pair.is_empty())
-        .map(|pair| {
-            pair.split_once(':')
-                .map(|(k, v)| (k.to_owned(), v.to_owned()))
-                .ok_or_else(|| format!("expected k1:v1,k2:v2; '{pair}' has no ':'"))
+        .map(|pair| match pair.split(':').collect::<Vec<_>>()[..] {
+            [k, v] => Ok((k.to_owned(), v.to_owned())),
+            _ => Err(format!(
+                "expected k1:v1,k2:v2; invalid map item '{pair}' (one ':' per item)"
+            )),
         })
         .collect()
 }

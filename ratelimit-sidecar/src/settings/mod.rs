@@ -198,6 +198,10 @@ mod tests {
         assert_eq!(map.get("b").map(String::as_str), Some("2"));
         assert!(go_map("a").is_err());
         assert!(go_map("").unwrap().is_empty());
+        assert!(go_map(" ").unwrap().is_empty());
+        // envconfig's items: exactly one ':' each, and no empty one.
+        assert!(go_map("a:x:y").is_err());
+        assert!(go_map("a:1,").is_err());
     }
 
     #[test]

@@ -52,18 +52,25 @@ pub struct Statsd {
 }
 
 impl Statsd {
-    /// Sends to `host:port`, with `tags` on every line.
+    /// Sends to `host:port`, with `tags` on every line: as upstream's statsd client keeps
+    /// them, a tag with an empty key or value is left out, and `.`, `:` and `|` in a
+    /// value (which would end the name or the line) become `_`.
     pub fn new(
         format: Format,
         protocol: Protocol,
         address: String,
         tags: Vec<(String, String)>,
     ) -> Statsd {
+        let clean = |value: String| value.replace(['.', ':', '|'], "_");
         Statsd {
             format,
             protocol,
             address,
-            tags,
+            tags: tags
+                .into_iter()
+                .filter(|(key, value)| !key.is_empty() && !value.is_empty())
+                .map(|(key, value)| (key, clean(value)))
+                .collect(),
             deltas: Deltas::default(),
             tcp: None,
             failing: false,
@@ -276,14 +283,16 @@ mod tests {
             Format::Dog(Vec::new()),
             Protocol::Udp,
             String::new(),
-            vec![("a".into(), "b".into())],
+            vec![
+                ("a".into(), "b.1:2|3".into()),
+                ("empty".into(), String::new()),
+            ],
         );
         let lines = dog.render(&registry.snapshot());
-        assert!(
-            lines
-                .contains(&"ratelimit.service.rate_limit.edge.user.over_limit:1|c|#a:b".to_owned()),
-            "{lines:?}"
-        );
+        // A tag value is cleaned of what would end a name or a line, as upstream's client
+        // cleans it, and an empty one is left out.
+        let tagged = "ratelimit.service.rate_limit.edge.user.over_limit:1|c|#a:b_1_2_3";
+        assert!(lines.contains(&tagged.to_owned()), "{lines:?}");
     }
 
     #[test]
