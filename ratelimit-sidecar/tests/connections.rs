@@ -121,6 +121,51 @@ fn a_connection_without_a_preface_is_closed_after_the_timeout() {
     assert!(server_settings(&mut speaking, Duration::from_secs(5)).is_some());
 }
 
+#[test]
+fn aged_connections_close_after_their_grace_and_an_age_of_zero_is_no_limit() {
+    // Whether the server closes a connection within `wait`, reading whatever it sends.
+    let closes_within = |port: u16, wait: Duration| {
+        let mut stream = client(port);
+        let deadline = Instant::now() + wait;
+        stream.set_read_timeout(Some(wait)).unwrap();
+        let mut buffer = [0u8; 4096];
+        while Instant::now() < deadline {
+            match stream.read(&mut buffer) {
+                Ok(0) => return true,
+                Ok(_) => {}
+                Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {}
+                Err(_) => return true,
+            }
+        }
+        false
+    };
+    let aged = start(
+        &[
+            ("GRPC_MAX_CONNECTION_AGE", "200ms"),
+            ("GRPC_MAX_CONNECTION_AGE_GRACE", "200ms"),
+        ],
+        None,
+    );
+    assert!(
+        closes_within(aged.grpc, Duration::from_secs(5)),
+        "{}",
+        aged.log()
+    );
+    // grpc-go, upstream's server, reads 0 as no limit.
+    let unlimited = start(
+        &[
+            ("GRPC_MAX_CONNECTION_AGE", "0"),
+            ("GRPC_MAX_CONNECTION_AGE_GRACE", "0"),
+        ],
+        None,
+    );
+    assert!(
+        !closes_within(unlimited.grpc, Duration::from_secs(1)),
+        "{}",
+        unlimited.log()
+    );
+}
+
 #[tokio::test]
 async fn silent_grpc_connections_cannot_take_the_descriptors_health_needs() {
     let server = start(

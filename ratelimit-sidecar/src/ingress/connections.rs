@@ -173,7 +173,7 @@ async fn connection<IO>(
     let io = TokioIo::new(Rewind { start, inner: io });
     let connection = builder.serve_connection(io, methods);
     tokio::pin!(connection);
-    let aged = tokio::time::sleep(jittered(limits.max_connection_age));
+    let aged = unless_unlimited(jittered(limits.max_connection_age));
     let stopping = async move {
         let _ = closing.wait_for(|closing| *closing).await;
     };
@@ -189,9 +189,20 @@ async fn connection<IO>(
     }
     connection.as_mut().graceful_shutdown();
     let grace = limits.max_connection_age_grace;
-    match tokio::time::timeout(grace, &mut connection).await {
-        Ok(result) => ended(result),
-        Err(_) => tracing::debug!(?grace, "closing an aged gRPC connection after its grace"),
+    tokio::select! {
+        result = &mut connection => ended(result),
+        () = unless_unlimited(grace) => {
+            tracing::debug!(?grace, "closing an aged gRPC connection after its grace");
+        }
+    }
+}
+
+/// Completes after `limit`, or never when it is 0, which grpc-go (upstream's server)
+/// reads as no limit for a connection's age and its grace.
+async fn unless_unlimited(limit: Duration) {
+    match limit.is_zero() {
+        true => std::future::pending().await,
+        false => tokio::time::sleep(limit).await,
     }
 }
 

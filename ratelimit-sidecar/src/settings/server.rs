@@ -36,10 +36,10 @@ pub struct ServerSettings {
     /// (SO_REUSEPORT) and backend connections. Default: the CPUs this process may use.
     #[arg(long, env, value_parser = clap::value_parser!(u16).range(1..=1024))]
     pub grpc_workers: Option<u16>,
-    /// Connections older than this are sent a GOAWAY (plus or minus 10%).
+    /// Connections older than this are sent a GOAWAY (plus or minus 10%); 0 is no limit.
     #[arg(long, env, default_value = "24h", value_parser = go_duration)]
     pub grpc_max_connection_age: Duration,
-    /// Extra time before an aged connection is closed by force.
+    /// Extra time before an aged connection is closed by force; 0 is no limit.
     #[arg(long, env, default_value = "1h", value_parser = go_duration)]
     pub grpc_max_connection_age_grace: Duration,
     /// gRPC connections served at once, over every worker (our addition): each worker
