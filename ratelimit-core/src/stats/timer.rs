@@ -5,9 +5,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 /// Upper bounds of the buckets, in microseconds; one more bucket holds everything above.
-pub const BUCKET_BOUNDS_US: [u64; 16] = [
+pub const BUCKET_BOUNDS_US: [u64; 17] = [
     50, 100, 250, 500, 1_000, 2_500, 5_000, 10_000, 25_000, 50_000, 100_000, 250_000, 500_000,
-    1_000_000, 2_500_000, 10_000_000,
+    1_000_000, 2_500_000, 5_000_000, 10_000_000,
 ];
 
 const BUCKETS: usize = BUCKET_BOUNDS_US.len() + 1;

@@ -89,6 +89,14 @@ fn merge(into: &mut TimerReading, more: &TimerReading) {
 }
 
 /// Timer values are milliseconds times the mapping's scale.
+/// The bucket bounds statsd_exporter gives a histogram unless told otherwise
+/// (Prometheus's default buckets, 5 ms to 10 s), in microseconds: each is one of the
+/// timers' own bounds, so the counts are exact.
+const EXPORTED_BOUNDS_US: [u64; 11] = [
+    5_000, 10_000, 25_000, 50_000, 100_000, 250_000, 500_000, 1_000_000, 2_500_000, 5_000_000,
+    10_000_000,
+];
+
 fn histogram(out: &mut String, name: &str, labels: &str, reading: &TimerReading, scale: f64) {
     let value = |us: u64| us as f64 / 1000.0 * scale;
     let with_le = |le: &str| {
@@ -102,6 +110,9 @@ fn histogram(out: &mut String, name: &str, labels: &str, reading: &TimerReading,
     let mut cumulative = 0;
     for (bound, count) in BUCKET_BOUNDS_US.iter().zip(&reading.buckets) {
         cumulative += count;
+        if !EXPORTED_BOUNDS_US.contains(bound) {
+            continue;
+        }
         let _ = writeln!(
             out,
             "{name}_bucket{} {cumulative}",
@@ -169,8 +180,8 @@ mod tests {
             "ratelimit_service_rate_limit_total_hits{domain=\"edge\",key1=\"user\",key2=\"a\",env=\"ci\"} 5",
             "ratelimit_service_rate_limit_over_limit{domain=\"edge\",key1=\"path_/x\\\"y\",env=\"ci\"} 1",
             "# TYPE ratelimit_service_response_time_seconds histogram",
-            "ratelimit_service_response_time_seconds_bucket{grpc_method=\"ShouldRateLimit\",env=\"ci\",le=\"0.0005\"} 0",
-            "ratelimit_service_response_time_seconds_bucket{grpc_method=\"ShouldRateLimit\",env=\"ci\",le=\"0.001\"} 1",
+            "ratelimit_service_response_time_seconds_bucket{grpc_method=\"ShouldRateLimit\",env=\"ci\",le=\"0.005\"} 1",
+            "ratelimit_service_response_time_seconds_bucket{grpc_method=\"ShouldRateLimit\",env=\"ci\",le=\"5\"} 1",
             "ratelimit_service_response_time_seconds_count{grpc_method=\"ShouldRateLimit\",env=\"ci\"} 1",
             "ratelimit_service_response_time_seconds_sum{grpc_method=\"ShouldRateLimit\",env=\"ci\"} 0.0007",
         ] {
@@ -178,6 +189,17 @@ mod tests {
                 text.lines().any(|line| line == expected),
                 "{expected} not in\n{text}"
             );
+        }
+        // Prometheus's default buckets, as statsd_exporter exports them: no finer ones.
+        let bounds = text.lines().filter(|l| l.contains("_bucket{")).count();
+        assert_eq!(bounds, EXPORTED_BOUNDS_US.len() + 1, "{text}");
+        assert!(!text.contains("le=\"0.001\""), "{text}");
+    }
+
+    #[test]
+    fn every_exported_bound_is_a_timer_bound() {
+        for bound in EXPORTED_BOUNDS_US {
+            assert!(BUCKET_BOUNDS_US.contains(&bound), "{bound}");
         }
     }
 }
