@@ -2,6 +2,7 @@
 
 use std::sync::Arc;
 
+use ratelimit_core::stats::names;
 use ratelimit_core::{HeaderFormat, HeaderNames, Limiter};
 
 use crate::rlqs::Rlqs;
@@ -251,6 +252,8 @@ async fn load_rules(
     service: &Arc<Service>,
 ) -> Option<ratelimit_service_kit::watch::Watch> {
     let source = FileSource::new(&settings.config);
+    let stats = service.limiter.stats();
+    stats.gauge(names::RUNTIME_NUM_VALUES, source.files_read());
     tracing::info!(directory = %source.directory().display(), "loading rate limit configuration");
     files::apply(service, source.directory(), source.load()).await;
     let targets = source.targets();

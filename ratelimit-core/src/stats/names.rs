@@ -9,6 +9,10 @@ pub const RULE_PREFIX: &str = "ratelimit.service.rate_limit.";
 pub const CONFIG_LOAD_SUCCESS: &str = "ratelimit.service.config_load_success";
 /// A configuration load that failed.
 pub const CONFIG_LOAD_ERROR: &str = "ratelimit.service.config_load_error";
+/// Reads of the rule files (what upstream's runtime loader counts as `load_attempts`).
+pub const RUNTIME_LOAD_ATTEMPTS: &str = "runtime.load_attempts";
+/// Files the last read of the rule files found (the runtime loader's `num_values`).
+pub const RUNTIME_NUM_VALUES: &str = "runtime.num_values";
 /// Over-limit answers that `SHADOW_MODE` turned into `OK`.
 pub const GLOBAL_SHADOW_MODE: &str = "ratelimit.service.global_shadow_mode";
 /// Statistic keys folded into an `_overflow` key because `MAX_STAT_KEYS` was reached.

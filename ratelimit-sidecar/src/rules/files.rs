@@ -8,7 +8,10 @@
 use std::collections::HashSet;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
+use ratelimit_core::stats::{Gauge, names};
 use ratelimit_core::{Config, ConfigError};
 
 use crate::service::Service;
@@ -24,6 +27,9 @@ pub struct FileSource {
     ignore_dotfiles: bool,
     watch_root: bool,
     merge_domains: bool,
+    /// Files the last load read: upstream's runtime loader reports them as
+    /// `runtime.num_values`.
+    read: Arc<AtomicU64>,
 }
 
 /// Why a load failed.
@@ -65,7 +71,14 @@ impl FileSource {
             ignore_dotfiles: settings.runtime_ignoredotfiles,
             watch_root: settings.runtime_watch_root,
             merge_domains: settings.merge_domain_config,
+            read: Arc::default(),
         }
+    }
+
+    /// How many files the last load read, as a gauge.
+    pub fn files_read(&self) -> Gauge {
+        let read = Arc::clone(&self.read);
+        Arc::new(move || read.load(Ordering::Relaxed))
     }
 
     /// The directory the files are read from.
@@ -82,6 +95,7 @@ impl FileSource {
         } else {
             Vec::new()
         };
+        self.read.store(paths.len() as u64, Ordering::Relaxed);
         let mut files = Vec::with_capacity(paths.len());
         for path in paths {
             let text = std::fs::read_to_string(&path).map_err(|error| io(&path, error))?;
@@ -202,6 +216,11 @@ pub async fn apply(service: &Service, directory: &Path, result: Result<Config, L
     };
     let source = directory.display().to_string();
     let result = result.map_err(|error| error.to_string());
+    let attempts = service
+        .limiter
+        .stats()
+        .counter(names::RUNTIME_LOAD_ATTEMPTS);
+    attempts.add(1);
     super::apply_from(service, &source, why, result).await;
 }
 
