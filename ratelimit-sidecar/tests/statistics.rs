@@ -160,7 +160,10 @@ async fn statsd_over_udp_receives_upstream_names_as_differences() {
     );
     // What upstream's runtime loader reports: one read of the rules, of one file.
     assert_eq!(collector.counter("runtime.load_attempts"), 1, "{lines:?}");
-    assert!(lines.iter().any(|l| l == "runtime.num_values:1|g"), "{lines:?}");
+    assert!(
+        lines.iter().any(|l| l == "runtime.num_values:1|g"),
+        "{lines:?}"
+    );
     assert!(
         lines
             .iter()

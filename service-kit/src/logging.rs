@@ -21,6 +21,14 @@ pub enum LogFormat {
     Json,
 }
 
+/// LOG_FORMAT as upstream reads it: `json` in any case is JSON, anything else text.
+pub fn lenient_format(value: &str) -> Result<LogFormat, String> {
+    Ok(match value.eq_ignore_ascii_case("json") {
+        true => LogFormat::Json,
+        false => LogFormat::Text,
+    })
+}
+
 /// Installs the global subscriber for the sidecar. `level` is one of
 /// envoyproxy/ratelimit's level names.
 pub fn init(level: &str, format: LogFormat) {

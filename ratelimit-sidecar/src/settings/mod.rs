@@ -205,6 +205,18 @@ mod tests {
     }
 
     #[test]
+    fn a_log_format_other_than_json_is_text_as_upstream_reads_it() {
+        let format = |value: &str| {
+            Settings::parse_from(["ratelimit", "--log-format", value])
+                .server
+                .log_format
+        };
+        assert_eq!(format("JSON"), LogFormat::Json);
+        assert_eq!(format("xml"), LogFormat::Text);
+        assert_eq!(format(""), LogFormat::Text);
+    }
+
+    #[test]
     fn defaults_match_envoy_ratelimit() {
         // clap also reads the environment: check only what this process's environment
         // leaves at its default.

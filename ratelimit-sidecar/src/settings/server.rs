@@ -7,6 +7,7 @@ use clap::Args;
 use ratelimit_service_kit::values::go_duration;
 
 pub use ratelimit_service_kit::logging::LogFormat;
+use ratelimit_service_kit::logging::lenient_format;
 
 /// Listeners and logs.
 #[derive(Clone, Debug, Args)]
@@ -65,8 +66,8 @@ pub struct ServerSettings {
     /// Log level: panic, fatal, error, warn, info, debug or trace.
     #[arg(long, env, default_value = "warn", value_parser = log_level)]
     pub log_level: String,
-    /// Log format: text or json.
-    #[arg(long, env, default_value = "text", ignore_case = true)]
+    /// Log format: json, or text (any other value, as upstream reads it).
+    #[arg(long, env, default_value = "text", value_parser = lenient_format)]
     pub log_format: LogFormat,
     /// How long SIGTERM waits for requests in flight before exiting (our addition).
     #[arg(long, env, default_value = "10s", value_parser = go_duration)]
