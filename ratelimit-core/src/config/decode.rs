@@ -499,7 +499,8 @@ impl Cx<'_> {
         Ok(names)
     }
 
-    /// Strings, and scalars written without quotes (`key: 123`) as written. Null or absent is `None`.
+    /// Strings, and scalars written without quotes (`key: 0x10`) as written (as upstream
+    /// reads them into a string). Null or absent is `None`.
     fn string_field(
         &self,
         map: &Mapping,
