@@ -284,9 +284,6 @@ async fn prometheus_exports_the_default_mapping() {
     ] {
         assert_eq!(value(name, labels), Some(expected), "{name}\n{text}");
     }
-    // As in upstream's statsd_exporter, a counter never counted has no series.
-    let never = "ratelimit_service_rate_limit_shadow_mode";
-    assert_eq!(value(never, &rule[..]), None, "{text}");
     match value(
         "ratelimit_service_response_time_seconds",
         &[("grpc_method", "ShouldRateLimit")],

@@ -1,6 +1,5 @@
 //! The Prometheus endpoint (USE_PROMETHEUS): each scrape renders a snapshot through the
-//! mapping, in the text exposition format, with the series upstream's statsd_exporter
-//! would have by then. Nothing is kept between scrapes.
+//! mapping, in the text exposition format. Nothing is kept between scrapes.
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -9,7 +8,7 @@ use bytes::Bytes;
 use http_body_util::Full;
 use hyper::body::Incoming;
 use hyper::{Request, Response, StatusCode};
-use ratelimit_core::stats::{StatsRegistry, Value};
+use ratelimit_core::stats::StatsRegistry;
 use ratelimit_service_kit::prometheus::mapper::Mapper;
 use ratelimit_service_kit::prometheus::render;
 
@@ -33,14 +32,7 @@ impl hyper::service::Service<Request<Incoming>> for Prometheus {
 
     fn call(&self, request: Request<Incoming>) -> Self::Future {
         let (status, body) = if request.uri().path() == &*self.path {
-            let mut snapshot = self.stats.snapshot();
-            // Upstream's series appear in statsd_exporter with their first event: a
-            // counter never counted, or a timer never timed, has none.
-            snapshot.samples.retain(|sample| match &sample.value {
-                Value::Counter(value) => *value > 0,
-                Value::Timer(reading) => reading.count > 0,
-                Value::Gauge(_) => true,
-            });
+            let snapshot = self.stats.snapshot();
             (
                 StatusCode::OK,
                 render(&snapshot, &self.mapper, &self.labels),
