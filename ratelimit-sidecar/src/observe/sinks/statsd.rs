@@ -103,7 +103,8 @@ impl Statsd {
                         // Whole milliseconds, as upstream records them.
                         let ms = (us / 1_000).to_string();
                         if durations <= TIMER_LINES {
-                            lines.extend((0..count).map(|_| self.line(&name, &ms, "ms", None)));
+                            let line = self.line(&name, &ms, "ms", None);
+                            lines.extend(std::iter::repeat_n(line, count as usize));
                         } else {
                             let rate = (count > 1).then(|| (1.0 / count as f64).to_string());
                             lines.push(self.line(&name, &ms, "ms", rate.as_deref()));
