@@ -13,7 +13,7 @@ use std::cell::RefCell;
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
 use libfuzzer_sys::fuzz_target;
 use prost::Message;
-use ratelimit_core::{Limiter, MemoryStore, Request, RequestError, Settings};
+use ratelimit_core::{Limiter, MemoryStore, Request, RequestBounds, RequestError, Settings};
 use ratelimit_fuzz::{DECISION_CONFIG, EPOCH, check_response};
 use ratelimit_proto::envoy::request_from_pb;
 use ratelimit_proto::wire;
@@ -23,9 +23,22 @@ thread_local! {
     static REUSED: RefCell<Request> = RefCell::default();
 }
 
+/// No bound on counts, so that what `wire` accepts is what prost accepts; the limiter
+/// checks its own bounds on the decision below.
+const UNBOUNDED: RequestBounds = RequestBounds {
+    max_descriptors: usize::MAX,
+    max_entries: usize::MAX,
+    max_domain_bytes: usize::MAX,
+    max_key_bytes: usize::MAX,
+    max_value_bytes: usize::MAX,
+    max_hits_addend: u64::MAX,
+};
+
 fuzz_target!(|data: &[u8]| {
-    let ours = wire::decode_request(data);
-    let reused = REUSED.with_borrow_mut(|r| wire::decode_request_into(data, r).map(|()| r.clone()));
+    let ours = wire::decode_request(data, &UNBOUNDED);
+    let reused = REUSED.with_borrow_mut(|r| {
+        wire::decode_request_into(data, r, &UNBOUNDED).map(|()| r.clone())
+    });
     assert_eq!(reused, ours, "a reused request decodes as a new one");
     let Ok(request) = RateLimitRequest::decode(data) else {
         assert!(ours.is_err(), "prost refuses what wire accepts: {ours:?}");

@@ -67,7 +67,8 @@ pub fn client_id(headers: &HeaderMap, peer: Option<SocketAddr>) -> Result<String
 
 /// The `X-Client-Id` header, if any, checked.
 pub fn client_header(headers: &HeaderMap) -> Result<Option<&str>, Problem> {
-    match headers.get("x-client-id").map(HeaderValue::to_str) {
+    let value = single(headers, "x-client-id").map_err(|()| repeated("X-Client-Id"))?;
+    match value.map(HeaderValue::to_str) {
         Some(Ok(id)) if valid_client_id(id) => Ok(Some(id)),
         Some(_) => Err(Problem::header(
             "X-Client-Id",
@@ -84,7 +85,8 @@ pub fn peer_id(peer: Option<SocketAddr>) -> String {
 
 /// The `Idempotency-Key` header, if any.
 pub fn idempotency_key(headers: &HeaderMap) -> Result<Option<String>, Problem> {
-    match headers.get("idempotency-key").map(HeaderValue::to_str) {
+    let value = single(headers, "idempotency-key").map_err(|()| repeated("Idempotency-Key"))?;
+    match value.map(HeaderValue::to_str) {
         None => Ok(None),
         Some(Ok(key)) if idempotency::valid_key(key) => Ok(Some(key.to_owned())),
         Some(_) => Err(Problem::header(
@@ -97,9 +99,47 @@ pub fn idempotency_key(headers: &HeaderMap) -> Result<Option<String>, Problem> {
     }
 }
 
+/// The header `name`'s one value, if any; `Err` when the request has several, since
+/// which one counts would depend on who reads the request (a proxy may read the last,
+/// this service the first), and a batch resent with the other one would be recorded twice.
+fn single<'a>(headers: &'a HeaderMap, name: &str) -> Result<Option<&'a HeaderValue>, ()> {
+    let mut values = headers.get_all(name).iter();
+    match (values.next(), values.next()) {
+        (first, None) => Ok(first),
+        (Some(_), Some(_)) => Err(()),
+        (None, Some(_)) => unreachable!("a second value without a first"),
+    }
+}
+
+fn repeated(header: &str) -> Problem {
+    Problem::header(header, "send this header once; this request has several")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_header_sent_twice_is_refused_by_name() {
+        let twice = |name: &'static str| {
+            let mut headers = HeaderMap::new();
+            headers.append(name, HeaderValue::from_static("first"));
+            headers.append(name, HeaderValue::from_static("second"));
+            headers
+        };
+        let message = "send this header once; this request has several";
+        assert_eq!(
+            idempotency_key(&twice("idempotency-key")),
+            Err(Problem::header("Idempotency-Key", message))
+        );
+        assert_eq!(
+            client_header(&twice("x-client-id")),
+            Err(Problem::header("X-Client-Id", message))
+        );
+        let mut once = HeaderMap::new();
+        once.insert("idempotency-key", HeaderValue::from_static("first"));
+        assert_eq!(idempotency_key(&once), Ok(Some("first".to_owned())));
+    }
 
     #[test]
     fn only_an_empty_array_is_empty() {

@@ -39,6 +39,10 @@ pub enum InvalidRequest {
         /// The unit number sent.
         unit: i32,
     },
+    /// More descriptors, or entries in one, than the bounds allow: the decoder stopped
+    /// there rather than hold them.
+    #[error(transparent)]
+    Bounds(#[from] ratelimit_core::RequestError),
 }
 
 /// Moves the strings out of an Envoy request into the core's request.

@@ -110,19 +110,27 @@ pub struct RequestBounds {
     pub max_value_bytes: usize,
     /// Largest hits addend, for the request and for each descriptor.
     pub max_hits_addend: u64,
+    /// Most descriptors in one request.
+    pub max_descriptors: usize,
+    /// Most entries in one descriptor.
+    pub max_entries: usize,
 }
 
 impl Default for RequestBounds {
     /// 256-byte domains and keys (they come from Envoy's configuration), 64 KiB values
     /// (more than Envoy's default 60 KiB for all request headers, so no value taken from
-    /// a header Envoy accepts is refused), and addends in the whole range of Envoy's
-    /// `uint64` (counters saturate; they never wrap).
+    /// a header Envoy accepts is refused), addends in the whole range of Envoy's
+    /// `uint64` (counters saturate; they never wrap), and 256 descriptors of 64 entries
+    /// (Envoy sends one descriptor per matching `rate_limits` entry of a route, and one
+    /// entry per action).
     fn default() -> RequestBounds {
         RequestBounds {
             max_domain_bytes: 256,
             max_key_bytes: 256,
             max_value_bytes: 65_536,
             max_hits_addend: u64::MAX,
+            max_descriptors: 256,
+            max_entries: 64,
         }
     }
 }
@@ -141,11 +149,13 @@ impl RequestBounds {
     #[inline]
     fn within(&self, request: &Request) -> bool {
         let mut within = request.domain.len() <= self.max_domain_bytes
-            && u64::from(request.hits_addend) <= self.max_hits_addend;
+            && u64::from(request.hits_addend) <= self.max_hits_addend
+            && request.descriptors.len() <= self.max_descriptors;
         for descriptor in &request.descriptors {
             within &= descriptor
                 .hits_addend
-                .is_none_or(|value| value <= self.max_hits_addend);
+                .is_none_or(|value| value <= self.max_hits_addend)
+                && descriptor.entries.len() <= self.max_entries;
             for entry in &descriptor.entries {
                 within &= entry.key.len() <= self.max_key_bytes
                     && entry.value.len() <= self.max_value_bytes;
@@ -185,7 +195,15 @@ impl RequestBounds {
             self.max_domain_bytes,
         )?;
         addend(&|| "hits_addend".to_owned(), request.hits_addend.into())?;
+        let count = request.descriptors.len();
+        Self::count("descriptors", count, self.max_descriptors)?;
         for (d, descriptor) in request.descriptors.iter().enumerate() {
+            let entries = descriptor.entries.len();
+            Self::count(
+                &format!("descriptors[{d}].entries"),
+                entries,
+                self.max_entries,
+            )?;
             for (e, entry) in descriptor.entries.iter().enumerate() {
                 let at = |part: &str| format!("descriptors[{d}].entries[{e}].{part}");
                 too_long(&|| at("key"), entry.key.len(), self.max_key_bytes)?;
@@ -196,6 +214,18 @@ impl RequestBounds {
             }
         }
         Ok(())
+    }
+
+    /// `TooMany` when `count` of `field` is past `max` (a decoder that stops reading a
+    /// list at its bound says so with this).
+    pub fn count(field: &str, count: usize, max: usize) -> Result<(), RequestError> {
+        if count <= max {
+            return Ok(());
+        }
+        Err(RequestError::TooMany {
+            field: field.to_owned(),
+            max,
+        })
     }
 }
 
@@ -222,6 +252,14 @@ pub enum RequestError {
         /// The bound.
         max: usize,
     },
+    /// A list is longer than [`RequestBounds`] allows.
+    #[error("{field} has more than {max} items; at most {max} are allowed")]
+    TooMany {
+        /// Which list: `descriptors` or `descriptors[i].entries`.
+        field: String,
+        /// The bound.
+        max: usize,
+    },
     /// A hits addend is larger than [`RequestBounds`] allows.
     #[error("{field} is {value}; at most {max} is allowed")]
     HitsAddendTooLarge {
@@ -240,7 +278,9 @@ impl RequestError {
     pub fn is_invalid_argument(&self) -> bool {
         matches!(
             self,
-            RequestError::TooLong { .. } | RequestError::HitsAddendTooLarge { .. }
+            RequestError::TooLong { .. }
+                | RequestError::TooMany { .. }
+                | RequestError::HitsAddendTooLarge { .. }
         )
     }
 }

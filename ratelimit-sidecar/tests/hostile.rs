@@ -11,9 +11,11 @@ use std::process::Command;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use bytes::{Buf, BufMut};
-use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
+use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use envoy_types::pb::google::protobuf::UInt64Value;
+use futures_util::StreamExt;
+use prost::Message;
 use support::{
     Options, Redis, Server, Store, ask, binary, codes, eventually, post, redis_env, request,
 };
@@ -206,9 +208,8 @@ impl Decoder for Raw {
     }
 }
 
-#[tokio::test]
-async fn a_malformed_protobuf_is_an_invalid_argument() {
-    let server = start(Vec::new(), &[]);
+/// A client that sends raw bytes as messages, connected to `server`'s gRPC port.
+async fn raw_client(server: &Server) -> tonic::client::Grpc<Channel> {
     let channel =
         tonic::transport::Endpoint::from_shared(format!("http://127.0.0.1:{}", server.grpc))
             .unwrap()
@@ -217,6 +218,13 @@ async fn a_malformed_protobuf_is_an_invalid_argument() {
             .unwrap();
     let mut grpc = tonic::client::Grpc::new(channel);
     grpc.ready().await.unwrap();
+    grpc
+}
+
+#[tokio::test]
+async fn a_malformed_protobuf_is_an_invalid_argument() {
+    let server = start(Vec::new(), &[]);
+    let mut grpc = raw_client(&server).await;
     let path = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit"
         .parse()
         .unwrap();
@@ -246,6 +254,47 @@ async fn a_malformed_protobuf_is_an_invalid_argument() {
         .await
         .unwrap_err();
     assert_eq!(error.code(), Code::Unimplemented);
+}
+
+on_every_backend!(a_call_is_answered_on_its_first_message_and_its_lists_are_bounded);
+
+/// A call is answered on its first message while the client's stream stays open, as
+/// grpc-go answers it (it was held, with its decoded message, until the client ended the
+/// stream), on every backend; and a request with more descriptors or entries than the
+/// bounds is refused.
+async fn a_call_is_answered_on_its_first_message_and_its_lists_are_bounded(store: &Store) {
+    let bounds = [("MAX_DESCRIPTORS", "4"), ("MAX_DESCRIPTOR_ENTRIES", "2")];
+    let server = start(store.env(), &bounds);
+    let mut grpc = raw_client(&server).await;
+    let path = || {
+        "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit"
+            .parse()
+            .unwrap()
+    };
+    let message = request("h", &[&[("user", "a")]]).encode_to_vec();
+    let open = futures_util::stream::iter([message]).chain(futures_util::stream::pending());
+    let call = grpc.client_streaming(tonic::Request::new(open), path(), Raw);
+    let answer = tokio::time::timeout(Duration::from_secs(5), call).await;
+    let answer = answer.expect("answered with the stream open").unwrap();
+    let answer = RateLimitResponse::decode(&answer.into_inner()[..]).unwrap();
+    assert_eq!(answer.overall_code, OK);
+    let entry = [("user", "a")];
+    for (descriptors, field) in [
+        (vec![&entry[..]; 5], "descriptors has more than 4 items"),
+        (
+            vec![&[("a", "1"), ("b", "2"), ("c", "3")][..]],
+            "descriptors[0].entries has more than 2 items",
+        ),
+    ] {
+        let message = request("h", &descriptors).encode_to_vec();
+        grpc.ready().await.unwrap();
+        let error = grpc
+            .unary(tonic::Request::new(message), path(), Raw)
+            .await
+            .unwrap_err();
+        assert_eq!(error.code(), Code::InvalidArgument, "{error:?}");
+        assert!(error.message().starts_with(field), "{error:?}");
+    }
 }
 
 #[tokio::test]

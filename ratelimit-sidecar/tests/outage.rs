@@ -173,25 +173,66 @@ async fn local_mode_holds_each_replica_to_its_share_and_drops_it_on_recovery() {
     assert_eq!(redis.cli(&["GET", &redis.keys()[0]]), "3");
 }
 
-#[tokio::test]
-async fn the_callers_deadline_bounds_the_backend_call() {
-    let (_redis, server) = frozen(("BACKEND_FAILURE_MODE", "allow"));
+/// A call asked with `grpc-timeout` set to `timeout`: its gRPC code (or the decision's
+/// code) and how long it took.
+async fn call_within(
+    server: &Server,
+    user: &str,
+    timeout: Duration,
+) -> (Result<i32, GrpcCode>, Duration) {
     let mut client = server.client().await;
-    let mut asked = tonic::Request::new(request("o", &[&[("user", "d")]]));
-    asked.set_timeout(Duration::from_millis(400));
+    let mut asked = tonic::Request::new(request("o", &[&[("user", user)]]));
+    asked.set_timeout(timeout);
     let started = Instant::now();
     let answer = client.should_rate_limit(asked).await;
-    let took = started.elapsed();
-    assert_eq!(
-        answer
-            .map(|r| r.into_inner().overall_code)
-            .map_err(|s| s.code()),
-        Ok(OK)
-    );
-    assert!(
-        took < Duration::from_secs(2),
-        "REDIS_TIMEOUT is 3 s: {took:?}"
-    );
+    let answer = answer
+        .map(|r| r.into_inner().overall_code)
+        .map_err(|s| s.code());
+    (answer, started.elapsed())
+}
+
+/// The caller's deadline bounds its own wait: under `local` it gets the local decision
+/// in time; under `allow` it is DEADLINE_EXCEEDED, never an OK it did not earn (a caller
+/// could skip its limit by asking with a short deadline).
+#[tokio::test]
+async fn the_callers_deadline_bounds_the_backend_call() {
+    for (mode, expected) in [
+        ("local", Ok(OK)),
+        ("allow", Err(GrpcCode::DeadlineExceeded)),
+    ] {
+        let (_redis, server) = frozen(("BACKEND_FAILURE_MODE", mode));
+        let (answer, took) = call_within(&server, "d", Duration::from_millis(400)).await;
+        assert_eq!(answer, expected, "{mode}");
+        assert!(
+            took < Duration::from_secs(2),
+            "REDIS_TIMEOUT is 3 s: {took:?}"
+        );
+        assert_eq!(
+            server
+                .stat("ratelimit.service.call.should_rate_limit.redis_error")
+                .await,
+            Some(0),
+            "{mode}"
+        );
+    }
+}
+
+/// However short the deadlines callers choose, a node that answers is not judged failed:
+/// its breaker stays closed and every other caller is decided (before, five calls with
+/// `grpc-timeout: 1n` opened it for everyone).
+#[tokio::test]
+async fn a_callers_short_deadline_never_opens_the_breaker() {
+    let redis = Redis::start(&[]);
+    let server = start(&redis, &[("BACKEND_FAILURE_MODE", "allow")]);
+    for _ in 0..20 {
+        let _ = call_within(&server, "g", Duration::from_nanos(1)).await;
+    }
+    for _ in 0..10 {
+        assert_eq!(call(&server, "h").await.0, Ok(OK), "{}", server.log());
+    }
+    assert_eq!(call(&server, "h").await.0, Ok(OVER), "the limit holds");
+    assert!(healthy(&server).await);
+    assert_eq!(server.stat("ratelimit.redis.breaker_opened").await, Some(0));
 }
 
 /// Each call waiting on one frozen connection fails at its own deadline, named: one
@@ -217,7 +258,7 @@ async fn each_waiting_call_ends_at_its_own_deadline() {
     let started = Instant::now();
     let status = client.should_rate_limit(asked).await.unwrap_err();
     let took = started.elapsed();
-    assert_eq!(status.code(), GrpcCode::Unavailable, "{status:?}");
+    assert_eq!(status.code(), GrpcCode::DeadlineExceeded, "{status:?}");
     assert!(
         status
             .message()

@@ -16,7 +16,7 @@ pub use response::encode_response;
 use prost::DecodeError;
 use prost::bytes::Buf;
 use prost::encoding::{DecodeContext, WireType, decode_key, decode_varint, skip_field};
-use ratelimit_core::{Descriptor, Entry, LimitOverride, Request};
+use ratelimit_core::{Descriptor, Entry, LimitOverride, Request, RequestBounds};
 
 use crate::envoy::InvalidRequest;
 use crate::envoy::client::unit_from_pb;
@@ -45,10 +45,13 @@ fn malformed(what: impl Into<String>) -> RequestError {
     ))
 }
 
-/// Decodes a `RateLimitRequest` into the core's request.
-pub fn decode_request(buf: &[u8]) -> Result<Request, RequestError> {
+/// Decodes a `RateLimitRequest` into the core's request, with at most
+/// `bounds.max_descriptors` descriptors of at most `bounds.max_entries` entries: past
+/// either, decoding stops with [`InvalidRequest::Bounds`], having held no more (a 4 MiB
+/// message of empty descriptors would otherwise decode to millions of them).
+pub fn decode_request(buf: &[u8], bounds: &RequestBounds) -> Result<Request, RequestError> {
     let mut request = Request::default();
-    decode_request_into(buf, &mut request)?;
+    decode_request_into(buf, &mut request, bounds)?;
     Ok(request)
 }
 
@@ -56,7 +59,11 @@ pub fn decode_request(buf: &[u8]) -> Result<Request, RequestError> {
 /// and vectors' allocations: a server that keeps a few requests and decodes into them
 /// allocates nothing for a request no larger than one it decoded before. On an error,
 /// `request` holds part of the message and is fit only to decode into again.
-pub fn decode_request_into(mut buf: &[u8], request: &mut Request) -> Result<(), RequestError> {
+pub fn decode_request_into(
+    mut buf: &[u8],
+    request: &mut Request,
+    bounds: &RequestBounds,
+) -> Result<(), RequestError> {
     let Request {
         domain,
         descriptors,
@@ -71,8 +78,13 @@ pub fn decode_request_into(mut buf: &[u8], request: &mut Request) -> Result<(), 
         match tag {
             1 => string(wire_type, &mut buf, domain)?,
             2 => {
+                if used == bounds.max_descriptors {
+                    let max = bounds.max_descriptors;
+                    RequestBounds::count("descriptors", used + 1, max).map_err(bounded)?;
+                }
                 let mut body = embedded(wire_type, &mut buf)?;
-                let unit = descriptor(&mut body, slot(descriptors, used))?;
+                let max_entries = bounds.max_entries;
+                let unit = descriptor(&mut body, slot(descriptors, used), (used, max_entries))?;
                 if let (Some(unit), None) = (unit, &invalid) {
                     invalid = Some(InvalidRequest::OverrideUnit { index: used, unit });
                 }
@@ -98,8 +110,18 @@ fn slot<T: Default>(items: &mut Vec<T>, index: usize) -> &mut T {
     &mut items[index]
 }
 
-/// One descriptor into `descriptor`; the unit of its override when that unit is unknown.
-fn descriptor(buf: &mut &[u8], descriptor: &mut Descriptor) -> Result<Option<i32>, RequestError> {
+/// Past a bound: the request is invalid.
+fn bounded(error: ratelimit_core::RequestError) -> RequestError {
+    RequestError::Invalid(InvalidRequest::Bounds(error))
+}
+
+/// One descriptor (the `index`th, of at most `max_entries` entries) into `descriptor`;
+/// the unit of its override when that unit is unknown.
+fn descriptor(
+    buf: &mut &[u8],
+    descriptor: &mut Descriptor,
+    (index, max_entries): (usize, usize),
+) -> Result<Option<i32>, RequestError> {
     let Descriptor {
         entries,
         limit: applied,
@@ -112,6 +134,10 @@ fn descriptor(buf: &mut &[u8], descriptor: &mut Descriptor) -> Result<Option<i32
         let (tag, wire_type) = decode_key(buf)?;
         match tag {
             1 => {
+                if used == max_entries {
+                    let field = format!("descriptors[{index}].entries");
+                    RequestBounds::count(&field, used + 1, max_entries).map_err(bounded)?;
+                }
                 let mut body = embedded(wire_type, buf)?;
                 entry(&mut body, slot(entries, used))?;
                 used += 1;
@@ -228,6 +254,16 @@ mod tests {
     use super::*;
     use crate::envoy::request_from_pb;
 
+    /// The default bounds, which the generated requests stay within.
+    const BOUNDS: RequestBounds = RequestBounds {
+        max_domain_bytes: 256,
+        max_key_bytes: 256,
+        max_value_bytes: 65_536,
+        max_hits_addend: u64::MAX,
+        max_descriptors: 256,
+        max_entries: 64,
+    };
+
     /// What prost's generated decoder and the conversion make of `bytes`.
     fn reference(bytes: &[u8]) -> Result<Request, String> {
         let pb = RateLimitRequest::decode(bytes).map_err(|e| e.to_string())?;
@@ -277,7 +313,7 @@ mod tests {
         #[test]
         fn encoded_requests_decode_as_through_prost(request in pb_request()) {
             let bytes = request.encode_to_vec();
-            let ours = decode_request(&bytes).map_err(|e| e.to_string());
+            let ours = decode_request(&bytes, &BOUNDS).map_err(|e| e.to_string());
             prop_assert_eq!(ours, reference(&bytes));
         }
 
@@ -301,7 +337,7 @@ mod tests {
             }
             let end = if bytes.is_empty() { 0 } else { cut.index(bytes.len() + 1) };
             let bytes = &bytes[..end];
-            let ours = decode_request(bytes);
+            let ours = decode_request(bytes, &BOUNDS);
             match reference(bytes) {
                 Ok(request) => prop_assert_eq!(ours, Ok(request)),
                 Err(_) => prop_assert!(ours.is_err(), "{:?}", ours),
@@ -318,9 +354,9 @@ mod tests {
         ) {
             let bytes = after.encode_to_vec();
             let bytes = &bytes[..cut.index(bytes.len() + 1)];
-            let mut reused = decode_request(&before.encode_to_vec()).unwrap_or_default();
-            let ours = decode_request_into(bytes, &mut reused).map(|()| reused);
-            prop_assert_eq!(ours, decode_request(bytes));
+            let mut reused = decode_request(&before.encode_to_vec(), &BOUNDS).unwrap_or_default();
+            let ours = decode_request_into(bytes, &mut reused, &BOUNDS).map(|()| reused);
+            prop_assert_eq!(ours, decode_request(bytes, &BOUNDS));
         }
     }
 
@@ -335,10 +371,54 @@ mod tests {
             }),
             ..RateLimitDescriptor::default()
         });
-        let error = decode_request(&request.encode_to_vec()).unwrap_err();
+        let error = decode_request(&request.encode_to_vec(), &BOUNDS).unwrap_err();
         assert_eq!(
             error,
             RequestError::Invalid(InvalidRequest::OverrideUnit { index: 1, unit: 42 })
+        );
+    }
+
+    proptest! {
+        /// Within the bounds a request decodes as through prost; past one, decoding stops
+        /// with the bound's error naming the list (the first past its bound).
+        #[test]
+        fn descriptors_and_entries_past_their_bounds_are_refused(request in pb_request()) {
+            let bounds = RequestBounds { max_descriptors: 2, max_entries: 1, ..BOUNDS };
+            let bytes = request.encode_to_vec();
+            let ours = decode_request(&bytes, &bounds);
+            let entries = request.descriptors.iter().take(2).position(|d| d.entries.len() > 1);
+            let past = match (request.descriptors.len() > 2, entries) {
+                (_, Some(d)) => Some(format!("descriptors[{d}].entries")),
+                (true, None) => Some("descriptors".to_owned()),
+                (false, None) => None,
+            };
+            match past {
+                None => prop_assert_eq!(ours.map_err(|e| e.to_string()), reference(&bytes)),
+                Some(field) => {
+                    let error = ratelimit_core::RequestError::TooMany { field, max: 0 };
+                    let Err(RequestError::Invalid(InvalidRequest::Bounds(got))) = ours else {
+                        return Err(TestCaseError::fail(format!("{ours:?}")));
+                    };
+                    let same = matches!((&got, &error), (
+                        ratelimit_core::RequestError::TooMany { field: a, .. },
+                        ratelimit_core::RequestError::TooMany { field: b, .. },
+                    ) if a == b);
+                    prop_assert!(same, "{:?} against {:?}", got, error);
+                }
+            }
+        }
+    }
+
+    /// A 4 MiB message of empty descriptors (two bytes each) stops at the bound.
+    #[test]
+    fn millions_of_empty_descriptors_are_refused_at_the_bound() {
+        let bytes: Vec<u8> = std::iter::repeat_n([0x12u8, 0], 2 << 20)
+            .flatten()
+            .collect();
+        let error = decode_request(&bytes, &BOUNDS).unwrap_err();
+        assert_eq!(
+            error.to_string(),
+            "descriptors has more than 256 items; at most 256 are allowed"
         );
     }
 }

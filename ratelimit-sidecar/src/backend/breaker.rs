@@ -300,12 +300,19 @@ pub struct Attempt<'a> {
 impl Attempt<'_> {
     /// Records the outcome of the call: a failure when the store failed or did not
     /// answer, not when it refused a key (the request's fault, not the node's).
+    /// A call that went late before the attempt's deadline (the store's own) was cut
+    /// short by its caller's deadline: like a call dropped early, it has no outcome.
     pub fn settle<T>(mut self, result: &Result<T, BackendError>) {
-        let failed = matches!(
-            result,
-            Err(BackendError::Unavailable(_) | BackendError::Settings(_) | BackendError::Late)
-        );
         self.settled = true;
+        let failed = match result {
+            Err(BackendError::Late) if self.deadline.is_some_and(|d| Instant::now() < d) => {
+                return self.breaker.abandoned(self.pass);
+            }
+            Err(BackendError::Unavailable(_) | BackendError::Settings(_) | BackendError::Late) => {
+                true
+            }
+            Ok(_) | Err(BackendError::Key(_) | BackendError::CallerDeadline(_)) => false,
+        };
         self.breaker.record(self.pass, !failed);
     }
 }

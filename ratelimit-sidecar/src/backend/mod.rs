@@ -41,6 +41,11 @@ pub enum BackendError {
     /// A counter's key cannot be stored there (the request's fault).
     #[error("{0}")]
     Key(String),
+    /// The caller's own deadline (its `grpc-timeout`, shorter than the store's) passed
+    /// before the store answered: not the store's failure, so neither its error
+    /// statistic nor its breaker counts it.
+    #[error("no answer within the caller's grpc-timeout ({0:?})")]
+    CallerDeadline(Duration),
 }
 
 /// A pipelined connection's failure: late, or the store unavailable.
@@ -73,9 +78,31 @@ pub struct Batch<'a> {
     pub increments: &'a [&'a Increment],
     /// Whether they are added to or read.
     pub mode: Mode,
-    /// When the call must have ended: a node's call dropped before it is not counted
-    /// against the node (its caller went away).
-    pub deadline: Instant,
+    /// When the call must have ended, and when a node that has not answered has failed.
+    pub deadlines: Deadlines,
+}
+
+/// A call's two deadlines. The call stops waiting at `wait`: the store's own deadline
+/// (REDIS_TIMEOUT, MEMCACHE_TIMEOUT), or the caller's `grpc-timeout` when that is
+/// sooner. A node is judged only by the store's own, `judge`: a call that ends before it
+/// (late for its caller, or dropped because its caller went away) says nothing about the
+/// node, so that no caller can open a node's breaker by choosing a short deadline.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Deadlines {
+    /// When the call stops waiting.
+    pub wait: Instant,
+    /// The store's own deadline, by which an unanswered call is the node's failure.
+    pub judge: Instant,
+}
+
+impl Deadlines {
+    /// One deadline for both: the store's own.
+    pub fn store(at: Instant) -> Deadlines {
+        Deadlines {
+            wait: at,
+            judge: at,
+        }
+    }
 }
 
 impl<'a> Batch<'a> {
@@ -260,7 +287,8 @@ impl Remote {
     /// Runs the plan's counters and returns their totals, in plan order, within the
     /// store's deadline or `caller_deadline` when that is shorter. While the breaker of
     /// a node the plan needs is open, nothing is sent to it and the answer is
-    /// `Unavailable` at once.
+    /// `Unavailable` at once. A call the caller's shorter deadline ends is
+    /// [`BackendError::CallerDeadline`]: the store is not judged by it.
     pub async fn run(
         &self,
         plan: &mut Plan,
@@ -268,23 +296,34 @@ impl Remote {
     ) -> Result<Totals, BackendError> {
         // A tenth of the caller's time is kept for answering (the failure mode's answer
         // must reach it before it gives up).
-        let deadline = caller_deadline.map_or(self.deadline, |d| (d - d / 10).min(self.deadline));
-        let until = Instant::now() + deadline;
-        // Every store call ends by `until`: the pipelined connections' timers fail their
-        // late requests, and the other connections' calls are bounded where they are made.
-        // The current counts first when the plan needs them; written out here rather than
-        // in a function of its own, whose future this one would copy in.
+        let wait = caller_deadline.map_or(self.deadline, |d| (d - d / 10).min(self.deadline));
+        let now = Instant::now();
+        let deadlines = Deadlines {
+            wait: now + wait,
+            judge: now + self.deadline,
+        };
+        // Every store call ends by `deadlines.wait`: the pipelined connections' timers
+        // fail their late requests, and the other connections' calls are bounded where
+        // they are made. The current counts first when the plan needs them; written out
+        // here rather than in a function of its own, whose future this one would copy in.
         let result = 'run: {
             if plan.needs_current_counts() {
-                match self.routed(plan.increments(), Mode::Current, until).await {
+                match self
+                    .routed(plan.increments(), Mode::Current, deadlines)
+                    .await
+                {
                     Ok(current) => plan.apply_current(&current),
                     Err(error) => break 'run Err(error),
                 }
             }
-            self.routed(plan.increments(), Mode::Increment, until).await
+            self.routed(plan.increments(), Mode::Increment, deadlines)
+                .await
         };
         let result = match result {
-            Err(BackendError::Late) => Err(self.late(deadline)),
+            Err(BackendError::Late) if wait < self.deadline => {
+                return Err(BackendError::CallerDeadline(wait));
+            }
+            Err(BackendError::Late) => Err(self.late()),
             result => result,
         };
         if result.is_err() {
@@ -300,21 +339,18 @@ impl Remote {
 
     /// The counters' current totals, in order, without adding to them (an explanation).
     pub async fn current(&self, increments: &[Increment]) -> Result<Totals, BackendError> {
-        let until = Instant::now() + self.deadline;
+        let until = Deadlines::store(Instant::now() + self.deadline);
         let read = self.routed(increments, Mode::Current, until);
         match read.await {
-            Err(BackendError::Late) => Err(self.late(self.deadline)),
+            Err(BackendError::Late) => Err(self.late()),
             result => result,
         }
     }
 
-    /// `Unavailable`, naming what set the `deadline` a call did not end within.
-    fn late(&self, deadline: Duration) -> BackendError {
-        let whose = match deadline < self.deadline {
-            true => "the caller's grpc-timeout",
-            false => self.deadline_setting,
-        };
-        BackendError::Unavailable(format!("no answer within {whose} ({deadline:?})"))
+    /// `Unavailable`, naming the store's deadline that a call did not end within.
+    fn late(&self) -> BackendError {
+        let (setting, deadline) = (self.deadline_setting, self.deadline);
+        BackendError::Unavailable(format!("no answer within {setting} ({deadline:?})"))
     }
 
     /// Whether the main store answers, within the deadline.
@@ -329,19 +365,19 @@ impl Remote {
         &self,
         increments: &[Increment],
         mode: Mode,
-        until: Instant,
+        deadlines: Deadlines,
     ) -> Result<Totals, BackendError> {
         let Some(per_second) = &self.per_second else {
             let all: SmallVec<[&Increment; 4]> = increments.iter().collect();
             let batch = Batch {
                 increments: &all,
                 mode,
-                deadline: until,
+                deadlines,
             };
             return self.main.get().call(batch).await;
         };
         // Boxed: the two stores' calls at once would double every request's future.
-        let split: BoxFuture<'_, _> = Box::pin(self.split(per_second, increments, mode, until));
+        let split: BoxFuture<'_, _> = Box::pin(self.split(per_second, increments, mode, deadlines));
         split.await
     }
 
@@ -351,12 +387,12 @@ impl Remote {
         per_second: &PerWorkerStore,
         increments: &[Increment],
         mode: Mode,
-        until: Instant,
+        deadlines: Deadlines,
     ) -> Result<Totals, BackendError> {
         let batch = |increments| Batch {
             increments,
             mode,
-            deadline: until,
+            deadlines,
         };
         let (seconds, others): (Vec<usize>, Vec<usize>) =
             (0..increments.len()).partition(|&i| increments[i].per_second());

@@ -35,7 +35,7 @@ use tokio::sync::{Semaphore, watch};
 use tonic::codegen::{Service as _, http};
 use tonic::service::Routes;
 
-use crate::ingress::grpc::{self, Call, Reply};
+use crate::ingress::grpc::{self, Boxed, Call, Reply};
 use crate::service::Service as Decider;
 
 /// The connection bounds of one worker.
@@ -75,11 +75,11 @@ impl Methods {
 impl hyper::service::Service<http::Request<Incoming>> for Methods {
     type Response = http::Response<Reply>;
     type Error = Infallible;
-    type Future = Call;
+    type Future = OneOf<Call, Boxed>;
 
-    fn call(&self, request: http::Request<Incoming>) -> Call {
+    fn call(&self, request: http::Request<Incoming>) -> OneOf<Call, Boxed> {
         if request.uri().path() == grpc::SHOULD_RATE_LIMIT {
-            return grpc::call(Arc::clone(&self.decider), request);
+            return OneOf::Left(grpc::call(Arc::clone(&self.decider), request));
         }
         let mut others = self.others.clone();
         OneOf::Right(Box::pin(async move {

@@ -222,7 +222,7 @@ impl Service {
             Ok((_place, request)) => match &self.backend {
                 Backend::Memory(store) => self.decide_core(store, &request, unix_now_ms()),
                 Backend::Remote(remote) => {
-                    let caller_deadline = grpc_timeout(headers);
+                    let caller_deadline = grpc_timeout(headers).ok().flatten();
                     self.decide_remote(remote, &request, None, caller_deadline)
                         .await
                 }
@@ -268,7 +268,7 @@ impl Service {
             .as_ref()
             .map(|traces| traces.request(span, headers, &request));
         let result = self
-            .decide(request, span.as_ref(), grpc_timeout(headers))
+            .decide(request, span.as_ref(), grpc_timeout(headers).ok().flatten())
             .await;
         self.count_error(&result);
         if let Some(span) = span {
@@ -416,22 +416,44 @@ pub(crate) fn header<'a>(headers: &'a HeaderMap, name: &HeaderName) -> Option<&'
     headers.get(name)
 }
 
-/// The caller's deadline from gRPC's `grpc-timeout` header (`100m`, `2S`, ...).
-fn grpc_timeout(headers: &HeaderMap) -> Option<Duration> {
+/// The caller's deadline from gRPC's `grpc-timeout` header (`100m`, `2S`, ...), read as
+/// grpc-go reads it: one to eight digits and a unit; anything else is malformed, with
+/// grpc-go's words.
+pub(crate) fn grpc_timeout(headers: &HeaderMap) -> Result<Option<Duration>, String> {
     // A name made once: looking a `&str` up parses and classifies it on every call.
     static GRPC_TIMEOUT: HeaderName = HeaderName::from_static("grpc-timeout");
-    let value = header(headers, &GRPC_TIMEOUT)?.to_str().ok()?;
-    let (amount, unit) = value.split_at(value.len().checked_sub(1)?);
-    let amount: u64 = amount.parse().ok()?;
-    Some(match unit {
-        "H" => Duration::from_secs(amount.saturating_mul(3_600)),
-        "M" => Duration::from_secs(amount.saturating_mul(60)),
-        "S" => Duration::from_secs(amount),
-        "m" => Duration::from_millis(amount),
-        "u" => Duration::from_micros(amount),
-        "n" => Duration::from_nanos(amount),
-        _ => return None,
-    })
+    let Some(value) = header(headers, &GRPC_TIMEOUT) else {
+        return Ok(None);
+    };
+    let text = String::from_utf8_lossy(value.as_bytes());
+    let malformed = |why: String| Err(format!("malformed grpc-timeout: {why}"));
+    if text.len() < 2 {
+        return malformed(format!("transport: timeout string is too short: {text:?}"));
+    }
+    if text.len() > 9 {
+        return malformed(format!("transport: timeout string is too long: {text:?}"));
+    }
+    let (digits, unit) = text.split_at(text.len() - 1);
+    let unit: fn(u64) -> Duration = match unit {
+        "H" => |n| Duration::from_secs(n * 3_600),
+        "M" => |n| Duration::from_secs(n * 60),
+        "S" => Duration::from_secs,
+        "m" => Duration::from_millis,
+        "u" => Duration::from_micros,
+        "n" => Duration::from_nanos,
+        _ => {
+            return malformed(format!(
+                "transport: timeout unit is not recognized: {text:?}"
+            ));
+        }
+    };
+    match digits.bytes().all(|b| b.is_ascii_digit()) {
+        // At most eight digits: no unit overflows.
+        true => Ok(Some(unit(digits.parse().unwrap_or(0)))),
+        false => malformed(format!(
+            "strconv.ParseUint: parsing {digits:?}: invalid syntax"
+        )),
+    }
 }
 
 #[cfg(test)]
@@ -462,21 +484,41 @@ mod tests {
     }
 
     #[test]
-    fn a_caller_deadline_reads_every_grpc_unit() {
+    fn a_caller_deadline_reads_every_grpc_unit_and_refuses_what_grpc_go_refuses() {
         let deadline = |value: &'static str| {
             let mut headers = HeaderMap::new();
             headers.insert("x-other", HeaderValue::from_static("1S"));
             headers.insert("grpc-timeout", HeaderValue::from_static(value));
             grpc_timeout(&headers)
         };
-        assert_eq!(deadline("2H"), Some(Duration::from_secs(7_200)));
-        assert_eq!(deadline("3M"), Some(Duration::from_secs(180)));
-        assert_eq!(deadline("4S"), Some(Duration::from_secs(4)));
-        assert_eq!(deadline("250m"), Some(Duration::from_millis(250)));
-        assert_eq!(deadline("7u"), Some(Duration::from_micros(7)));
-        assert_eq!(deadline("9n"), Some(Duration::from_nanos(9)));
-        assert_eq!(deadline("9x"), None);
-        assert_eq!(deadline("S"), None);
-        assert_eq!(grpc_timeout(&HeaderMap::new()), None);
+        assert_eq!(deadline("2H"), Ok(Some(Duration::from_secs(7_200))));
+        assert_eq!(deadline("3M"), Ok(Some(Duration::from_secs(180))));
+        assert_eq!(deadline("4S"), Ok(Some(Duration::from_secs(4))));
+        assert_eq!(deadline("250m"), Ok(Some(Duration::from_millis(250))));
+        assert_eq!(deadline("7u"), Ok(Some(Duration::from_micros(7))));
+        assert_eq!(
+            deadline("99999999n"),
+            Ok(Some(Duration::from_nanos(99_999_999)))
+        );
+        assert_eq!(
+            deadline("99999999H"),
+            Ok(Some(Duration::from_secs(359_999_996_400)))
+        );
+        for (malformed, why) in [
+            ("9x", "transport: timeout unit is not recognized: \"9x\""),
+            ("S", "transport: timeout string is too short: \"S\""),
+            (
+                "123456789S",
+                "transport: timeout string is too long: \"123456789S\"",
+            ),
+            ("-5S", "strconv.ParseUint: parsing \"-5\": invalid syntax"),
+            ("1.5S", "strconv.ParseUint: parsing \"1.5\": invalid syntax"),
+        ] {
+            assert_eq!(
+                deadline(malformed),
+                Err(format!("malformed grpc-timeout: {why}"))
+            );
+        }
+        assert_eq!(grpc_timeout(&HeaderMap::new()), Ok(None));
     }
 }

@@ -85,7 +85,10 @@ impl Outage {
         Ok(Place(&self.inflight))
     }
 
-    /// The answer to `request` when the store failed with `error`.
+    /// The answer to `request` when the store failed with `error`. A call its caller's
+    /// own deadline ended ([`BackendError::CallerDeadline`]) is not the store's failure:
+    /// it is never allowed outright (a caller could skip its limit by choosing a short
+    /// deadline), only decided locally under `local`.
     pub fn answer(
         &self,
         limiter: &Limiter,
@@ -93,8 +96,10 @@ impl Outage {
         now_ms: u64,
         error: BackendError,
     ) -> Result<Response, BackendError> {
+        let caller_late = matches!(error, BackendError::CallerDeadline(_));
         match self.mode {
             FailureMode::Error => Err(error),
+            FailureMode::Allow if caller_late => Err(error),
             FailureMode::Allow => {
                 self.allowed.add(1);
                 Ok(Response::allowed_without_limits(request))

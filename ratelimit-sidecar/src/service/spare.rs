@@ -9,7 +9,7 @@
 use std::cell::RefCell;
 use std::thread::LocalKey;
 
-use ratelimit_core::{Descriptor, Entry, PlanRoom, Request};
+use ratelimit_core::{Descriptor, Entry, PlanRoom, Request, RequestBounds};
 use ratelimit_proto::wire::{self, RequestError};
 
 /// How many of each a thread keeps at most: more than a worker's calls in flight under
@@ -28,10 +28,11 @@ thread_local! {
     static PLAN_ROOMS: Kept<PlanRoom> = const { RefCell::new(Vec::new()) };
 }
 
-/// `message` decoded into a kept request, or into a new one when the thread keeps none.
-pub(crate) fn decode(message: &[u8]) -> Result<Request, RequestError> {
+/// `message` decoded into a kept request, or into a new one when the thread keeps none,
+/// with at most as many descriptors and entries as `bounds` allow.
+pub(crate) fn decode(message: &[u8], bounds: &RequestBounds) -> Result<Request, RequestError> {
     let mut request = take(&REQUESTS);
-    match wire::decode_request_into(message, &mut request) {
+    match wire::decode_request_into(message, &mut request, bounds) {
         Ok(()) => Ok(request),
         Err(error) => {
             keep_request(request);
@@ -117,11 +118,11 @@ mod tests {
 
     #[test]
     fn a_kept_request_is_decoded_into_and_its_room_reused() {
-        let first = decode(&message("a longer value")).unwrap();
+        let first = decode(&message("a longer value"), &RequestBounds::default()).unwrap();
         let value = first.descriptors[0].entries[0].value.as_ptr();
         keep_request(first);
         assert_eq!(kept(), 1);
-        let second = decode(&message("short")).unwrap();
+        let second = decode(&message("short"), &RequestBounds::default()).unwrap();
         assert_eq!(kept(), 0);
         assert_eq!(second.descriptors[0].entries[0].value, "short");
         assert_eq!(second.descriptors[0].entries[0].value.as_ptr(), value);
@@ -129,7 +130,7 @@ mod tests {
 
     #[test]
     fn a_thread_keeps_a_bounded_number_of_small_requests() {
-        let large = decode(&message(&"x".repeat(KEPT_BYTES))).unwrap();
+        let large = decode(&message(&"x".repeat(KEPT_BYTES)), &RequestBounds::default()).unwrap();
         keep_request(large);
         assert_eq!(
             kept(),
@@ -137,7 +138,7 @@ mod tests {
             "a request holding more than KEPT_BYTES is dropped"
         );
         for _ in 0..KEPT + 5 {
-            keep_request(decode(&message("v")).unwrap());
+            keep_request(decode(&message("v"), &RequestBounds::default()).unwrap());
             keep_request(Request::default());
         }
         assert_eq!(kept(), KEPT);

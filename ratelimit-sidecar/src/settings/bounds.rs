@@ -24,6 +24,13 @@ pub struct BoundsSettings {
     /// the whole uint64 range, as upstream; counters saturate, they never wrap).
     #[arg(long, env, default_value_t = u64::MAX, value_parser = clap::value_parser!(u64).range(1..))]
     pub max_hits_addend: u64,
+    /// Most descriptors in one request; a request with more is INVALID_ARGUMENT / 400,
+    /// and a gRPC message is decoded no further than the bound.
+    #[arg(long, env, default_value_t = 256, value_parser = clap::value_parser!(u64).range(1..))]
+    pub max_descriptors: u64,
+    /// Most entries in one descriptor, likewise.
+    #[arg(long, env, default_value_t = 64, value_parser = clap::value_parser!(u64).range(1..))]
+    pub max_descriptor_entries: u64,
     /// Distinct statistic names built from request data (unknown domains,
     /// detailed_metric, value_to_metric, limit overrides); later ones fold into one
     /// `_overflow` name per rule and count ratelimit.service.stats_overflow.
@@ -45,6 +52,8 @@ impl BoundsSettings {
             max_key_bytes: self.max_descriptor_key_bytes,
             max_value_bytes: self.max_descriptor_value_bytes,
             max_hits_addend: self.max_hits_addend,
+            max_descriptors: usize::try_from(self.max_descriptors).unwrap_or(usize::MAX),
+            max_entries: usize::try_from(self.max_descriptor_entries).unwrap_or(usize::MAX),
         }
     }
 }

@@ -232,12 +232,12 @@ impl MemcacheCounters {
     /// A batch of one node's share, through its breaker.
     async fn on_node(&self, node: &Node, batch: Batch<'_>) -> Result<Totals, BackendError> {
         let share = batch.increments;
-        let attempt = node.breaker.attempt(Some(batch.deadline))?;
+        let attempt = node.breaker.attempt(Some(batch.deadlines.judge))?;
         let result = match batch.mode {
             Mode::Increment => {
-                ops::increment(&node.link, share, self.jitter_max, batch.deadline).await
+                ops::increment(&node.link, share, self.jitter_max, batch.deadlines.wait).await
             }
-            Mode::Current => ops::current(&node.link, share, batch.deadline).await,
+            Mode::Current => ops::current(&node.link, share, batch.deadlines.wait).await,
         };
         let result = result.map_err(|failure| match failure {
             Failure::Late => BackendError::Late,

@@ -3,7 +3,6 @@
 //! bucket; or `GET` for every counter's current value.
 
 use std::sync::LazyLock;
-use std::time::Instant;
 
 use futures_util::future::Either;
 use ratelimit_core::{CounterOp, Increment};
@@ -12,7 +11,7 @@ use smallvec::SmallVec;
 use super::nodes::Nodes;
 use super::resp::{self, Arg, Replies, Reply};
 use super::{Store, query, redis_error};
-use crate::backend::{BackendError, Batch, Mode, RemoteCounters, Totals};
+use crate::backend::{BackendError, Batch, Deadlines, Mode, RemoteCounters, Totals};
 
 /// One step of a token bucket, as `ratelimit_core::Bucket::step` computes it: the
 /// stored TAT (unix ms) moves to `max(stored, now) + cost × interval` when that is at
@@ -99,10 +98,14 @@ impl std::fmt::Debug for RedisCounters {
 type Command<'c> = &'c mut dyn FnMut(&[Arg<'_>]);
 
 impl RedisCounters {
-    async fn run(&self, items: &[&Increment], deadline: Instant) -> Result<Totals, BackendError> {
+    async fn run(
+        &self,
+        items: &[&Increment],
+        deadlines: Deadlines,
+    ) -> Result<Totals, BackendError> {
         let (mut out, mut unloaded) = (Totals::new(), Vec::new());
         {
-            let totals = run_batched(self, items, deadline, |command, increment| {
+            let totals = run_batched(self, items, deadlines, |command, increment| {
                 self.add(command, increment, false);
             })
             .await?;
@@ -120,7 +123,7 @@ impl RedisCounters {
             let again: Vec<&Increment> = unloaded.iter().map(|&i| items[i]).collect();
             // Boxed: rare (a script flushed from Redis), and inline it would make every
             // call's future larger by its own, and by what this one keeps meanwhile.
-            let retry = run_batched(self, &again, deadline, |command, increment| {
+            let retry = run_batched(self, &again, deadlines, |command, increment| {
                 self.add(command, increment, true);
             });
             let totals = Box::pin(retry).await?;
@@ -186,8 +189,12 @@ impl RedisCounters {
         increment.expiry_seconds(jitter)
     }
 
-    async fn get(&self, items: &[&Increment], deadline: Instant) -> Result<Totals, BackendError> {
-        let values = run_batched(self, items, deadline, |command, increment| {
+    async fn get(
+        &self,
+        items: &[&Increment],
+        deadlines: Deadlines,
+    ) -> Result<Totals, BackendError> {
+        let values = run_batched(self, items, deadlines, |command, increment| {
             command(&[Arg::Verb(resp::GET), Arg::Text(&increment.key)]);
         })
         .await?;
@@ -206,8 +213,8 @@ impl RemoteCounters for RedisCounters {
     /// The mode's call as it is, not inside a future of its own (which would copy it in).
     fn call(&self, batch: Batch<'_>) -> impl Future<Output = Result<Totals, BackendError>> + Send {
         match batch.mode {
-            Mode::Increment => Either::Left(self.run(batch.increments, batch.deadline)),
-            Mode::Current => Either::Right(self.get(batch.increments, batch.deadline)),
+            Mode::Increment => Either::Left(self.run(batch.increments, batch.deadlines)),
+            Mode::Current => Either::Right(self.get(batch.increments, batch.deadlines)),
         }
     }
 
@@ -237,7 +244,7 @@ fn saturated_total(total: &Reply) -> Result<u64, BackendError> {
 async fn run_batched(
     counters: &RedisCounters,
     items: &[&Increment],
-    deadline: Instant,
+    deadlines: Deadlines,
     add: impl Fn(Command<'_>, &Increment),
 ) -> Result<Replies, BackendError> {
     let Some(first) = items.first() else {
@@ -261,8 +268,8 @@ async fn run_batched(
             }
         };
         let breaker = counters.nodes.breaker(&first.key);
-        let attempt = breaker.attempt(Some(deadline))?;
-        let replies = query(store, Some(deadline), write).await;
+        let attempt = breaker.attempt(Some(deadlines.judge))?;
+        let replies = query(store, Some(deadlines.wait), write).await;
         attempt.settle(&replies);
         let mut replies = replies?;
         // Each counter's first reply moves down in place: the starts grow, each counter
@@ -282,8 +289,8 @@ async fn run_batched(
         async move {
             let replies = breaker
                 .call(
-                    Some(deadline),
-                    query(store, Some(deadline), |command| add(command, item)),
+                    Some(deadlines.judge),
+                    query(store, Some(deadlines.wait), |command| add(command, item)),
                 )
                 .await?;
             replies

@@ -16,6 +16,7 @@ use std::convert::Infallible;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll, ready};
+use std::time::{Duration, Instant};
 
 use bytes::{BufMut, Bytes, BytesMut};
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
@@ -32,17 +33,18 @@ use ratelimit_proto::envoy::InvalidRequest;
 use ratelimit_proto::wire::RequestError;
 
 use crate::backend::BackendError;
-use crate::service::{Decided, Service as Decider, ServiceError, header, spare};
-use read::{Reader, read_request};
+use crate::service::{Decided, Service as Decider, ServiceError, grpc_timeout, header, spare};
+use read::{Reader, read_message};
 
 /// The method's path.
 pub const SHOULD_RATE_LIMIT: &str = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit";
 /// A message's prefix: a compression flag and a big-endian length.
 const PREFIX: usize = 5;
 
-/// The answer to one `ShouldRateLimit` call: a decision on the memory store is a plain
-/// future, every other way of deciding (or refusing) one boxed.
-pub type Call = OneOf<Now, Boxed>;
+/// The answer to one `ShouldRateLimit` call, by the caller's deadline: a decision on
+/// the memory store is a plain future, every other way of deciding (or refusing) one
+/// boxed.
+pub type Call = Timed<OneOf<Now, Boxed>>;
 
 /// A call's answer, boxed.
 pub type Boxed = Pin<Box<dyn Future<Output = Answered> + Send>>;
@@ -60,29 +62,31 @@ pub type Reply = Either<Answer, tonic::body::Body>;
 /// boxed, so that a request carries only its own: a remote store's future holds the
 /// store's call, and a traced one the span's work too.
 pub fn call(service: Arc<Decider>, request: http::Request<Incoming>) -> Call {
-    if let Err(status) = refuse_compressed(request.headers()) {
-        return OneOf::Right(Box::pin(std::future::ready(Ok(refused(status)))));
-    }
+    let deadline = match check_call(&request) {
+        Ok(deadline) => deadline,
+        Err(refusal) => return Timed::new(OneOf::Right(Box::pin(ready(*refusal))), None),
+    };
     let (parts, body) = request.into_parts();
     // A decision that is not traced decodes the message straight into the core's
     // request, and its answer is encoded straight from the core's response; one that
     // also waits for nothing reads no header.
     if service.decides_now() {
-        let reader = Reader::new(to_core);
-        return OneOf::Left(Now {
+        let reader = Reader::default();
+        let now = Now {
             service,
             body,
             reader,
-        });
+        };
+        return Timed::new(OneOf::Left(now), deadline);
     }
-    OneOf::Right(if service.decodes_to_core() {
+    let call: Boxed = if service.decodes_to_core() {
         // One `async` block, not one in another: a future awaited in another is copied
         // into it, and this one holds the store's call.
         Box::pin(async move {
-            let result = match read_request(body, to_core).await {
-                Ok((request, trailers)) => {
-                    let headers = with_trailers(parts.headers, trailers);
-                    let decided = service.should_rate_limit_grpc_decoded(request, &headers);
+            let request = read_message(body).await;
+            let result = match request.and_then(|message| to_core(&message, &service)) {
+                Ok(request) => {
+                    let decided = service.should_rate_limit_grpc_decoded(request, &parts.headers);
                     frame_decided(&service, decided.await)
                 }
                 Err(status) => Err(status),
@@ -92,22 +96,29 @@ pub fn call(service: Arc<Decider>, request: http::Request<Incoming>) -> Call {
     } else {
         Box::pin(async move {
             let result = async {
-                let (request, trailers) = read_request(body, to_pb).await?;
-                let headers = with_trailers(parts.headers, trailers);
-                let response = service.should_rate_limit_grpc(request, &headers).await;
+                let request = to_pb(&read_message(body).await?, &service)?;
+                let response = service
+                    .should_rate_limit_grpc(request, &parts.headers)
+                    .await;
                 let response = response.map_err(|error| status(&error))?;
                 frame(|buf| response.encode_raw(buf))
             };
             answered(result.await)
         })
-    })
+    };
+    Timed::new(OneOf::Right(call), deadline)
 }
 
-/// A call decided as soon as its body is read: on the memory store, untraced.
+/// A response ready at once.
+fn ready(response: http::Response<Reply>) -> impl Future<Output = Answered> {
+    std::future::ready(Ok(response))
+}
+
+/// A call decided as soon as its first message is read: on the memory store, untraced.
 pub struct Now {
     service: Arc<Decider>,
     body: Incoming,
-    reader: Reader<Result<Request, InvalidRequest>>,
+    reader: Reader,
 }
 
 impl Future for Now {
@@ -120,10 +131,55 @@ impl Future for Now {
             reader,
         } = self.get_mut();
         let read = ready!(reader.poll_read(Pin::new(body), cx));
-        let result = read.and_then(|(request, _)| {
+        let result = read.and_then(|message| {
+            let request = to_core(&message, service)?;
             frame_decided(service, service.should_rate_limit_grpc_now(request))
         });
         Poll::Ready(answered(result))
+    }
+}
+
+/// A call answered by its caller's deadline (`grpc-timeout`), as grpc-go answers one:
+/// once it has passed, `DEADLINE_EXCEEDED`, and the call is dropped with what it holds.
+/// The timer is made only when the call has to wait, and only for a call with a deadline.
+pub struct Timed<F> {
+    call: F,
+    /// When the call was asked, and the time its caller gives it.
+    deadline: Option<(Instant, Duration)>,
+    timer: Option<Pin<Box<tokio::time::Sleep>>>,
+}
+
+impl<F> Timed<F> {
+    fn new(call: F, timeout: Option<Duration>) -> Timed<F> {
+        Timed {
+            call,
+            deadline: timeout.map(|timeout| (Instant::now(), timeout)),
+            timer: None,
+        }
+    }
+}
+
+impl<F: Future<Output = Answered> + Unpin> Future for Timed<F> {
+    type Output = Answered;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Answered> {
+        let Timed {
+            call,
+            deadline,
+            timer,
+        } = self.get_mut();
+        if let Poll::Ready(answer) = Pin::new(call).poll(cx) {
+            return Poll::Ready(answer);
+        }
+        let Some((asked, timeout)) = *deadline else {
+            return Poll::Pending;
+        };
+        let timer = timer
+            .get_or_insert_with(|| Box::pin(tokio::time::sleep_until((asked + timeout).into())));
+        ready!(timer.as_mut().poll(cx));
+        Poll::Ready(Ok(refused(Status::deadline_exceeded(format!(
+            "the caller's grpc-timeout ({timeout:?}) passed before the call was answered"
+        )))))
     }
 }
 
@@ -150,24 +206,23 @@ fn refused(status: Status) -> http::Response<Reply> {
     status.into_http().map(Either::Right)
 }
 
-/// A call's headers and its trailers, which the service reads as one map.
-fn with_trailers(mut headers: HeaderMap, trailers: Option<HeaderMap>) -> HeaderMap {
-    // Most calls have none: extending by an empty map still walks it.
-    if let Some(trailers) = trailers {
-        headers.extend(trailers);
+/// A message as envoy-types' request, once the core's decoder has found it within the
+/// bounds on descriptors and entries (prost's decoder has none, and would hold them all).
+fn to_pb(message: &[u8], service: &Decider) -> Result<RateLimitRequest, Status> {
+    match to_core(message, service)? {
+        Ok(request) => spare::keep_request(request),
+        Err(InvalidRequest::Bounds(error)) => {
+            return Err(Status::invalid_argument(error.to_string()));
+        }
+        Err(InvalidRequest::OverrideUnit { .. }) => {}
     }
-    headers
-}
-
-/// A message as envoy-types' request.
-fn to_pb(message: &[u8]) -> Result<RateLimitRequest, Status> {
     RateLimitRequest::decode(message).map_err(not_a_request)
 }
 
 /// A message as the core's request, or the reason the core cannot take it (which the
 /// service counts as it counts every request error).
-fn to_core(message: &[u8]) -> Result<Result<Request, InvalidRequest>, Status> {
-    match spare::decode(message) {
+fn to_core(message: &[u8], service: &Decider) -> Result<Result<Request, InvalidRequest>, Status> {
+    match spare::decode(message, &service.limiter.settings().bounds) {
         Ok(request) => Ok(Ok(request)),
         Err(RequestError::Invalid(invalid)) => Ok(Err(invalid)),
         Err(RequestError::Decode(error)) => Err(not_a_request(error)),
@@ -176,6 +231,56 @@ fn to_core(message: &[u8]) -> Result<Result<Request, InvalidRequest>, Status> {
 
 fn not_a_request(error: impl std::fmt::Display) -> Status {
     Status::invalid_argument(format!("the body is not a RateLimitRequest: {error}"))
+}
+
+/// The call's deadline, once its headers are those of a gRPC call grpc-go would take:
+/// `POST`, a gRPC `content-type`, a well-formed `grpc-timeout`, and no compression.
+/// Otherwise the status grpc-go answers it with (in an HTTP status of its own where
+/// grpc-go sends one), which ends this call and no other on the connection.
+fn check_call(request: &http::Request<Incoming>) -> Result<Option<Duration>, Refusal> {
+    let headers = request.headers();
+    let content_type = header(headers, &CONTENT_TYPE).map(HeaderValue::as_bytes);
+    if !content_type.is_some_and(is_grpc) {
+        let shown = String::from_utf8_lossy(content_type.unwrap_or_default());
+        let message = format!("invalid gRPC request content-type \"{shown}\"");
+        let status = Status::invalid_argument(message);
+        return Err(with_http_status(
+            status,
+            http::StatusCode::UNSUPPORTED_MEDIA_TYPE,
+        ));
+    }
+    let deadline = grpc_timeout(headers).map_err(|malformed| {
+        with_http_status(Status::internal(malformed), http::StatusCode::BAD_REQUEST)
+    })?;
+    if request.method() != http::Method::POST {
+        let method = request.method().as_str();
+        let message =
+            format!("Received a HEADERS frame with :method {method:?} which should be POST");
+        let status = Status::internal(message);
+        return Err(with_http_status(
+            status,
+            http::StatusCode::METHOD_NOT_ALLOWED,
+        ));
+    }
+    refuse_compressed(headers).map_err(|status| Box::new(refused(status)))?;
+    Ok(deadline)
+}
+
+/// `application/grpc`, alone or with a subtype (`+proto`) or parameters (`;`).
+fn is_grpc(content_type: &[u8]) -> bool {
+    content_type
+        .strip_prefix(b"application/grpc")
+        .is_some_and(|rest| rest.is_empty() || rest.starts_with(b"+") || rest.starts_with(b";"))
+}
+
+/// A call refused before it is read.
+type Refusal = Box<http::Response<Reply>>;
+
+/// `status` in a response of HTTP status `code` (a trailers-only gRPC answer).
+fn with_http_status(status: Status, code: http::StatusCode) -> Refusal {
+    let mut response = refused(status);
+    *response.status_mut() = code;
+    Box::new(response)
 }
 
 /// No compression is enabled, so a request that says it is compressed is refused as
@@ -273,6 +378,9 @@ fn status(error: &ServiceError) -> Status {
         }
         ServiceError::Request(e) => Status::unknown(e.to_string()),
         ServiceError::Backend(e @ BackendError::Key(_)) => Status::invalid_argument(e.to_string()),
+        ServiceError::Backend(e @ BackendError::CallerDeadline(_)) => {
+            Status::deadline_exceeded(e.to_string())
+        }
         ServiceError::Backend(e) => Status::unavailable(e.to_string()),
         ServiceError::Overloaded(e) => Status::resource_exhausted(e.to_string()),
     }

@@ -1,17 +1,20 @@
 //! Reading a unary call's request: the first length-prefixed message of its body,
-//! decoded, and its trailers.
+//! decoded as soon as it is whole.
 //!
-//! [`Reader`] is polled by hand, so that a call that decides at once (the memory store)
-//! is one plain future that hyper holds in its stream's task, without a box; every other
-//! call awaits [`read_request`].
+//! The call is answered on that message, as grpc-go answers a unary call: nothing
+//! after it is read or decoded, and the client's end of the stream is not waited for
+//! (hyper resets a stream whose body is left unread once its answer is sent). A call
+//! holds at most one message of at most [`MAX_MESSAGE`] bytes, and only until it is
+//! whole. [`Reader`] is polled by hand, so that a call that decides at once (the memory
+//! store) is one plain future that hyper holds in its stream's task, without a box;
+//! every other call awaits [`read_message`].
 
 use std::future::poll_fn;
 use std::pin::{Pin, pin};
 use std::task::{Context, Poll, ready};
 
-use bytes::{Buf, BytesMut};
+use bytes::{Buf, Bytes, BytesMut};
 use tonic::Status;
-use tonic::codegen::http::header::HeaderMap;
 use tonic::codegen::{Body, StdError};
 
 use super::PREFIX;
@@ -19,120 +22,95 @@ use super::PREFIX;
 /// The largest request message, as tonic's default.
 const MAX_MESSAGE: usize = 4 * 1024 * 1024;
 
-/// A call's first message, decoded, and its trailers.
-pub(super) type Read<T> = Result<(T, Option<HeaderMap>), Status>;
+/// A call's first message (its bytes, without the prefix), or the call's error status.
+pub(super) type Read = Result<Bytes, Status>;
 
-/// Reads the first message of a body, and its trailers. Later messages, which a unary
-/// call should not carry, are decoded and dropped, as tonic does. At most one message is
-/// buffered, and a message is at most [`MAX_MESSAGE`] bytes.
-pub(super) struct Reader<T> {
-    decode: fn(&[u8]) -> Result<T, Status>,
-    first: Option<T>,
-    trailers: Option<HeaderMap>,
-    /// The start of a message that a frame cut short.
+/// Reads the first message of a body. A message is at most [`MAX_MESSAGE`] bytes.
+#[derive(Default)]
+pub(super) struct Reader {
+    /// The start of the message that frames have brought so far.
     pending: BytesMut,
 }
 
-impl<T> Reader<T> {
-    pub(super) fn new(decode: fn(&[u8]) -> Result<T, Status>) -> Reader<T> {
-        Reader {
-            decode,
-            first: None,
-            trailers: None,
-            pending: BytesMut::new(),
-        }
-    }
-
-    /// Reads `body`'s frames until it ends: then the first message and the trailers.
-    pub(super) fn poll_read<B>(
-        &mut self,
-        mut body: Pin<&mut B>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Read<T>>
+impl Reader {
+    /// Reads `body`'s frames until its first message is whole: then that message.
+    pub(super) fn poll_read<B>(&mut self, mut body: Pin<&mut B>, cx: &mut Context<'_>) -> Poll<Read>
     where
         B: Body,
         B::Error: Into<StdError>,
     {
         loop {
             let frame = match ready!(body.as_mut().poll_frame(cx)) {
-                None => return Poll::Ready(self.finish()),
+                None => return Poll::Ready(Err(self.ended())),
                 Some(Ok(frame)) => frame,
                 Some(Err(error)) => match Status::from_error(error.into()) {
                     // As in tonic, a request the client cancelled ends there.
                     status if status.code() == tonic::Code::Cancelled => {
-                        return Poll::Ready(self.finish());
+                        return Poll::Ready(Err(self.ended()));
                     }
                     status => return Poll::Ready(Err(status)),
                 },
             };
-            let read = match frame.into_data() {
-                Ok(mut data) => self.add(data.copy_to_bytes(data.remaining())),
-                Err(frame) => {
-                    self.trailers = frame.into_trailers().ok().or(self.trailers.take());
-                    Ok(())
-                }
+            // Trailers before a whole message end the body as its end does.
+            let Ok(mut data) = frame.into_data() else {
+                continue;
             };
-            if let Err(status) = read {
-                return Poll::Ready(Err(status));
+            if let Some(read) = self.add(data.copy_to_bytes(data.remaining())) {
+                return Poll::Ready(read);
             }
         }
     }
 
-    /// Decodes the messages `data` completes, and keeps what is left of it.
-    fn add(&mut self, data: bytes::Bytes) -> Result<(), Status> {
-        let Reader {
-            decode,
-            first,
-            pending,
-            ..
-        } = self;
-        if pending.is_empty() {
-            // A frame that starts on a message boundary is decoded where it lies.
-            let used = decode_messages(&data, first, *decode)?;
-            pending.extend_from_slice(&data[used..]);
-        } else {
-            pending.extend_from_slice(&data);
-            let used = decode_messages(pending, first, *decode)?;
-            let _ = pending.split_to(used);
+    /// Adds a frame's bytes: the first message once they complete it.
+    fn add(&mut self, data: Bytes) -> Option<Read> {
+        // A frame that starts on a message boundary is read where it lies, uncopied.
+        if self.pending.is_empty() {
+            return match message_len(&data) {
+                Ok(Some(len)) => Some(Ok(data.slice(PREFIX..PREFIX + len))),
+                Ok(None) => {
+                    self.pending.extend_from_slice(&data);
+                    None
+                }
+                Err(status) => Some(Err(status)),
+            };
         }
-        Ok(())
+        self.pending.extend_from_slice(&data);
+        match message_len(&self.pending) {
+            Ok(Some(len)) => {
+                let mut whole = std::mem::take(&mut self.pending);
+                whole.truncate(PREFIX + len);
+                Some(Ok(whole.freeze().split_off(PREFIX)))
+            }
+            Ok(None) => None,
+            Err(status) => Some(Err(status)),
+        }
     }
 
-    /// The body has ended: its first message, or why there is none.
-    fn finish(&mut self) -> Read<T> {
-        if !self.pending.is_empty() {
-            return Err(Status::internal("Unexpected EOF decoding stream."));
+    /// The body ended before its first message was whole: why there is none.
+    fn ended(&self) -> Status {
+        if self.pending.is_empty() {
+            Status::internal("Missing request message.")
+        } else {
+            Status::internal("Unexpected EOF decoding stream.")
         }
-        let request = self.first.take();
-        let request = request.ok_or_else(|| Status::internal("Missing request message."))?;
-        Ok((request, self.trailers.take()))
     }
 }
 
-/// Decodes the complete messages at the start of `bytes` (keeping the first in `first`)
-/// and returns how many bytes they took.
-fn decode_messages<T>(
-    bytes: &[u8],
-    first: &mut Option<T>,
-    decode: fn(&[u8]) -> Result<T, Status>,
-) -> Result<usize, Status> {
-    let mut at = 0;
-    while let Some(prefix) = bytes.get(at..at + PREFIX) {
-        check_flag(prefix[0])?;
-        let len = u32::from_be_bytes([prefix[1], prefix[2], prefix[3], prefix[4]]) as usize;
-        if len > MAX_MESSAGE {
-            return Err(Status::out_of_range(format!(
-                "Error, decoded message length too large: found {len} bytes, the limit is: {MAX_MESSAGE} bytes"
-            )));
-        }
-        let Some(message) = bytes.get(at + PREFIX..at + PREFIX + len) else {
-            break;
-        };
-        let request = decode(message)?;
-        first.get_or_insert(request);
-        at += PREFIX + len;
+/// The length of the first message of `bytes` once it is whole; `None` while it is not.
+/// The prefix is checked as soon as it has come, so a message too large is refused
+/// before its bytes.
+fn message_len(bytes: &[u8]) -> Result<Option<usize>, Status> {
+    let Some(prefix) = bytes.get(..PREFIX) else {
+        return Ok(None);
+    };
+    check_flag(prefix[0])?;
+    let len = u32::from_be_bytes([prefix[1], prefix[2], prefix[3], prefix[4]]) as usize;
+    if len > MAX_MESSAGE {
+        return Err(Status::out_of_range(format!(
+            "Error, decoded message length too large: found {len} bytes, the limit is: {MAX_MESSAGE} bytes"
+        )));
     }
-    Ok(at)
+    Ok((bytes.len() >= PREFIX + len).then_some(len))
 }
 
 /// A message's compression flag: no compression is enabled, so only 0 is taken.
@@ -149,14 +127,14 @@ fn check_flag(flag: u8) -> Result<(), Status> {
     }
 }
 
-/// The first message of `body`, decoded with `decode`, and its trailers.
-pub(super) async fn read_request<B, T>(body: B, decode: fn(&[u8]) -> Result<T, Status>) -> Read<T>
+/// The first message of `body`.
+pub(super) async fn read_message<B>(body: B) -> Read
 where
     B: Body,
     B::Error: Into<StdError>,
 {
     let mut body = pin!(body);
-    let mut reader = Reader::new(decode);
+    let mut reader = Reader::default();
     poll_fn(|cx| reader.poll_read(body.as_mut(), cx)).await
 }
 
@@ -165,14 +143,14 @@ mod tests {
     use std::convert::Infallible;
 
     use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
+    use futures_util::StreamExt;
     use http_body_util::StreamBody;
     use hyper::body::Frame;
     use prost::Message;
     use tonic::Code;
-    use tonic::codegen::http::header::HeaderValue;
+    use tonic::codegen::http::header::HeaderMap;
 
     use super::super::tests::{framed, request};
-    use super::super::to_pb;
     use super::*;
 
     /// A body of these frames: data, then the trailers if any.
@@ -188,25 +166,45 @@ mod tests {
     }
 
     async fn read(chunks: Vec<Vec<u8>>) -> Result<RateLimitRequest, Status> {
-        read_request(body(chunks, None), to_pb)
-            .await
-            .map(|(r, _)| r)
+        decoded(read_message(body(chunks, None)).await)
+    }
+
+    fn decoded(read: Read) -> Result<RateLimitRequest, Status> {
+        let not_a_request = |e| Status::invalid_argument(format!("not a RateLimitRequest: {e}"));
+        RateLimitRequest::decode(&read?[..]).map_err(not_a_request)
     }
 
     #[tokio::test]
-    async fn a_request_split_anywhere_reads_whole_and_later_messages_are_dropped() {
+    async fn a_request_split_anywhere_reads_whole_and_later_bytes_are_not_read() {
         let mut bytes = framed(&request("first").encode_to_vec());
-        bytes.extend(framed(&request("second").encode_to_vec()));
+        let whole = bytes.len();
+        // Not a message at all: never read, since the call is answered before it.
+        bytes.extend([7, 0xff, 0xff, 0xff, 0xff]);
         // One byte per frame: the prefix and the message both arrive in pieces.
         let chunks = bytes.iter().map(|b| vec![*b]).collect();
-        let mut trailers = HeaderMap::new();
-        trailers.insert("x-trailer", HeaderValue::from_static("t"));
-        let (first, got) = read_request(body(chunks, Some(trailers)), to_pb)
-            .await
-            .unwrap();
-        assert_eq!(first, request("first"));
-        assert_eq!(got.unwrap()["x-trailer"], "t");
-        assert_eq!(read(vec![bytes]).await.unwrap(), request("first"));
+        assert_eq!(read(chunks).await.unwrap(), request("first"));
+        assert_eq!(read(vec![bytes.clone()]).await.unwrap(), request("first"));
+        // Trailers before the message is whole end the body.
+        let cut = body(vec![bytes[..whole - 1].to_vec()], Some(HeaderMap::new()));
+        let error = read_message(cut).await.unwrap_err();
+        assert_eq!(error.message(), "Unexpected EOF decoding stream.");
+    }
+
+    /// A call is answered on its first message, with the client's stream still open:
+    /// a body that never ends is not waited for.
+    #[tokio::test]
+    async fn the_first_message_is_read_without_waiting_for_the_end_of_the_body() {
+        let message = framed(&request("open").encode_to_vec());
+        let frames = futures_util::stream::iter([Ok::<_, Infallible>(Frame::data(
+            bytes::Bytes::from(message),
+        ))])
+        .chain(futures_util::stream::pending());
+        let read = read_message(StreamBody::new(frames));
+        let read = tokio::time::timeout(std::time::Duration::from_secs(5), read).await;
+        assert_eq!(
+            decoded(read.expect("answered at once")).unwrap(),
+            request("open")
+        );
     }
 
     #[tokio::test]
@@ -249,17 +247,18 @@ mod tests {
     #[tokio::test]
     async fn a_cancelled_body_ends_the_request_and_other_body_errors_fail_it() {
         let message = framed(&request("sent").encode_to_vec());
+        let half = message[..message.len() / 2].to_vec();
         for (error, expected) in [
-            (Status::cancelled("gone"), Ok(request("sent"))),
-            (Status::unavailable("reset"), Err(Code::Unavailable)),
+            (Status::cancelled("gone"), Code::Internal),
+            (Status::unavailable("reset"), Code::Unavailable),
         ] {
             let frames = [
-                Ok(Frame::data(bytes::Bytes::from(message.clone()))),
+                Ok(Frame::data(bytes::Bytes::from(half.clone()))),
                 Err(error),
             ];
             let body = StreamBody::new(futures_util::stream::iter(frames));
-            let read = read_request(body, to_pb).await.map(|(r, _)| r);
-            assert_eq!(read.map_err(|e| e.code()), expected);
+            let read = read_message(body).await;
+            assert_eq!(read.map_err(|e| e.code()), Err(expected));
         }
     }
 
