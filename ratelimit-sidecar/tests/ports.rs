@@ -50,7 +50,8 @@ fn explain_body(descriptors: usize) -> String {
 
 #[tokio::test]
 async fn explanations_are_built_on_the_debug_thread_not_on_a_worker() {
-    let server = Server::start_with(Options::rules(RULES).set("GRPC_WORKERS", "2"));
+    let options = Options::rules(RULES).set("GRPC_WORKERS", "2");
+    let server = Server::start_with(options.set("MAX_DESCRIPTORS", "2000"));
     let body = explain_body(1_000);
     let before = cpu_by_thread_name(server.pid());
     for _ in 0..30 {
@@ -74,7 +75,9 @@ async fn explanations_are_built_on_the_debug_thread_not_on_a_worker() {
 
 #[tokio::test]
 async fn explain_refuses_more_descriptors_than_its_bound() {
-    let server = Server::start_with(Options::rules(RULES));
+    // Past MAX_DESCRIPTORS a request is refused as any request is; below it, /explain
+    // has a bound of its own.
+    let server = Server::start_with(Options::rules(RULES).set("MAX_DESCRIPTORS", "2000"));
     let (status, text) = post(&server.debug_url("/explain"), &explain_body(1_001)).await;
     assert_eq!(status, 413, "{text}");
     assert_eq!(
