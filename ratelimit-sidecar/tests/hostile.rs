@@ -2,6 +2,7 @@
 //! oversized names, malformed protobuf, memory and connection bounds, symbolic link loops
 //! and deeply nested YAML.
 
+use ratelimit_tests::calls::exchange;
 use ratelimit_tests::on_every_backend;
 use ratelimit_tests::sidecar as support;
 
@@ -447,12 +448,15 @@ fn an_addend_bound_of_zero_stops_start_up() {
 async fn connections_past_the_cap_get_a_503_until_one_closes() {
     // Three workers share one cap of two: whichever listeners the kernel gives the
     // connections to, two are served and the third, past the cap, is told so at once
-    // (only health checks are answered there) until one of the two closes.
+    // (only health checks are answered there) until one of the two closes. No other
+    // connection takes a slot meanwhile: the harness saw the port listening without
+    // connecting to it, and the two are kept alive far longer than the test lasts.
     let server = start(
         Vec::new(),
         &[
             ("HTTP_MAX_CONNECTIONS", "2"),
-            ("HTTP_HEADER_READ_TIMEOUT", "30s"),
+            ("HTTP_HEADER_READ_TIMEOUT", "120s"),
+            ("HTTP_IDLE_TIMEOUT", "120s"),
             ("GRPC_WORKERS", "3"),
         ],
     );
@@ -465,9 +469,9 @@ async fn connections_past_the_cap_get_a_503_until_one_closes() {
     let mut connections = Vec::new();
     let mut answers = Vec::new();
     for _ in 0..3 {
-        let mut stream = TcpStream::connect(("127.0.0.1", server.http)).unwrap();
-        stream.write_all(decide.as_bytes()).unwrap();
-        answers.push(response_head(&mut stream));
+        let (stream, answer) =
+            exchange(server.http, decide.as_bytes(), Duration::from_secs(30)).unwrap();
+        answers.push(answer);
         connections.push(stream);
     }
     let statuses: Vec<&str> = answers.iter().map(|a| a.get(..12).unwrap_or(a)).collect();
@@ -478,25 +482,11 @@ async fn connections_past_the_cap_get_a_503_until_one_closes() {
     );
     // Closing the kept-alive connections frees their slots.
     drop(connections);
-    let served = eventually(Duration::from_secs(10), || async {
+    let served = eventually(Duration::from_secs(30), || async {
         post(&server.http_url("/json"), body).await.0 == 200
     })
     .await;
     assert!(served, "{}", server.log());
-}
-
-/// An HTTP/1.1 response's status line and headers, however the server's writes split
-/// them (a loaded machine may deliver them in pieces, or late).
-fn response_head(stream: &mut TcpStream) -> String {
-    stream
-        .set_read_timeout(Some(Duration::from_secs(30)))
-        .unwrap();
-    let mut head = Vec::new();
-    let mut byte = [0; 1];
-    while !head.ends_with(b"\r\n\r\n") && stream.read(&mut byte).unwrap() == 1 {
-        head.push(byte[0]);
-    }
-    String::from_utf8_lossy(&head).into_owned()
 }
 
 #[test]

@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::process::Command;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitResponse;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
@@ -140,4 +140,39 @@ pub fn trickling_clients(
         }
     }
     (clients, refused)
+}
+
+/// Connects to `port` on loopback, sends `request` and reads the head of its answer, all
+/// within `within` (as a client with that timeout): the connection, left open, and the
+/// head, empty or cut short when the time ran out or the server closed first. An error
+/// when the connection could not be made in time.
+pub fn exchange(
+    port: u16,
+    request: &[u8],
+    within: Duration,
+) -> std::io::Result<(TcpStream, String)> {
+    let deadline = Instant::now() + within;
+    let address = std::net::SocketAddr::from(([127, 0, 0, 1], port));
+    let mut stream = TcpStream::connect_timeout(&address, within)?;
+    stream.write_all(request)?;
+    let head = response_head(&mut stream, deadline);
+    Ok((stream, head))
+}
+
+/// An HTTP/1.1 answer's status line and headers as they came before `deadline`, however
+/// the server's writes split them (a loaded machine may deliver them in pieces, or late).
+pub fn response_head(stream: &mut TcpStream, deadline: Instant) -> String {
+    let mut head = Vec::new();
+    let mut byte = [0; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() || stream.set_read_timeout(Some(left)).is_err() {
+            break;
+        }
+        match stream.read(&mut byte) {
+            Ok(1) => head.push(byte[0]),
+            _ => break,
+        }
+    }
+    String::from_utf8_lossy(&head).into_owned()
 }

@@ -91,6 +91,23 @@ pub fn wait_for_port(port: u16, what: &str, log: &Path) {
     );
 }
 
+/// Whether a socket listens on `port` (on any address), read from `/proc/net/tcp` and
+/// `/proc/net/tcp6`. Unlike a connection, the check leaves nothing for the listener to
+/// accept: a server capped at a few connections would count one made to see whether it
+/// listens as one of them until it had accepted it and seen it close.
+pub fn listening(port: u16) -> bool {
+    let local = format!(":{port:04X}");
+    ["/proc/net/tcp", "/proc/net/tcp6"].iter().any(|table| {
+        std::fs::read_to_string(table).is_ok_and(|text| {
+            // `sl local_address rem_address st …`, addresses in hex; state 0A is LISTEN.
+            text.lines().skip(1).any(|line| {
+                let fields: Vec<&str> = line.split_whitespace().collect();
+                fields.len() > 3 && fields[1].ends_with(&local) && fields[3] == "0A"
+            })
+        })
+    })
+}
+
 /// Polls `check` every 50 ms until it holds (true) or `timeout` passes (false).
 pub async fn eventually<F, Fut>(timeout: Duration, mut check: F) -> bool
 where
