@@ -1,11 +1,11 @@
 //! The debug port never shares a thread with decisions, and what it builds is bounded
 //! (`/explain`'s descriptors and the dashboard's rules); the HTTP port answers health
-//! checks however many connections clients hold open on it.
+//! checks however many connections clients hold open on it, or open again and again.
 
 use std::collections::HashMap;
 use std::time::Duration;
 
-use ratelimit_tests::calls::trickling_clients;
+use ratelimit_tests::calls::{SilentClients, exchange, trickling_clients};
 
 use ratelimit_tests::sidecar as support;
 use serde_json::Value;
@@ -160,4 +160,58 @@ async fn health_is_answered_while_trickling_clients_hold_every_http_connection()
     })
     .await;
     assert!(served, "{}", server.log());
+}
+
+#[test]
+fn silent_clients_reconnecting_through_the_reserve_do_not_keep_health_probes_out() {
+    let held = "120s";
+    let server = Server::start_with(
+        Options::rules(RULES)
+            .set("GRPC_WORKERS", "2")
+            .set("HTTP_MAX_CONNECTIONS", "4")
+            .set("HTTP_HEADER_READ_TIMEOUT", held)
+            .set("HTTP_IDLE_TIMEOUT", held),
+    );
+    // Four kept-alive connections, each answered a decision (which past the cap is a
+    // 503), hold every slot: only the reserve's four places are left.
+    let body = r#"{"domain":"d","descriptors":[{"entries":[{"key":"user","value":"holder"}]}]}"#;
+    let decide = format!(
+        "POST /json HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    let holders: Vec<_> = (0..4)
+        .map(|_| {
+            let (stream, head) =
+                exchange(server.http, decide.as_bytes(), Duration::from_secs(30)).unwrap();
+            assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+            stream
+        })
+        .collect();
+    // Twelve clients connect, send nothing, and connect again as soon as they are closed.
+    let silent = SilentClients::start(server.http, 12);
+    std::thread::sleep(Duration::from_millis(300));
+    // Ten probes as the kubelet sends them, a little apart: each is answered within its
+    // default timeout of 1 s, although it connects behind silent clients that take a
+    // place of the reserve as soon as one frees.
+    let probe = concat!(
+        "GET /healthcheck HTTP/1.1\r\nHost: 127.0.0.1:8080\r\nUser-Agent: kube-probe/1.33\r\n",
+        "Accept: */*\r\nConnection: close\r\n\r\n"
+    );
+    let mut answers = Vec::new();
+    for _ in 0..10 {
+        let answer = exchange(server.http, probe.as_bytes(), Duration::from_secs(1));
+        answers.push(answer.map_or_else(|e| e.to_string(), |(_, head)| head));
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let closed = silent.stop();
+    let answered = answers
+        .iter()
+        .filter(|a| a.starts_with("HTTP/1.1 200"))
+        .count();
+    assert_eq!(answered, 10, "{answers:#?}");
+    assert!(
+        closed > 0,
+        "the silent clients took reserve places and were closed"
+    );
+    drop(holders);
 }

@@ -3,9 +3,12 @@
 //! it refuse to start; and run a command line that must succeed.
 
 use std::collections::HashMap;
-use std::io::{Read, Write};
+use std::io::{ErrorKind, Read, Write};
 use std::net::TcpStream;
 use std::process::Command;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitResponse;
@@ -140,6 +143,71 @@ pub fn trickling_clients(
         }
     }
     (clients, refused)
+}
+
+/// Clients that each connect to an HTTP port, send nothing, and connect again as soon as
+/// the server closes the connection, until stopped (or dropped).
+pub struct SilentClients {
+    stop: Arc<AtomicBool>,
+    threads: Vec<JoinHandle<usize>>,
+}
+
+impl SilentClients {
+    /// `count` silent clients of `port` on loopback, each on a thread of its own.
+    pub fn start(port: u16, count: usize) -> SilentClients {
+        let stop = Arc::new(AtomicBool::new(false));
+        let threads = (0..count)
+            .map(|_| {
+                let stop = Arc::clone(&stop);
+                std::thread::spawn(move || silent_client(port, &stop))
+            })
+            .collect();
+        SilentClients { stop, threads }
+    }
+
+    /// Stops them: how many of their connections the server closed.
+    pub fn stop(mut self) -> usize {
+        self.stop.store(true, Ordering::Relaxed);
+        std::mem::take(&mut self.threads)
+            .into_iter()
+            .map(|thread| thread.join().unwrap_or(0))
+            .sum()
+    }
+}
+
+impl Drop for SilentClients {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+    }
+}
+
+/// One of [`SilentClients`]: how many of its connections the server closed.
+fn silent_client(port: u16, stop: &AtomicBool) -> usize {
+    let mut closed = 0;
+    while !stop.load(Ordering::Relaxed) {
+        let Ok(mut stream) = TcpStream::connect(("127.0.0.1", port)) else {
+            std::thread::sleep(Duration::from_millis(10));
+            continue;
+        };
+        // Woken every 50 ms to see whether to stop; anything but a timeout (the end of
+        // the stream, a reset, or an answer it did not ask for) is the server closing.
+        let _ = stream.set_read_timeout(Some(Duration::from_millis(50)));
+        let mut byte = [0; 1];
+        loop {
+            match stream.read(&mut byte) {
+                Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {
+                    if stop.load(Ordering::Relaxed) {
+                        return closed;
+                    }
+                }
+                _ => {
+                    closed += 1;
+                    break;
+                }
+            }
+        }
+    }
+    closed
 }
 
 /// Connects to `port` on loopback, sends `request` and reads the head of its answer, all

@@ -5,6 +5,10 @@
 //! It bounds what a client can hold: the number of open connections, the time to send a
 //! request's headers (which is also how long a keep-alive connection may sit between
 //! requests), and the time a connection may make no progress at all (a stalled body).
+//! Past the cap, a reserve answers health checks only, and gives the place of a client
+//! that stays silent to a newer one (`serve/reserve.rs`).
+
+mod reserve;
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -19,7 +23,6 @@ use std::net::SocketAddr;
 
 use bytes::Bytes;
 use clap::Args;
-use http_body_util::{Either, Full};
 use hyper::Request;
 use hyper::body::Incoming;
 use hyper::server::conn::http1;
@@ -28,10 +31,11 @@ use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::graceful::{GracefulShutdown, Watcher};
 use hyper_util::service::TowerToHyperService;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
 
+use self::reserve::{Held, Reserve};
 use crate::values::go_duration;
 use warp::Filter;
 use warp::reply::Response;
@@ -55,18 +59,8 @@ pub struct ConnectionLimits {
 pub struct ConnectionSlots {
     permits: Arc<Semaphore>,
     max: usize,
-    reserve: Option<Reserve>,
+    reserve: Option<Arc<Reserve>>,
 }
-
-/// Connections past the cap that are answered on health paths only.
-#[derive(Clone, Debug)]
-struct Reserve {
-    permits: Arc<Semaphore>,
-    paths: &'static [&'static str],
-}
-
-/// The longest a reserved connection is held: one health check, sent at once.
-const RESERVE_TIMEOUT: Duration = Duration::from_secs(2);
 
 impl ConnectionSlots {
     /// At most `max` open connections (at least one).
@@ -82,13 +76,13 @@ impl ConnectionSlots {
     /// These slots, and past them a reserve of [`reserve_size`] connections for the
     /// health checks on `paths`: while every slot is taken, a new connection is served
     /// from the reserve, where a request for one of `paths` is answered and anything
-    /// else gets a 503 at once; a reserved connection serves one request, within 2 s.
-    /// Health stays answerable however many connections clients hold open.
+    /// else gets a 503 at once; a reserved connection serves one request, whose head it
+    /// must send within 250 ms, and a silent one gives its place to a newer connection
+    /// after 50 ms. Health stays answerable however many connections clients hold open
+    /// or open again.
     pub fn with_health_reserve(mut self, paths: &'static [&'static str]) -> ConnectionSlots {
-        self.reserve = Some(Reserve {
-            permits: Arc::new(Semaphore::new(reserve_size(self.max))),
-            paths,
-        });
+        let size = reserve_size(self.max);
+        self.reserve = Some(Arc::new(Reserve::new(size, self.max, paths)));
         self
     }
 }
@@ -208,10 +202,10 @@ pub async fn serve<S, B>(
                 "HTTP connection limit reached; new connections wait until one closes (health checks are answered from a reserve)"
             );
         }
-        let (permit, health_only) = match take_slot(&slots) {
-            Some(taken) => taken,
+        let slot = match take_slot(&slots) {
+            Some(slot) => slot,
             None => tokio::select! {
-                taken = wait_for_slot(&slots) => taken,
+                slot = wait_for_slot(&slots) => slot,
                 () = &mut stop => break,
             },
         };
@@ -220,19 +214,14 @@ pub async fn serve<S, B>(
         let inner = service.clone();
         let watcher = graceful.watcher();
         let tls = tls.clone().map(tokio_rustls::TlsAcceptor::from);
-        let max = slots.max;
         tokio::spawn(async move {
-            let _permit = permit;
-            match health_only {
-                None => serve_accepted(stream, peer, tls, inner, limits, watcher, true).await,
-                Some(paths) => {
-                    let service = HealthOnly { inner, paths, max };
-                    let limits = ConnectionLimits {
-                        header_read_timeout: limits.header_read_timeout.min(RESERVE_TIMEOUT),
-                        idle_timeout: limits.idle_timeout.min(RESERVE_TIMEOUT),
-                        request_timeout: limits.request_timeout.min(RESERVE_TIMEOUT),
-                    };
-                    serve_accepted(stream, peer, tls, service, limits, watcher, false).await;
+            match slot {
+                Slot::Regular(permit) => {
+                    serve_accepted(stream, peer, tls, inner, limits, watcher).await;
+                    drop(permit);
+                }
+                Slot::Reserved(held) => {
+                    reserve::serve(stream, peer, tls, inner, limits, watcher, held).await;
                 }
             }
         });
@@ -241,45 +230,44 @@ pub async fn serve<S, B>(
     graceful.shutdown().await;
 }
 
-/// A free slot, or past the cap a free place in the health checks' reserve (with the
-/// paths it answers); none when both are full.
-fn take_slot(
-    slots: &ConnectionSlots,
-) -> Option<(OwnedSemaphorePermit, Option<&'static [&'static str]>)> {
-    if let Ok(permit) = Arc::clone(&slots.permits).try_acquire_owned() {
-        return Some((permit, None));
-    }
-    let reserve = slots.reserve.as_ref()?;
-    let permit = Arc::clone(&reserve.permits).try_acquire_owned().ok()?;
-    Some((permit, Some(reserve.paths)))
+/// What a served connection holds until it closes.
+enum Slot {
+    /// One of the `max_connections` slots.
+    Regular(OwnedSemaphorePermit),
+    /// A place in the health checks' reserve, past them.
+    Reserved(Held),
 }
 
-/// Waits for a slot or a place in the reserve, whichever frees first.
-async fn wait_for_slot(
-    slots: &ConnectionSlots,
-) -> (OwnedSemaphorePermit, Option<&'static [&'static str]>) {
+/// A free slot, or past the cap a place in the health checks' reserve (free, or taken
+/// from a silent connection); none when neither can be had now.
+fn take_slot(slots: &ConnectionSlots) -> Option<Slot> {
+    if let Ok(permit) = Arc::clone(&slots.permits).try_acquire_owned() {
+        return Some(Slot::Regular(permit));
+    }
+    slots.reserve.as_ref()?.try_take().map(Slot::Reserved)
+}
+
+/// Waits for a slot or a place in the reserve, whichever comes first.
+async fn wait_for_slot(slots: &ConnectionSlots) -> Slot {
     let slot = Arc::clone(&slots.permits).acquire_owned();
     let Some(reserve) = &slots.reserve else {
-        return (slot.await.expect("the semaphore is never closed"), None);
+        return Slot::Regular(slot.await.expect("the semaphore is never closed"));
     };
     tokio::select! {
-        permit = slot => (permit.expect("the semaphore is never closed"), None),
-        permit = Arc::clone(&reserve.permits).acquire_owned() => {
-            (permit.expect("the semaphore is never closed"), Some(reserve.paths))
-        }
+        permit = slot => Slot::Regular(permit.expect("the semaphore is never closed")),
+        held = reserve.take() => Slot::Reserved(held),
     }
 }
 
 /// Serves an accepted connection, after its TLS handshake when `tls` (within the header
-/// read timeout); `keep_alive` false closes it after one request.
+/// read timeout).
 async fn serve_accepted<S, B>(
-    stream: tokio::net::TcpStream,
+    stream: TcpStream,
     peer: SocketAddr,
     tls: Option<tokio_rustls::TlsAcceptor>,
     inner: S,
     limits: ConnectionLimits,
     watcher: Watcher,
-    keep_alive: bool,
 ) where
     S: HyperService<Request<Incoming>, Response = hyper::Response<B>> + Send + 'static,
     S::Future: Send + 'static,
@@ -290,68 +278,28 @@ async fn serve_accepted<S, B>(
 {
     let Some(tls) = tls else {
         let service = with_peer(inner, peer, None);
-        return connection(stream, service, limits, watcher, keep_alive).await;
+        return connection(stream, service, limits, watcher, true).await;
     };
     match tokio::time::timeout(limits.header_read_timeout, tls.accept(stream)).await {
         Ok(Ok(stream)) => {
-            let certificate = stream
-                .get_ref()
-                .1
-                .peer_certificates()
-                .and_then(|chain| chain.first())
-                .map(|c| PeerCertificate(Arc::new(c.clone().into_owned())));
-            let service = with_peer(inner, peer, certificate);
-            connection(stream, service, limits, watcher, keep_alive).await;
+            let service = with_peer(inner, peer, peer_certificate(&stream));
+            connection(stream, service, limits, watcher, true).await;
         }
         Ok(Err(error)) => tracing::debug!(%peer, %error, "TLS handshake failed"),
         Err(_) => tracing::debug!(%peer, "TLS handshake timed out"),
     }
 }
 
-/// A reserved connection's service: health paths go to `inner`, anything else is a 503
-/// saying why.
-struct HealthOnly<S> {
-    inner: S,
-    paths: &'static [&'static str],
-    max: usize,
-}
-
-type HealthOnlyBody<B> = Either<B, Full<Bytes>>;
-
-impl<S, B> HyperService<Request<Incoming>> for HealthOnly<S>
-where
-    S: HyperService<Request<Incoming>, Response = hyper::Response<B>>,
-    S::Future: Send + 'static,
-    S::Error: Send + 'static,
-    B: Send + 'static,
-{
-    type Response = hyper::Response<HealthOnlyBody<B>>;
-    type Error = S::Error;
-    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, S::Error>> + Send>>;
-
-    fn call(&self, request: Request<Incoming>) -> Self::Future {
-        if self.paths.contains(&request.uri().path()) {
-            let answer = self.inner.call(request);
-            return Box::pin(async move { Ok(answer.await?.map(Either::Left)) });
-        }
-        let body = format!(
-            "Service Unavailable: all {} HTTP connections are in use; past them only health checks ({}) are answered\n",
-            self.max,
-            self.paths.join(", ")
-        );
-        let mut response = hyper::Response::new(Either::Right(Full::new(Bytes::from(body))));
-        *response.status_mut() = hyper::StatusCode::SERVICE_UNAVAILABLE;
-        let headers = response.headers_mut();
-        headers.insert(
-            hyper::header::CONTENT_TYPE,
-            hyper::header::HeaderValue::from_static("text/plain; charset=utf-8"),
-        );
-        headers.insert(
-            hyper::header::RETRY_AFTER,
-            hyper::header::HeaderValue::from_static("1"),
-        );
-        Box::pin(std::future::ready(Ok(response)))
-    }
+/// The certificate the client presented in `stream`'s handshake, if any.
+fn peer_certificate(
+    stream: &tokio_rustls::server::TlsStream<TcpStream>,
+) -> Option<PeerCertificate> {
+    stream
+        .get_ref()
+        .1
+        .peer_certificates()
+        .and_then(|chain| chain.first())
+        .map(|c| PeerCertificate(Arc::new(c.clone().into_owned())))
 }
 
 /// Serves one connection's requests until it closes, stalls past the idle timeout, or
