@@ -22,11 +22,18 @@
 //!   reported, and it would otherwise deny for a reporting interval while the counter has
 //!   room that others gave back.
 //! - **Another Envoy joins** and its start found the counter short of its even share:
-//!   every Envoy of the bucket holding more than its even share (of the Envoys there are
-//!   now) gives the excess back at once, down to its even share or what it reported used,
-//!   as a new bucket of what it keeps less what it reported used (what it admitted since
-//!   its last report is the over-admission this may cost); then the joiner **tops up**
-//!   to its even share from the counter.
+//!   every Envoy of the bucket gives back at once what it surely has not spent above its
+//!   even share (of the Envoys there are now): it keeps its even share, or what it
+//!   reported used plus what it is projected to have admitted since that report (its
+//!   last report's rate over the time since), whichever is more. Its bucket is resized,
+//!   never refilled, to what it keeps less that used and projected ([`Tokens::Scaled`]:
+//!   Envoy keeps at most what it had left), so what it admitted since its last report is
+//!   not admitted again. Then the joiner **tops up** to its even share from the counter,
+//!   as a new bucket that also counts from its own projected use. A projection below the
+//!   truth is the over-admission this may cost; one above it leaves the bucket short of
+//!   the grant until the Envoy's next report, which makes it whole (a new bucket of its
+//!   grant less its reported use) and whose denials do not count as running dry while
+//!   the grant is not used up ([`denials`]).
 //! - **A lowered limit** (a reload): the grant shrinks to the new even share (never below
 //!   what was used) and the bucket is told the smaller size, which Envoy scales down.
 //!
@@ -60,6 +67,9 @@ pub struct Holding {
     pub used: u64,
     /// It reported denials in the window.
     pub ran_dry: bool,
+    /// Its bucket was last sized from a projection of what it spent since its last
+    /// report ([`Moment::Joined`], [`Moment::TopUp`]): its next report makes it whole.
+    pub projected: bool,
 }
 
 /// Why the service looks at an Envoy's bucket.
@@ -75,10 +85,18 @@ pub enum Moment {
         /// Demand over the rest of the window.
         need: u64,
     },
-    /// Another Envoy joined the bucket short of its even share.
-    Joined,
-    /// A joiner that started short: others gave quota back.
-    TopUp,
+    /// Another Envoy joined the bucket short of its even share; this one is projected to
+    /// have admitted `spent` requests since its last report.
+    Joined {
+        /// Requests projected admitted since its last report.
+        spent: u64,
+    },
+    /// A joiner that started short: others gave quota back; it is projected to have
+    /// admitted `spent` requests since its last report.
+    TopUp {
+        /// Requests projected admitted since its last report.
+        spent: u64,
+    },
 }
 
 /// What to do with the window's counter for one Envoy.
@@ -123,16 +141,31 @@ fn with_headroom(used: u64, need: u64) -> u64 {
         .saturating_add(1)
 }
 
+/// The denials of a report that show the Envoy ran out of its grant: none when its
+/// bucket was sized from a projection and the grant is not used up (the projection, not
+/// the grant, ran out; the report makes the bucket whole). Call it once the report's
+/// allowed requests are in `holding.used`.
+pub fn denials(holding: Holding, denied: u64) -> u64 {
+    if holding.projected && holding.granted > holding.used {
+        0
+    } else {
+        denied
+    }
+}
+
 /// What the counter must do for an Envoy holding `holding` at `moment`; its report's
 /// allowed requests are already in `holding.used`.
 pub fn ask(split: Split, holding: Holding, moment: Moment) -> Ask {
     let even = split.even();
     match moment {
-        Moment::Start | Moment::TopUp => reserve(even.saturating_sub(holding.granted)),
-        Moment::Joined => match holding.granted.saturating_sub(even.max(holding.used)) {
-            0 => Ask::Keep,
-            now => Ask::Release { now, skewed: 0 },
-        },
+        Moment::Start | Moment::TopUp { .. } => reserve(even.saturating_sub(holding.granted)),
+        Moment::Joined { spent } => {
+            let keep = even.max(holding.used.saturating_add(spent));
+            match holding.granted.saturating_sub(keep) {
+                0 => Ask::Keep,
+                now => Ask::Release { now, skewed: 0 },
+            }
+        }
         Moment::Report { denied, need } => {
             let demand = with_headroom(holding.used, need).min(split.limit.max(holding.used));
             if denied > 0 {
@@ -166,15 +199,19 @@ pub fn settle(holding: &mut Holding, moment: Moment, ask: Ask, done: u64) -> Tok
     if matches!(moment, Moment::Report { denied, .. } if denied > 0) {
         holding.ran_dry = true;
     }
-    match (ask, moment) {
+    // A bucket sized from a projection is made whole at the next report.
+    let whole = holding.projected && matches!(moment, Moment::Report { .. });
+    let tokens = match (ask, moment) {
         (Ask::Reserve(_), Moment::Start) | (Ask::Keep, Moment::Start) => {
             holding.granted = holding.granted.saturating_add(done);
             Tokens::Fresh(holding.granted.saturating_sub(holding.used))
         }
-        // A joiner that started short, moments ago: a new bucket of what it holds now.
-        (Ask::Reserve(_), Moment::TopUp) if done > 0 => {
+        // A joiner that started short: a new bucket of what it holds now, less what it
+        // used and is projected to have admitted since.
+        (Ask::Reserve(_), Moment::TopUp { spent }) if done > 0 => {
             holding.granted = holding.granted.saturating_add(done);
-            Tokens::Fresh(holding.granted.saturating_sub(holding.used))
+            holding.projected |= spent > 0;
+            Tokens::Fresh(remaining(*holding, spent))
         }
         // It ran dry (buckets do not refill by themselves): the increase is exactly what
         // it may spend now. Without denials its bucket may not be dry: the increase and
@@ -187,12 +224,33 @@ pub fn settle(holding: &mut Holding, moment: Moment, ask: Ask, done: u64) -> Tok
             holding.granted = holding.granted.saturating_add(done);
             Tokens::Fresh(done.saturating_add(left))
         }
+        // Given back to a joiner: the bucket shrinks to what is left of the grant after
+        // what was used and is projected to have been admitted since (never refilled: what
+        // it admitted since its last report is not admitted again).
+        (Ask::Release { .. }, Moment::Joined { spent }) if done > 0 => {
+            holding.granted = holding.granted.saturating_sub(done);
+            holding.projected |= spent > 0;
+            Tokens::Scaled(remaining(*holding, spent))
+        }
         (Ask::Release { .. }, _) if done > 0 => {
             holding.granted = holding.granted.saturating_sub(done);
             Tokens::Fresh(holding.granted.saturating_sub(holding.used))
         }
         _ => Tokens::Same,
+    };
+    if whole {
+        holding.projected = false;
+        return Tokens::Fresh(holding.granted.saturating_sub(holding.used));
     }
+    tokens
+}
+
+/// What is left of `holding`'s grant after what it used and `spent` more.
+fn remaining(holding: Holding, spent: u64) -> u64 {
+    holding
+        .granted
+        .saturating_sub(holding.used)
+        .saturating_sub(spent)
 }
 
 /// A reload lowered the limit to `split.limit`: the grant it keeps (its even share of the
@@ -215,8 +273,12 @@ mod tests {
         Holding {
             granted,
             used,
-            ran_dry: false,
+            ..Holding::default()
         }
+    }
+
+    fn joined(spent: u64) -> Moment {
+        Moment::Joined { spent }
     }
 
     fn report(denied: u64, need: u64) -> Moment {
@@ -306,28 +368,84 @@ mod tests {
     #[test]
     fn a_joiner_short_of_its_even_share_gets_what_the_others_hold_above_theirs() {
         let mut first = held(10, 1);
-        let ask_first = ask(TWO, first, Moment::Joined);
+        let ask_first = ask(TWO, first, joined(0));
         assert_eq!(ask_first, Ask::Release { now: 5, skewed: 0 });
         assert_eq!(
-            settle(&mut first, Moment::Joined, ask_first, 5),
-            Tokens::Fresh(4)
+            settle(&mut first, joined(0), ask_first, 5),
+            Tokens::Scaled(4),
+            "resized, not refilled"
         );
+        assert!(!first.projected, "nothing projected: nothing to make whole");
         let mut joiner = held(0, 1);
         assert_eq!(
             settle(&mut joiner, Moment::Start, Ask::Reserve(5), 0),
             Tokens::Fresh(0)
         );
-        assert_eq!(ask(TWO, joiner, Moment::TopUp), Ask::Reserve(5));
+        let top_up = Moment::TopUp { spent: 0 };
+        assert_eq!(ask(TWO, joiner, top_up), Ask::Reserve(5));
         assert_eq!(
-            settle(&mut joiner, Moment::TopUp, Ask::Reserve(5), 5),
+            settle(&mut joiner, top_up, Ask::Reserve(5), 5),
             Tokens::Fresh(4)
         );
         let spent = held(10, 8);
         assert_eq!(
-            ask(TWO, spent, Moment::Joined),
+            ask(TWO, spent, joined(0)),
             Ask::Release { now: 2, skewed: 0 }
         );
-        assert_eq!(ask(TWO, joiner, Moment::Joined), Ask::Keep);
+        assert_eq!(ask(TWO, joiner, joined(0)), Ask::Keep);
+    }
+
+    #[test]
+    fn a_holder_gives_back_only_what_it_surely_has_not_spent_since_its_last_report() {
+        // Reported 1 used, projected 3 more since: it keeps its even share of 5, and its
+        // bucket is what is left of that after 1 + 3.
+        let mut light = held(10, 1);
+        assert_eq!(
+            ask(TWO, light, joined(3)),
+            Ask::Release { now: 5, skewed: 0 }
+        );
+        assert_eq!(
+            settle(&mut light, joined(3), Ask::Release { now: 5, skewed: 0 }, 5),
+            Tokens::Scaled(1)
+        );
+        assert!(light.projected);
+        // Projected past its even share: it keeps what it is projected to have used.
+        let mut heavy = held(10, 2);
+        let ask_heavy = ask(TWO, heavy, joined(6));
+        assert_eq!(ask_heavy, Ask::Release { now: 2, skewed: 0 });
+        assert_eq!(
+            settle(&mut heavy, joined(6), ask_heavy, 2),
+            Tokens::Scaled(0)
+        );
+        assert_eq!(heavy.granted, 8);
+        assert_eq!(ask(TWO, held(10, 2), joined(8)), Ask::Keep);
+        // A joiner's top-up counts from its own projected use too.
+        let mut joiner = held(0, 1);
+        let top_up = Moment::TopUp { spent: 2 };
+        assert_eq!(
+            settle(&mut joiner, top_up, Ask::Reserve(5), 5),
+            Tokens::Fresh(2)
+        );
+        assert!(joiner.projected);
+    }
+
+    #[test]
+    fn the_report_after_a_projection_makes_the_bucket_whole() {
+        // Projected 3 since its report, it was resized to 1; it had spent 2: its report
+        // says so, its denials were the projection's, and its bucket is its grant less 3.
+        let mut light = held(10, 1);
+        settle(&mut light, joined(3), Ask::Release { now: 5, skewed: 0 }, 5);
+        light.used += 2;
+        assert_eq!(denials(light, 1), 0, "the grant is not used up");
+        let moment = report(0, 0);
+        let ask_light = ask(TWO, light, moment);
+        assert_eq!(settle(&mut light, moment, ask_light, 0), Tokens::Fresh(2));
+        assert!(!light.projected && !light.ran_dry);
+        // Once the grant is used up, denials are denials.
+        let mut spent = held(5, 5);
+        spent.projected = true;
+        assert_eq!(denials(spent, 3), 3);
+        assert_eq!(denials(held(5, 1), 3), 3, "not projected");
     }
 
     #[test]

@@ -1,18 +1,28 @@
 //! The Rate Limit Quota Service's share policy (`ratelimit_core::grants`) against a model
-//! of one window: Envoys that enforce their token buckets (no refill), admit a bucket's
-//! first request before they have an assignment, report at once for a new bucket and
-//! then every `REPORT` ticks (each at its own phase), and a counter that grants only what
-//! fits under the limit.
+//! of one window: Envoys that enforce their token buckets (no refill; a resized bucket
+//! keeps at most what it had left), admit a bucket's first request before they have an
+//! assignment, report at once for a new bucket and then every `REPORT` ticks (each at its
+//! own phase), and a counter that grants only what fits under the limit. Envoys start at
+//! different ticks, so joiners arrive between the others' reports, while those have
+//! admitted requests they have not reported.
 //!
-//! The promises checked:
+//! When an Envoy joins, the policy is told what each other Envoy admitted since its last
+//! report. The first properties give it the truth (the model knows it), to check the
+//! policy itself:
 //! - never more than the limit plus one request per Envoy (the first, admitted before its
-//!   assignment) plus what Envoys that gave quota back to a joiner had admitted since
-//!   their last report is admitted;
+//!   assignment) is admitted, however many join and whatever they admitted unreported;
 //! - while every Envoy's requests stay within its even share, none is denied;
 //! - an Envoy that keeps being denied one report after the report that showed its
 //!   denials is denied only because the window has nothing left: the counter is full and
 //!   every other Envoy holds no more than its own demand (or its even share, when it just
 //!   started).
+//!
+//! The sidecar can only project it, from the Envoy's last report's rate (its first
+//! report has none: a request in 0 s, taken as one in 5 s). The last property gives the
+//! policy that projection, and checks that what is admitted beyond the limit plus one
+//! request per Envoy is at most, per Envoy, the most its projection fell short of what it
+//! had admitted at a join: a sum over Envoys, not over joins. Envoys that joined between
+//! reports at a steady rate, after the others' first reports, cost nothing more.
 
 use proptest::prelude::*;
 use ratelimit_core::grants::{self, Ask, Holding, Moment, Split, Tokens};
@@ -21,6 +31,9 @@ use ratelimit_core::grants::{self, Ask, Holding, Moment, Split, Tokens};
 const WINDOW: u64 = 60;
 /// Ticks between two reports of an Envoy.
 const REPORT: u64 = 5;
+/// The time a report took, as the sidecar takes it when Envoy says 0 s (a bucket's first
+/// report): milliseconds.
+const DEFAULT_ELAPSED: u64 = REPORT * 1_000;
 
 #[derive(Debug, Default)]
 struct Envoy {
@@ -41,6 +54,14 @@ struct Envoy {
     reports_since_denied: Option<u32>,
     /// The counter was full after its last answer.
     starved_at_answer: bool,
+    /// Its last report's requests (allowed and denied) and the milliseconds they took.
+    last_rate: (u64, u64),
+    /// The most a projection of what it admitted since its last report fell short of the
+    /// truth when its bucket was sized from it (a join or a top-up).
+    shortfall: u64,
+    /// It started short of its even share and has not reported or topped up to it since:
+    /// it takes quota others give back.
+    short: bool,
 }
 
 struct Window {
@@ -48,8 +69,12 @@ struct Window {
     /// Envoys in the run; `split.envoys` counts those started, as the service counts
     /// open streams.
     all: u64,
-    /// Over-admission allowed by give-backs to joiners.
-    slack: u64,
+    /// The policy is told what an Envoy admitted since its last report as the sidecar
+    /// projects it (`false`: the truth).
+    projected: bool,
+    /// Requests that Envoys giving quota back to a joiner had admitted since their last
+    /// report (what a bucket counted from the reported usage would admit again).
+    unreported: u64,
     reserved: u64,
     skewed: bool,
     envoys: Vec<Envoy>,
@@ -69,7 +94,8 @@ impl Window {
         Window {
             split: Split { envoys: 0, ..split },
             all: split.envoys,
-            slack: 0,
+            projected: false,
+            unreported: 0,
             reserved: 0,
             skewed: false,
             envoys,
@@ -78,11 +104,37 @@ impl Window {
         }
     }
 
+    /// The same window, with what Envoys admitted since their last report projected.
+    fn projected(mut self) -> Window {
+        self.projected = true;
+        self
+    }
+
+    /// Over-admission the policy may cost: for each Envoy, the most its projected
+    /// spending fell short.
+    fn slack(&self) -> u64 {
+        self.envoys.iter().map(|envoy| envoy.shortfall).sum()
+    }
+
+    /// What Envoy `j` admitted since its last report, as the policy is told it at `now`.
+    fn spent(&self, j: usize, now: u64) -> u64 {
+        let envoy = &self.envoys[j];
+        if !self.projected {
+            return envoy.allowed;
+        }
+        let (requests, elapsed) = envoy.last_rate;
+        grants::need(requests, elapsed, (now - envoy.last_report) * 1_000)
+    }
+
     /// The model's own reading of the policy: what an Envoy may hold after an answer.
     fn entitlement(&self, holding: Holding, moment: Moment) -> u64 {
         let even = self.split.even();
         let Moment::Report { denied, need } = moment else {
-            return even.max(holding.used);
+            let spent = match moment {
+                Moment::Joined { spent } | Moment::TopUp { spent } => spent,
+                _ => 0,
+            };
+            return even.max(holding.used + spent);
         };
         let demand = (holding.used + need + need / 4 + 1).min(self.split.limit.max(holding.used));
         if denied > 0 || !self.skewed {
@@ -116,12 +168,19 @@ impl Window {
         match grants::settle(&mut envoy.holding, moment, ask, done) {
             Tokens::Same => {}
             Tokens::Fresh(tokens) => envoy.tokens = Some(tokens),
-            Tokens::Scaled(_) => panic!("no reload in the model"),
+            Tokens::Scaled(tokens) => {
+                envoy.tokens = envoy.tokens.map(|left| left.min(tokens));
+            }
+        }
+        if let Moment::Joined { spent } | Moment::TopUp { spent } = moment
+            && done > 0
+        {
+            envoy.shortfall = envoy.shortfall.max(envoy.allowed.saturating_sub(spent));
         }
         envoy.entitled = entitled;
         // Quota given to a joiner leaves it short as surely as a full counter does.
         envoy.starved_at_answer = match moment {
-            Moment::Joined => envoy.starved_at_answer || done > 0,
+            Moment::Joined { .. } => envoy.starved_at_answer || done > 0,
             _ => self.reserved == self.split.limit,
         };
         assert!(envoy.holding.granted <= entitled.max(envoy.holding.used));
@@ -136,10 +195,13 @@ impl Window {
                 envoy.requested = 1;
                 envoy.first = now;
                 envoy.last_report = now;
+                envoy.last_rate = (1, DEFAULT_ELAPSED);
                 self.split.envoys += 1;
                 self.answer(i, Moment::Start);
-                if self.envoys[i].holding.granted < self.split.even() {
-                    self.join(i);
+                let short = self.envoys[i].holding.granted < self.split.even();
+                self.envoys[i].short = short;
+                if short {
+                    self.join(i, now);
                 }
             }
             Some(0) => {
@@ -158,22 +220,39 @@ impl Window {
         }
     }
 
-    /// Envoy `i` started short: the others give back above their even shares, then it
-    /// tops up.
-    fn join(&mut self, i: usize) {
+    /// Envoy `i` started short at `now`: the others give back what they surely have not
+    /// spent above their even shares, then it tops up, and so do those that started short
+    /// before it when anything was given back (as streams are told to take it).
+    fn join(&mut self, i: usize, now: u64) {
+        let before = self.reserved;
         for j in 0..self.envoys.len() {
             if j != i && self.envoys[j].tokens.is_some() {
-                self.slack += self.envoys[j].allowed;
-                self.answer(j, Moment::Joined);
+                let spent = self.spent(j, now);
+                let reserved = self.reserved;
+                self.answer(j, Moment::Joined { spent });
+                if self.reserved < reserved {
+                    self.unreported += self.envoys[j].allowed;
+                }
             }
         }
-        self.answer(i, Moment::TopUp);
+        let given = self.reserved < before;
+        let others = (0..self.envoys.len()).filter(|&k| k != i && given);
+        for k in std::iter::once(i).chain(others) {
+            if self.envoys[k].short {
+                let spent = self.spent(k, now);
+                self.answer(k, Moment::TopUp { spent });
+                let short = self.envoys[k].holding.granted < self.split.even();
+                self.envoys[k].short = short;
+            }
+        }
     }
 
-    /// A denial one report after the one that showed denials: only for want of quota.
+    /// A denial one report after the one that showed denials: only for want of quota
+    /// (checked when the policy is told the truth: a projection above it leaves a bucket
+    /// short of its grant until the next report).
     fn check_denial(&self, i: usize) {
         let envoy = &self.envoys[i];
-        if envoy.reports_since_denied.is_none_or(|n| n < 1) {
+        if self.projected || envoy.reports_since_denied.is_none_or(|n| n < 1) {
             return;
         }
         assert!(
@@ -200,17 +279,20 @@ impl Window {
         envoy.allowed = 0;
         envoy.denied = 0;
         envoy.last_report = now;
-        envoy.reports_since_denied = match envoy.reports_since_denied {
-            Some(n) => Some(n + 1),
-            None if denied > 0 => Some(0),
-            None => None,
-        };
+        envoy.last_rate = (allowed + denied, elapsed);
+        envoy.short = false;
         let left = (WINDOW - now - 1) * 1_000;
         let need = grants::need(allowed + denied, elapsed, left).max(grants::need(
             envoy.requested,
             (now + 1 - envoy.first) * 1_000,
             left,
         ));
+        let denied = grants::denials(envoy.holding, denied);
+        envoy.reports_since_denied = match envoy.reports_since_denied {
+            Some(n) => Some(n + 1),
+            None if denied > 0 => Some(0),
+            None => None,
+        };
         self.answer(i, Moment::Report { denied, need });
     }
 
@@ -232,10 +314,10 @@ impl Window {
                 }
             }
             assert!(
-                self.admitted <= self.split.limit + self.all + self.slack,
+                self.admitted <= self.split.limit + self.all + self.slack(),
                 "{} admitted, {} slack",
                 self.admitted,
-                self.slack
+                self.slack()
             );
         }
     }
@@ -282,8 +364,51 @@ proptest! {
             let (rate, start) = rates[i];
             if now >= start { rate } else { 0 }
         });
-        prop_assert!(window.admitted <= split.limit + phases.len() as u64 + window.slack);
+        prop_assert!(window.admitted <= split.limit + phases.len() as u64);
     }
+
+    /// Envoys at steady rates starting at any tick, with the policy told what the sidecar
+    /// projects: `run` holds them to the limit, one request each and each Envoy's largest
+    /// shortfall of projection.
+    #[test]
+    fn joiners_between_reports_cost_at_most_each_envoys_shortfall_of_projection(
+        (split, phases) in split_and_phases(),
+        rates in proptest::collection::vec((1u64..=3, 0..WINDOW), 4),
+    ) {
+        let mut window = Window::new(split, &phases).projected();
+        window.run(|i, now| {
+            let (rate, start) = rates[i];
+            if now >= start { rate } else { 0 }
+        });
+        let bound = split.limit + phases.len() as u64 + window.slack();
+        prop_assert!(window.admitted <= bound);
+    }
+}
+
+/// The case, measured: heavy Envoys (far above the limit together) join one after
+/// another between the others' reports, each after the others have reported a rate. At
+/// every join the others had admitted requests they had not reported; a bucket counted
+/// from the reported usage would admit those again, once per joiner. Projected from the
+/// last report's rate, they are not: the limit holds to one request per Envoy.
+#[test]
+fn heavy_envoys_joining_between_reports_are_held_to_the_limit() {
+    let split = Split {
+        limit: 60,
+        envoys: 4,
+    };
+    let mut window = Window::new(split, &[0; 4]).projected();
+    window.run(|i, now| if now >= 7 * i as u64 { 2 } else { 0 });
+    assert!(
+        window.unreported > 0,
+        "Envoys gave quota back with unreported requests"
+    );
+    assert!(
+        window.admitted <= split.limit + 4,
+        "{} admitted of {}",
+        window.admitted,
+        split.limit
+    );
+    assert!(window.admitted >= split.limit, "the limit is used");
 }
 
 /// The case: a heavy Envoy and a light one. The heavy one runs dry at its even
@@ -309,7 +434,7 @@ fn a_heavy_envoy_gets_what_a_light_one_does_not_need_within_one_report() {
     assert_eq!(light_used, 6);
     assert_eq!(
         window.admitted + (light.holding.granted - light_used),
-        split.limit + window.slack,
+        split.limit,
         "the heavy Envoy used all the light one does not hold for its demand"
     );
     let heavy = &window.envoys[0];

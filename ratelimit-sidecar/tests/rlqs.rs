@@ -190,10 +190,10 @@ async fn a_stream_that_names_no_domain_or_no_bucket_is_refused() {
 
 /// Quota is reserved in the backend's counter before it is granted, and shares move
 /// through it, on every backend: a second Envoy that joins after the first took the whole
-/// limit starts with nothing, the first gives back above its even share at once, and the
-/// second tops up; once the second reports denials (the window is skewed), the first gives
-/// back what its demand does not need at its next report and the second gets it at its
-/// next.
+/// limit starts with nothing, the first gives back above its even share at once (its
+/// bucket resized, not refilled), and the second tops up; once the second reports denials
+/// (the window is skewed), the first gives back what its demand does not need at its next
+/// report and the second gets it at its next.
 async fn a_joining_envoy_gets_what_the_first_gives_back(store: &Store) {
     let mut options = Options::default();
     options.files.push(("rules.yaml", RULES.to_owned()));
@@ -215,8 +215,12 @@ async fn a_joining_envoy_gets_what_the_first_gives_back(store: &Store) {
         pairs(&[("user=shared", "DENY_ALL")]),
         "nothing is left in the window's counter"
     );
-    let given = "the first gives back above its even share of two";
-    assert_eq!(next(&mut first_answers).await, fresh("tokens 5"), "{given}");
+    let given = "the first gives back above its even share of two: its bucket shrinks";
+    assert_eq!(
+        next(&mut first_answers).await,
+        pairs(&[("user=shared", "tokens 5")]),
+        "{given}"
+    );
     let topped = "the second tops up to its even share";
     assert_eq!(
         next(&mut second_answers).await,

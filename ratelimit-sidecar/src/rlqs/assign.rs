@@ -82,15 +82,23 @@ impl Grant {
         grants::need(requests, elapsed_ms, left).max(grants::need(self.requested, window, left))
     }
 
-    /// What is surely unspent at `now_ms`, after the stream ended: the grant less what was
-    /// reported used, less what the last report's rate spent since.
-    pub fn unspent(&self, now_ms: u64) -> u64 {
-        let since = now_ms.saturating_sub(self.reported_ms);
-        let spent = grants::need(self.last_rate.0, self.last_rate.1, since);
+    /// What its Envoy is projected to have admitted in the window from its last report to
+    /// `at_ms`: the last report's rate (requests allowed and denied over the time they
+    /// took) over that time. A bucket's first report has no rate (Envoy says 0 s; it is
+    /// taken as one request in 5 s), so what an Envoy admits in its first seconds on a
+    /// bucket is projected as next to nothing.
+    pub fn spent(&self, at_ms: u64) -> u64 {
+        let since = at_ms.saturating_sub(self.reported_ms.max(self.since_ms));
+        grants::need(self.last_rate.0, self.last_rate.1, since)
+    }
+
+    /// What is surely unspent at `at_ms` (now, or when its assignment expires): the grant
+    /// less what was reported used, less what it is projected to have admitted since.
+    pub fn unspent(&self, at_ms: u64) -> u64 {
         self.holding
             .granted
             .saturating_sub(self.holding.used)
-            .saturating_sub(spent)
+            .saturating_sub(self.spent(at_ms))
     }
 }
 
@@ -173,7 +181,26 @@ mod tests {
         assert_eq!(grant.need(0, 5_000, 10_000), 50);
         grant.holding.granted = 30;
         // Reported 10 used; at the last report's 2/s, 10 more spent in the 5 s since.
+        assert_eq!(grant.spent(15_000), 10);
         assert_eq!(grant.unspent(15_000), 10);
+        // And 20 more by 25 s: nothing is surely left then.
+        assert_eq!(grant.unspent(25_000), 0);
+    }
+
+    #[test]
+    fn spending_is_projected_from_the_last_report_within_the_window() {
+        let mut grant = Grant::default();
+        grant.enter_window(60_000, 0);
+        grant.report(10, 0, 5_000, 50_000);
+        // The next window started at 60 s, before any report in it: what was admitted
+        // before it is not this window's.
+        assert!(grant.enter_window(120_000, 60_000));
+        assert_eq!(grant.spent(61_000), 2);
+        // A bucket's first report: one request, its time taken as 5 s.
+        let mut first = Grant::default();
+        first.enter_window(60_000, 0);
+        first.report(1, 0, 5_000, 0);
+        assert_eq!(first.spent(1_000), 0);
     }
 
     #[test]

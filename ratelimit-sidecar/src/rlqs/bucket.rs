@@ -134,27 +134,30 @@ async fn limited(
         _ if new_window || grant.sent.is_none() => Moment::Start,
         Some(_) => {
             let need = grant.need(allowed.saturating_add(denied), elapsed, now_ms);
+            let denied = grants::denials(grant.holding, denied);
             Moment::Report { denied, need }
         }
         None => return told(Tokens::Same, grant.sent),
     };
     let ask = grants::ask(split, grant.holding, moment);
-    let ran_dry = denied > 0 && moment != Moment::Start;
+    let ran_dry = matches!(moment, Moment::Report { denied, .. } if denied > 0);
     let done = reserve::run(shared, key, limit, ask, ran_dry).await;
     let tokens = grants::settle(&mut grant.holding, moment, ask, done);
     grant.short = moment == Moment::Start && grant.holding.granted < split.even();
     told(tokens, grant.sent)
 }
 
-/// Moves quota of `bucket` for a joiner at `moment` ([`Moment::Joined`]: give back above
-/// the even share; [`Moment::TopUp`]: take up to it), within the window its grant is for.
-/// The actions, and how much moved.
+/// Moves quota of `bucket` for a joiner at `now_ms`, within the window its grant is for:
+/// `give` back what its Envoy surely has not spent above the even share
+/// ([`Moment::Joined`]), or take up to it ([`Moment::TopUp`]); either counts from what the
+/// Envoy is projected to have admitted since its last report. The actions, and how much
+/// moved.
 pub async fn shift(
     shared: &Shared,
     domain: &str,
     key: &str,
     bucket: &mut Bucket,
-    moment: Moment,
+    give: bool,
     now_ms: u64,
 ) -> (Vec<BucketAction>, u64) {
     let rule = shared
@@ -172,11 +175,17 @@ pub async fn shift(
         limit: u64::from(limit.requests_per_unit),
         envoys: shared.envoys(domain),
     };
+    let spent = grant.spent(now_ms);
+    let moment = if give {
+        Moment::Joined { spent }
+    } else {
+        Moment::TopUp { spent }
+    };
     let ask = grants::ask(split, grant.holding, moment);
     let done = reserve::run(shared, key, &limit, ask, false).await;
     let tokens = grants::settle(&mut grant.holding, moment, ask, done);
     let (assignment, fresh) = told(tokens, grant.sent);
-    if moment == Moment::TopUp {
+    if !give {
         grant.short = grant.holding.granted < split.even();
     }
     if done == 0 {
@@ -187,7 +196,9 @@ pub async fn shift(
     (actions(&bucket.id, assignment, fresh, shared.ttl), done)
 }
 
-/// The assignment for `tokens`, and whether it starts a new bucket.
+/// The assignment for `tokens` after `sent`, and whether it starts a new bucket. A resize
+/// never grows the bucket: Envoy scales what it has left by the new size over the old, so
+/// a larger size would hand out more than it had.
 fn told(tokens: Tokens, sent: Option<Assignment>) -> (Assignment, bool) {
     let clamp = |n: u64| u32::try_from(n).unwrap_or(u32::MAX);
     let deny = Assignment::Blanket(BlanketRule::DenyAll);
@@ -195,7 +206,10 @@ fn told(tokens: Tokens, sent: Option<Assignment>) -> (Assignment, bool) {
         Tokens::Same => (sent.unwrap_or(deny), false),
         Tokens::Fresh(0) | Tokens::Scaled(0) => (deny, false),
         Tokens::Fresh(n) => (Assignment::Tokens(clamp(n)), true),
-        Tokens::Scaled(n) => (Assignment::Tokens(clamp(n)), false),
+        Tokens::Scaled(n) => match sent {
+            Some(Assignment::Tokens(size)) => (Assignment::Tokens(clamp(n).min(size)), false),
+            _ => (Assignment::Tokens(clamp(n)), false),
+        },
     }
 }
 

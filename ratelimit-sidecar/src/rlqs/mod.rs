@@ -161,7 +161,8 @@ type Holder = (u64, mpsc::Sender<Nudge>);
 /// What one stream asks of the others holding a bucket.
 #[derive(Debug, Clone)]
 enum Nudge {
-    /// An Envoy joined the bucket short of its even share: give back above yours.
+    /// An Envoy joined the bucket short of its even share: give back what you surely have
+    /// not spent above yours.
     Give(Arc<str>),
     /// Quota of the bucket was given back: a joiner that started short may take it.
     Take(Arc<str>),

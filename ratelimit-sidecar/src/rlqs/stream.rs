@@ -11,7 +11,6 @@ use std::time::Duration;
 use envoy_types::pb::envoy::service::rate_limit_quota::v3::RateLimitQuotaUsageReports;
 use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_response::BucketAction;
 use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_usage_reports::BucketQuotaUsage;
-use ratelimit_core::grants::Moment;
 use ratelimit_service_kit::clock::unix_now_ms;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
@@ -294,24 +293,24 @@ impl EnvoyStream {
     }
 
     /// Another stream's nudge about a bucket both hold: an Envoy joined it short of its
-    /// even share (this one gives back above its own, and says so), or quota was given
-    /// back (this one takes it if it started short).
+    /// even share (this one gives back what it surely has not spent above its own, and
+    /// says so), or quota was given back (this one takes it if it started short).
     async fn on_nudge(&mut self, nudge: Nudge) -> Vec<BucketAction> {
-        let (key, moment) = match nudge {
-            Nudge::Give(key) => (key, Moment::Joined),
-            Nudge::Take(key) => (key, Moment::TopUp),
+        let (key, give) = match nudge {
+            Nudge::Give(key) => (key, true),
+            Nudge::Take(key) => (key, false),
         };
         let domain = self.domain.as_deref().unwrap_or_default();
         let Some(bucket) = self.buckets.get_mut(&key) else {
             return Vec::new();
         };
-        if moment == Moment::TopUp && !bucket.grant.short {
+        if !give && !bucket.grant.short {
             return Vec::new();
         }
         let now_ms = unix_now_ms();
         let (actions, moved) =
-            bucket::shift(&self.shared, domain, &key, bucket, moment, now_ms).await;
-        if moment == Moment::Joined && moved > 0 {
+            bucket::shift(&self.shared, domain, &key, bucket, give, now_ms).await;
+        if give && moved > 0 {
             self.shared
                 .nudge(&key, self.id, &Nudge::Take(Arc::clone(&key)));
         }
