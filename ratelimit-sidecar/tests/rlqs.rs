@@ -410,6 +410,43 @@ async fn bucket_bytes_are_bounded_per_process() {
     assert!((50..=91).contains(&refused), "{refused} refused");
 }
 
+/// Streams that fill the process's bucket budget and end free it at once, not an
+/// assignment TTL (15 s) later: the next Envoy's buckets are held again.
+#[tokio::test]
+async fn the_buckets_of_ended_streams_leave_the_process_budget_at_once() {
+    let server = Server::start(&[("rules.yaml", RULES)]);
+    let mut streams = Vec::new();
+    for _ in 0..9 {
+        let (reports, mut answers) = open(&server).await;
+        tokio::spawn(async move { while let Ok(Some(_)) = answers.message().await {} });
+        report_large(&reports, "user", 0..91).await;
+        streams.push(reports);
+    }
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while server.stat("ratelimit.rlqs.usage_reports").await < Some(9 * 91) {
+        assert!(std::time::Instant::now() < deadline, "reports not read");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let refused = server.stat("ratelimit.rlqs.buckets_refused").await;
+    assert!(refused > Some(0), "the budget is full: {refused:?}");
+    drop(streams);
+    // A large bucket (about 178 KB held) fits once the ended streams' buckets left.
+    let (reports, mut answers) = open(&server).await;
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    for user in 1_000.. {
+        send(&reports, "q", vec![large("user", user)]).await;
+        let answer = tokio::time::timeout(Duration::from_millis(500), answers.message()).await;
+        if let Ok(answer) = answer {
+            assert!(answer.unwrap().is_some(), "an assignment");
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the ended streams' buckets still hold the budget"
+        );
+    }
+}
+
 /// A stream whose reader takes no answer for an assignment TTL is ended, so the answers
 /// queued for it stay bounded (every window of a per-second rule sends all its buckets).
 #[tokio::test]
@@ -434,10 +471,10 @@ async fn a_stream_that_does_not_read_its_answers_is_ended() {
     drop((reports, answers));
 }
 
-/// An Envoy that leaves gives back what it did not spend, once its assignment would have
-/// expired in it: the Envoy that stays gets it when it runs dry.
+/// An Envoy that leaves gives back what it would not spend before its assignment expires
+/// in it: the Envoy that stays gets it when it runs dry.
 #[tokio::test]
-async fn a_leaving_envoy_gives_back_its_unspent_share_after_its_ttl() {
+async fn a_leaving_envoy_gives_back_its_unspent_share() {
     let options = Options::rules(RULES).set("RLQS_ASSIGNMENT_TTL", "1s");
     let server = Server::start_with(options);
     let (first, mut first_answers) = open(&server).await;

@@ -213,37 +213,55 @@ fn told(tokens: Tokens, sent: Option<Assignment>) -> (Assignment, bool) {
     }
 }
 
-/// An ended stream's buckets: what its Envoy surely did not spend goes back to the
-/// window's counter once its assignments have expired in that Envoy (`ttl` later), if the
-/// window has not ended by then (and a joiner that started short may take it); the
-/// buckets then leave the process's budget.
+/// An ended stream's buckets leave the process's budget now: each at once, or as soon
+/// as what its Envoy surely will not spend in the window has gone back to the window's
+/// counter (and a joiner that started short may take it). That is projected from its
+/// last report's rate to when its assignment expires in the Envoy (`ttl` later, had it
+/// lived on), so nothing is held until then.
 pub async fn leave(shared: Arc<Shared>, domain: String, buckets: HashMap<Arc<str>, Bucket>) {
-    let limited = |b: &Bucket| matches!(b.grant.sent, Some(Assignment::Tokens(_)));
-    if buckets.values().any(limited) {
-        tokio::time::sleep(shared.ttl).await;
-    }
     let now_ms = ratelimit_service_kit::clock::unix_now_ms();
-    for (key, bucket) in &buckets {
-        if !limited(bucket) {
-            continue;
-        }
-        let rule = shared
-            .service
-            .limiter
-            .quota_rule(&domain, &bucket.entries, now_ms);
-        if let Ok(QuotaRule::Limited(limit)) = rule
-            && !limit.shadow
-            && limit.window_end_ms == bucket.grant.window_end_ms
-        {
-            let unspent = bucket.grant.unspent(now_ms);
-            if reserve::give_back(&shared, key, &limit, unspent).await {
-                shared.nudge(key, u64::MAX, &Nudge::Take(Arc::clone(key)));
-            }
+    let ttl_ms = u64::try_from(shared.ttl.as_millis()).unwrap_or(u64::MAX);
+    let mut owed = Vec::new();
+    for (key, bucket) in buckets {
+        match owed_back(&shared, &domain, &bucket, now_ms, ttl_ms) {
+            Some((limit, unspent)) => owed.push((key, limit, unspent, bucket.cost)),
+            None => shared.budget.give(bucket.cost),
         }
     }
-    for bucket in buckets.values() {
-        shared.budget.give(bucket.cost);
+    for (key, limit, unspent, cost) in owed {
+        if reserve::give_back(&shared, &key, &limit, unspent).await {
+            shared.nudge(&key, u64::MAX, &Nudge::Take(Arc::clone(&key)));
+        }
+        shared.budget.give(cost);
     }
+}
+
+/// What the Envoy of `bucket` (of an ended stream of `domain`) surely will not spend in
+/// its window by the time its assignment expires (`ttl_ms` after `now_ms`), and the
+/// window's limit it goes back to; `None` when nothing does.
+fn owed_back(
+    shared: &Shared,
+    domain: &str,
+    bucket: &Bucket,
+    now_ms: u64,
+    ttl_ms: u64,
+) -> Option<(QuotaLimit, u64)> {
+    if !matches!(bucket.grant.sent, Some(Assignment::Tokens(_))) {
+        return None;
+    }
+    let rule = shared
+        .service
+        .limiter
+        .quota_rule(domain, &bucket.entries, now_ms);
+    let Ok(QuotaRule::Limited(limit)) = rule else {
+        return None;
+    };
+    if limit.shadow || limit.window_end_ms != bucket.grant.window_end_ms {
+        return None;
+    }
+    let expires_ms = now_ms.saturating_add(ttl_ms).min(limit.window_end_ms);
+    let unspent = bucket.grant.unspent(expires_ms);
+    (unspent > 0).then_some((limit, unspent))
 }
 
 /// A bucket's canonical key (entries sorted by key, joined) and its entries.

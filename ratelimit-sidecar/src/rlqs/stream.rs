@@ -317,8 +317,8 @@ impl EnvoyStream {
         actions
     }
 
-    /// The stream ended: what its Envoy did not spend goes back to the windows' counters
-    /// once its assignments have expired, and its buckets then leave the budget.
+    /// The stream ended: what its Envoy will not spend goes back to the windows' counters
+    /// and its buckets leave the budget, at once ([`bucket::leave`]).
     fn end(self) {
         let Some(domain) = self.domain else { return };
         self.shared.count_stream(&domain, false);
