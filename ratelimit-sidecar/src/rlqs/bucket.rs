@@ -261,7 +261,7 @@ fn owed_back(
     }
     let expires_ms = now_ms.saturating_add(ttl_ms).min(limit.window_end_ms);
     let unspent = bucket.grant.unspent(expires_ms);
-    (unspent > 0).then_some((limit, unspent))
+    (unspent > 0).then_some((*limit, unspent))
 }
 
 /// A bucket's canonical key (entries sorted by key, joined) and its entries.
