@@ -5,8 +5,8 @@
 //! of idempotency-store operations (claim, finish, drop, time passing).
 //!
 //! Invariants: nothing panics; `Idempotency-Key` and `X-Client-Id` are accepted exactly
-//! when they are 1 to 255 visible ASCII characters, and refused with a problem naming
-//! the header; the client id falls back to the peer's address; `Content-Type` is JSON
+//! when they are sent once and are 1 to 255 visible ASCII characters, and refused with a
+//! problem naming the header otherwise; the client id falls back to the peer's address; `Content-Type` is JSON
 //! only when it says `application/json`; the in-memory store answers every claim as a
 //! model of
 //! its contract does (new / replay of the finished answer / in progress / mismatch, with
@@ -38,15 +38,18 @@ fuzz_target!(|data: &[u8]| {
         (1..=255).contains(&v.len()) && v.as_bytes().iter().all(u8::is_ascii_graphic)
     };
 
+    let once = |name: &str| headers.get_all(name).iter().count() <= 1;
     let key = headers.get("idempotency-key");
     match request::idempotency_key(&headers) {
         Ok(None) => assert!(key.is_none()),
         Ok(Some(k)) => {
             assert_eq!(Some(k.as_bytes()), key.map(HeaderValue::as_bytes));
+            assert!(once("idempotency-key"));
             assert!(visible(key.unwrap()) && idempotency::valid_key(&k));
         }
         Err(problem) => {
-            assert!(key.is_some_and(|k| !visible(k)), "{problem:?}");
+            let refused = key.is_some_and(|k| !visible(k)) || !once("idempotency-key");
+            assert!(refused, "{problem:?}");
             assert_eq!(problem.field.as_deref(), Some("Idempotency-Key"));
             assert_eq!(problem.index, None);
         }
@@ -59,13 +62,14 @@ fuzz_target!(|data: &[u8]| {
     match request::client_id(&headers, peer) {
         Ok(id) => match client {
             Some(value) => {
-                assert!(visible(value));
+                assert!(visible(value) && once("x-client-id"));
                 assert_eq!(id.as_bytes(), value.as_bytes());
             }
             None => assert_eq!(id, peer.map_or("unknown".into(), |p| p.ip().to_string())),
         },
         Err(problem) => {
-            assert!(client.is_some_and(|c| !visible(c)), "{problem:?}");
+            let refused = client.is_some_and(|c| !visible(c)) || !once("x-client-id");
+            assert!(refused, "{problem:?}");
             assert_eq!(problem.field.as_deref(), Some("X-Client-Id"));
         }
     }
