@@ -15,6 +15,7 @@ use tonic_health::pb::health_server::HealthServer;
 use tonic_health::server::{HealthReporter, HealthService};
 
 use crate::backend::{self, Backend, BackendError};
+use crate::ingress::connections::GrpcSlots;
 use crate::ingress::descriptors;
 use crate::ingress::listeners::{self, ListenError, Shared};
 use crate::ingress::tls::ServerTls;
@@ -85,8 +86,10 @@ pub async fn run(settings: Settings) -> Result<(), StartError> {
     let server = &settings.server;
     let tls = ServerTls::load(&settings.tls).map_err(StartError::Tls)?;
     let http_connections = settings.bounds.http.http_max_connections as u64;
-    // The gRPC listeners, the HTTP ones, and the debug listener's own cap.
-    descriptors::fit(u64::from(server.grpc_max_connections) + 2 * http_connections);
+    // The gRPC listeners (and one client per worker waiting for a slot), the HTTP ones,
+    // and the debug listener's own cap.
+    let grpc_connections = u64::from(server.grpc_max_connections) + pool.workers() as u64;
+    descriptors::fit(grpc_connections + 2 * http_connections);
     let opened = listeners::open(server, pool.workers())?;
     let (stop_tx, stop_rx) = watch::channel(false);
     let shared = Shared {
@@ -99,6 +102,7 @@ pub async fn run(settings: Settings) -> Result<(), StartError> {
             .http
             .connection_slots()
             .with_health_reserve(&["/healthcheck"]),
+        grpc_slots: GrpcSlots::new(server.grpc_max_connections as usize),
         stop: stop_rx,
         tls: tls.map(Arc::new),
         rlqs: Rlqs::new(

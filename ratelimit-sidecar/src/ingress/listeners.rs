@@ -17,7 +17,7 @@ use tokio_stream::wrappers::UnboundedReceiverStream;
 use tonic::service::Routes;
 use tonic_health::pb::health_server::HealthServer;
 
-use crate::ingress::connections::{self, GrpcLimits, Methods};
+use crate::ingress::connections::{self, GrpcLimits, GrpcSlots, Methods};
 use crate::ingress::tls::ServerTls;
 use crate::ingress::uds::AuthorityFix;
 use crate::ingress::{http, workers};
@@ -55,6 +55,8 @@ pub struct Shared {
     pub limits: ConnectionLimits,
     /// HTTP_MAX_CONNECTIONS, over every worker's HTTP listener.
     pub slots: ConnectionSlots,
+    /// GRPC_MAX_CONNECTIONS, over every worker's gRPC listener.
+    pub grpc_slots: GrpcSlots,
     /// Turns true when the server stops.
     pub stop: watch::Receiver<bool>,
     /// The listeners' TLS, when GRPC_SERVER_USE_TLS.
@@ -185,13 +187,14 @@ pub async fn serve_worker(shared: Shared, listeners: WorkerListeners) {
             .prepare(),
     );
     let limits = grpc_limits(&shared.server);
+    let slots = shared.grpc_slots.clone();
     let stopped = shared.stopped();
     match grpc_source {
         Registered::Tcp(listener) => match &shared.tls {
             Some(tls) => {
                 let incoming =
                     ratelimit_service_kit::tls::incoming(listener, Arc::clone(&tls.grpc));
-                connections::serve(incoming, methods, limits, stopped).await;
+                connections::serve(incoming, methods, limits, slots, stopped).await;
             }
             None => {
                 let incoming = TcpListenerStream::new(listener).map(|accepted| {
@@ -199,23 +202,22 @@ pub async fn serve_worker(shared: Shared, listeners: WorkerListeners) {
                         let _ = stream.set_nodelay(true);
                     })
                 });
-                connections::serve(incoming, methods, limits, stopped).await;
+                connections::serve(incoming, methods, limits, slots, stopped).await;
             }
         },
         Registered::Unix(connections) => {
             let incoming = UnboundedReceiverStream::new(connections)
                 .map(|stream| UnixStream::from_std(stream).map(AuthorityFix::new));
-            connections::serve(incoming, methods, limits, stopped).await;
+            connections::serve(incoming, methods, limits, slots, stopped).await;
         }
     }
     let _ = http.await;
 }
 
-/// One worker's share of the gRPC connection bounds.
+/// The gRPC connection bounds each worker applies.
 fn grpc_limits(server: &ServerSettings) -> GrpcLimits {
-    let workers = workers::count(server.grpc_workers);
     GrpcLimits {
-        max_connections: (server.grpc_max_connections as usize).div_ceil(workers),
+        max_connection_idle: server.grpc_max_connection_idle,
         max_concurrent_streams: server.grpc_max_concurrent_streams,
         preface_timeout: server.grpc_preface_timeout,
         max_connection_age: server.grpc_max_connection_age,

@@ -43,8 +43,13 @@ pub struct ServerSettings {
     /// Extra time before an aged connection is closed by force; 0 is no limit.
     #[arg(long, env, default_value = "1h", value_parser = go_duration)]
     pub grpc_max_connection_age_grace: Duration,
-    /// gRPC connections served at once, over every worker (our addition): each worker
-    /// serves up to its share; later clients wait in the listen backlog.
+    /// A gRPC connection with no call open for this long is sent a GOAWAY (grpc-go's
+    /// MaxConnectionIdle; our addition): clients connect again when they next call; 0 is
+    /// no limit.
+    #[arg(long, env, default_value = "5m", value_parser = go_duration)]
+    pub grpc_max_connection_idle: Duration,
+    /// gRPC connections served at once, over every worker (our addition); later clients
+    /// wait in the listen backlog.
     #[arg(long, env, default_value_t = 16_384, value_parser = clap::value_parser!(u32).range(1..))]
     pub grpc_max_connections: u32,
     /// Calls open at once on one gRPC connection, advertised in HTTP/2 SETTINGS (our

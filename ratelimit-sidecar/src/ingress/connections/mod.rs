@@ -4,80 +4,100 @@
 //! with [`Methods`]: `ShouldRateLimit` is answered by [`grpc`](crate::ingress::grpc)
 //! without passing through a router, every other method goes to tonic's routes (the
 //! Rate Limit Quota Service and `grpc.health.v1`). What a client can hold is bounded:
-//! - a worker serves at most its share of GRPC_MAX_CONNECTIONS; past it, new clients
-//!   wait in the kernel's listen backlog, holding no descriptor of ours;
-//! - a connection must send the HTTP/2 preface and its first frame within
-//!   GRPC_PREFACE_TIMEOUT, or it is closed;
+//! - the workers together serve at most GRPC_MAX_CONNECTIONS; a worker accepts only
+//!   while a slot is free, so past the cap new clients wait in the kernel's listen
+//!   backlog, holding no descriptor of ours (a worker that accepts one as the last slot
+//!   goes elsewhere holds that one until a slot frees);
+//! - a connection must send the HTTP/2 preface and a whole SETTINGS frame within
+//!   GRPC_PREFACE_TIMEOUT, or it is closed ([`preface`]);
 //! - each connection may have GRPC_MAX_CONCURRENT_STREAMS calls open (SETTINGS);
+//! - a connection with no call open for GRPC_MAX_CONNECTION_IDLE is sent a GOAWAY
+//!   ([`idle`]);
 //! - a connection older than GRPC_MAX_CONNECTION_AGE (±10 %) is sent a GOAWAY, and
 //!   closed GRPC_MAX_CONNECTION_AGE_GRACE later if calls are still open.
 //!
 //! When the server stops, every connection is sent a GOAWAY, its calls in flight
 //! finish, and [`serve`] returns once the last connection has closed.
 
+mod idle;
+mod preface;
+
 use std::convert::Infallible;
 use std::future::Future;
 use std::io;
-use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll};
 use std::time::Duration;
 
-use bytes::{Buf, Bytes, BytesMut};
 use futures_util::future::Either as OneOf;
 use futures_util::{Stream, StreamExt};
 use http_body_util::Either;
 use hyper::body::Incoming;
 use hyper::server::conn::http2;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, ReadBuf};
-use tokio::sync::{Semaphore, watch};
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::sync::{Semaphore, mpsc, watch};
 use tonic::codegen::{Service as _, http};
 use tonic::service::Routes;
 
 use crate::ingress::grpc::{self, Boxed, Call, Reply};
 use crate::service::Service as Decider;
+use idle::{Activity, Marked, Opened};
+use preface::{Rewind, Start};
 
-/// The connection bounds of one worker.
+/// The connection bounds every worker applies.
 #[derive(Clone, Copy, Debug)]
 pub struct GrpcLimits {
-    /// Connections this worker serves at once.
-    pub max_connections: usize,
     /// Calls open at once on one connection.
     pub max_concurrent_streams: u32,
     /// Time to send the HTTP/2 preface and the first frame.
     pub preface_timeout: Duration,
+    /// Time without a call after which a connection is sent a GOAWAY; 0 is no limit.
+    pub max_connection_idle: Duration,
     /// Age after which a connection is sent a GOAWAY (±10 %).
     pub max_connection_age: Duration,
     /// Time an aged connection's calls have to finish.
     pub max_connection_age_grace: Duration,
 }
 
-/// The client's connection preface (RFC 9113, 3.4), then a frame header: what a client
-/// must send before anything else.
-const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
-const FIRST_FRAME_HEADER: usize = 9;
+/// GRPC_MAX_CONNECTIONS, shared by every worker: one permit per connection served.
+#[derive(Clone, Debug)]
+pub struct GrpcSlots(Arc<Semaphore>);
 
-/// What one connection serves: `ShouldRateLimit` directly, the rest through tonic.
+impl GrpcSlots {
+    /// At most `max` connections (at least one) over every worker.
+    pub fn new(max: usize) -> GrpcSlots {
+        GrpcSlots(Arc::new(Semaphore::new(max.max(1))))
+    }
+}
+
+/// What one connection serves: `ShouldRateLimit` directly, the rest through tonic; each
+/// call marked open on its connection until its answer is sent.
 #[derive(Clone)]
 pub struct Methods {
     decider: Arc<Decider>,
     others: Routes,
+    activity: Option<Arc<Activity>>,
 }
 
 impl Methods {
     /// `ShouldRateLimit` on `decider`; every other method on `others`.
     pub fn new(decider: Arc<Decider>, others: Routes) -> Methods {
-        Methods { decider, others }
+        Methods {
+            decider,
+            others,
+            activity: None,
+        }
     }
-}
 
-impl hyper::service::Service<http::Request<Incoming>> for Methods {
-    type Response = http::Response<Reply>;
-    type Error = Infallible;
-    type Future = OneOf<Call, Boxed>;
+    /// These methods for one connection, whose calls `activity` counts.
+    fn on(&self, activity: &Arc<Activity>) -> Methods {
+        Methods {
+            activity: Some(Arc::clone(activity)),
+            ..self.clone()
+        }
+    }
 
-    fn call(&self, request: http::Request<Incoming>) -> OneOf<Call, Boxed> {
+    fn route(&self, request: http::Request<Incoming>) -> OneOf<Call, Boxed> {
         if request.uri().path() == grpc::SHOULD_RATE_LIMIT {
             return OneOf::Left(grpc::call(Arc::clone(&self.decider), request));
         }
@@ -89,12 +109,26 @@ impl hyper::service::Service<http::Request<Incoming>> for Methods {
     }
 }
 
+impl hyper::service::Service<http::Request<Incoming>> for Methods {
+    type Response = http::Response<Opened<Reply>>;
+    type Error = Infallible;
+    type Future = Marked<OneOf<Call, Boxed>>;
+
+    fn call(&self, request: http::Request<Incoming>) -> Self::Future {
+        Marked {
+            open: self.activity.as_ref().map(Activity::open),
+            call: self.route(request),
+        }
+    }
+}
+
 /// Serves the connections `incoming` yields with `methods` until `stop` completes, then
-/// drains them. `incoming` is polled only while this worker has a free connection slot.
+/// drains them. `incoming` is polled only while a slot is free.
 pub async fn serve<I, IO>(
     incoming: I,
     methods: Methods,
     limits: GrpcLimits,
+    slots: GrpcSlots,
     stop: impl Future<Output = ()>,
 ) where
     I: Stream<Item = io::Result<IO>>,
@@ -104,23 +138,17 @@ pub async fn serve<I, IO>(
     builder
         .timer(TokioTimer::new())
         .max_concurrent_streams(limits.max_concurrent_streams);
-    let slots = Arc::new(Semaphore::new(limits.max_connections.max(1)));
+    let slots = slots.0;
     let (closing, closed) = watch::channel(false);
-    let mut at_cap = false;
+    // Each connection holds a sender: `recv` ends once every one has closed.
+    let (open, mut drained) = mpsc::channel::<()>(1);
     tokio::pin!(stop, incoming);
     loop {
-        let full = slots.available_permits() == 0;
-        if full && !at_cap {
-            tracing::warn!(
-                max_connections = limits.max_connections,
-                "gRPC connection limit reached on this worker; new clients wait in the backlog"
-            );
-        }
-        at_cap = full;
-        let permit = tokio::select! {
-            permit = Arc::clone(&slots).acquire_owned() => permit.expect("never closed"),
+        // Wait for a free slot without taking it: another worker's client may need it.
+        tokio::select! {
+            free = slots.acquire() => drop(free.expect("never closed")),
             () = &mut stop => break,
-        };
+        }
         let accepted = tokio::select! {
             accepted = incoming.next() => accepted,
             () = &mut stop => break,
@@ -134,20 +162,31 @@ pub async fn serve<I, IO>(
             }
             None => break,
         };
+        let permit = match Arc::clone(&slots).try_acquire_owned() {
+            Ok(permit) => permit,
+            // Another worker took the last slot first: this client waits for the next.
+            Err(_) => tokio::select! {
+                permit = Arc::clone(&slots).acquire_owned() => permit.expect("never closed"),
+                () = &mut stop => break,
+            },
+        };
+        if slots.available_permits() == 0 {
+            tracing::warn!("gRPC connection limit reached; new clients wait in the backlog");
+        }
         let connection = connection(io, methods.clone(), builder.clone(), limits, closed.clone());
+        let open = open.clone();
         tokio::spawn(async move {
             connection.await;
-            drop(permit);
+            drop((permit, open));
         });
     }
     let _ = closing.send(true);
-    // Every connection holds a slot until it closes.
-    let all = u32::try_from(limits.max_connections.max(1)).unwrap_or(u32::MAX);
-    let _ = slots.acquire_many(all).await;
+    drop(open);
+    let _ = drained.recv().await;
 }
 
 /// Serves one connection: its preface within the timeout, then its calls until it
-/// closes, ages out or the server stops.
+/// closes, idles, ages out or the server stops.
 async fn connection<IO>(
     mut io: IO,
     methods: Methods,
@@ -157,30 +196,36 @@ async fn connection<IO>(
 ) where
     IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
-    let read = tokio::time::timeout(limits.preface_timeout, preface(&mut io));
+    let read = tokio::time::timeout(limits.preface_timeout, preface::read(&mut io));
     let start = match read.await {
-        Ok(Ok(start)) => start,
+        Ok(Ok(Start::Read(start))) => start,
+        Ok(Ok(Start::Refused(why))) => {
+            return tracing::debug!(why, "refused a gRPC connection's first frame");
+        }
         Ok(Err(error)) => {
             return tracing::debug!(%error, "a gRPC connection ended before its preface");
         }
         Err(_) => {
             return tracing::debug!(
                 timeout = ?limits.preface_timeout,
-                "closing a gRPC connection that sent no HTTP/2 preface in time"
+                "closing a gRPC connection that sent no HTTP/2 preface and SETTINGS in time"
             );
         }
     };
-    let io = TokioIo::new(Rewind { start, inner: io });
-    let connection = builder.serve_connection(io, methods);
+    let activity = Activity::new();
+    let io = TokioIo::new(Rewind::new(start, io));
+    let connection = builder.serve_connection(io, methods.on(&activity));
     tokio::pin!(connection);
     let aged = unless_unlimited(jittered(limits.max_connection_age));
+    let idle = activity.idle_for(limits.max_connection_idle);
     let stopping = async move {
         let _ = closing.wait_for(|closing| *closing).await;
     };
-    tokio::pin!(aged, stopping);
+    tokio::pin!(aged, idle, stopping);
     tokio::select! {
         result = &mut connection => return ended(result),
-        () = &mut aged => {}
+        () = &mut aged => tracing::debug!("sending a GOAWAY to an aged gRPC connection"),
+        () = &mut idle => tracing::debug!("sending a GOAWAY to an idle gRPC connection"),
         () = &mut stopping => {
             // The server stops: no new calls; the calls in flight finish.
             connection.as_mut().graceful_shutdown();
@@ -192,7 +237,7 @@ async fn connection<IO>(
     tokio::select! {
         result = &mut connection => ended(result),
         () = unless_unlimited(grace) => {
-            tracing::debug!(?grace, "closing an aged gRPC connection after its grace");
+            tracing::debug!(?grace, "closing a gRPC connection after its grace");
         }
     }
 }
@@ -212,86 +257,9 @@ fn ended(result: Result<(), hyper::Error>) {
     }
 }
 
-/// Reads the client's preface and the header of its first frame (which must be
-/// SETTINGS: hyper checks that), and returns the bytes read so far.
-async fn preface<IO: AsyncRead + Unpin>(io: &mut IO) -> io::Result<Bytes> {
-    let want = PREFACE.len() + FIRST_FRAME_HEADER;
-    let mut start = BytesMut::with_capacity(want.max(1024));
-    while start.len() < want {
-        if io.read_buf(&mut start).await? == 0 {
-            return Err(io::ErrorKind::UnexpectedEof.into());
-        }
-        // Not HTTP/2: hyper answers that with a GOAWAY at once.
-        let seen = start.len().min(PREFACE.len());
-        if start[..seen] != PREFACE[..seen] {
-            break;
-        }
-    }
-    Ok(start.freeze())
-}
-
 /// `age` moved by up to 10 % either way, so that connections opened together do not all
 /// reconnect together (as grpc-go does).
 fn jittered(age: Duration) -> Duration {
     let tenth = age / 10;
     age - tenth + tenth.mul_f64(2.0 * fastrand::f64())
-}
-
-/// A stream whose first bytes were already read: they are read again first.
-struct Rewind<IO> {
-    start: Bytes,
-    inner: IO,
-}
-
-impl<IO: AsyncRead + Unpin> AsyncRead for Rewind<IO> {
-    fn poll_read(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<io::Result<()>> {
-        if self.start.has_remaining() {
-            let n = self.start.len().min(buf.remaining());
-            buf.put_slice(&self.start[..n]);
-            self.start.advance(n);
-            return Poll::Ready(Ok(()));
-        }
-        Pin::new(&mut self.inner).poll_read(cx, buf)
-    }
-}
-
-impl<IO: Unpin> Rewind<IO> {
-    /// The stream underneath, where every write goes.
-    fn written(self: Pin<&mut Self>) -> Pin<&mut IO> {
-        Pin::new(&mut self.get_mut().inner)
-    }
-}
-
-impl<IO: AsyncWrite + Unpin> AsyncWrite for Rewind<IO> {
-    fn poll_write(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<io::Result<usize>> {
-        self.written().poll_write(cx, buf)
-    }
-
-    fn poll_write_vectored(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        slices: &[io::IoSlice<'_>],
-    ) -> Poll<io::Result<usize>> {
-        self.written().poll_write_vectored(cx, slices)
-    }
-
-    fn is_write_vectored(&self) -> bool {
-        self.inner.is_write_vectored()
-    }
-
-    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        self.written().poll_flush(cx)
-    }
-
-    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        self.written().poll_shutdown(cx)
-    }
 }
