@@ -218,7 +218,7 @@ impl Committer {
                 let committing = generation.clone();
                 let left = self.timeout.saturating_sub(started.elapsed());
                 let timeout = left.max(MIN_COMMIT_TIMEOUT);
-                tokio::task::spawn_blocking(move || committing.producer.commit_transaction(timeout))
+                tokio::task::spawn_blocking(move || commit_delivered(&committing, timeout))
                     .await
                     .unwrap_or(Err(KafkaError::Canceled))
             }
@@ -321,6 +321,22 @@ impl Committer {
             producer: self.identity.clone(),
         }
     }
+}
+
+/// Commits `generation`'s open transaction, whose deliveries were all reported. Blocks.
+///
+/// The binding's poll thread wakes a delivery's future before it frees the message, and
+/// the binding's commit flushes first: a flush that finds a message not yet freed polls
+/// the event queue itself for up to 100 ms, racing the poll thread for reports that
+/// never come (one commit in a few hundred took 100 ms more). So the commit waits for
+/// the poll thread to free every message first, which takes microseconds.
+fn commit_delivered(generation: &Generation, timeout: Duration) -> Result<(), KafkaError> {
+    let deadline = Instant::now() + timeout;
+    while generation.producer.in_flight_count() > 0 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_micros(20));
+    }
+    let left = deadline.saturating_duration_since(Instant::now());
+    generation.producer.commit_transaction(left)
 }
 
 /// Initialises `generation`'s transactions (which fences the producers before it), then
