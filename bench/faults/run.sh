@@ -2,7 +2,8 @@
 # The fault schedule's long form: every fault of tests/tests/faults.rs and
 # faults_cluster.rs, one at a time, with its phases (before, during and after the fault)
 # and its callers multiplied by FAULTS_SCALE (4 by default), and the intake's faults of
-# tests/tests/faults_intake.rs (TANSU_BIN and KAFKA_PYTHON set, see docs/testing.md).
+# tests/tests/faults_intake.rs (TANSU_BIN, KAFKA_PYTHON and KAFKA_JARS set, see
+# docs/testing.md).
 # Each fault adds one row to the report's table
 # (FAULTS_REPORT, target/faults-report.md by default), which docs/faults.md quotes.
 # Usage: bench/faults/run.sh [test name filter]

@@ -12,7 +12,7 @@ use serde::Deserialize;
 
 pub use crate::{binary, free_port, wait_for_port};
 
-fn required_env(name: &str) -> String {
+pub(crate) fn required_env(name: &str) -> String {
     std::env::var(name).unwrap_or_else(|_| {
         panic!("{name} is not set; run the tests through scripts/test.sh, which installs and points to it")
     })
@@ -223,20 +223,32 @@ impl Drop for Tansu {
 
 /// Creates `topic` on the broker at `bootstrap`.
 pub async fn create_topic(bootstrap: &str, topic: &str, partitions: i32) {
+    create_topic_once(bootstrap, topic, partitions)
+        .await
+        .unwrap();
+}
+
+/// Creates `topic` on the broker at `bootstrap`, or says why not.
+pub async fn create_topic_once(
+    bootstrap: &str,
+    topic: &str,
+    partitions: i32,
+) -> Result<(), String> {
     let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
         .set("bootstrap.servers", bootstrap)
         .create()
-        .unwrap();
+        .map_err(|e| e.to_string())?;
     let results = admin
         .create_topics(
             &[NewTopic::new(topic, partitions, TopicReplication::Fixed(1))],
             &AdminOptions::new().operation_timeout(Some(Duration::from_secs(10))),
         )
         .await
-        .unwrap();
+        .map_err(|e| e.to_string())?;
     for result in results {
-        result.unwrap();
+        result.map_err(|(topic, code)| format!("{topic}: {code}"))?;
     }
+    Ok(())
 }
 
 /// A message as the independent reader saw it.

@@ -13,6 +13,7 @@ pub mod envoy_gateway;
 pub mod faults;
 pub mod image;
 pub mod intake;
+pub mod kafka;
 pub mod kubernetes;
 pub mod memcached;
 pub mod pki;

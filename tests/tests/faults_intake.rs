@@ -19,6 +19,7 @@ use ratelimit_tests::faults::proxy::Proxy;
 use ratelimit_tests::faults::run::micros;
 use ratelimit_tests::faults::{Schedule, report};
 use ratelimit_tests::intake::{Intake, Isolation, Tansu, free_port, read_topic_as};
+use ratelimit_tests::kafka::{Kafka, Proxied};
 use ratelimit_tests::sidecar::{Redis, eventually};
 
 const TOPIC: &str = "faults";
@@ -26,8 +27,8 @@ const TOPIC: &str = "faults";
 const RETRY_FOR: Duration = Duration::from_secs(30);
 
 /// The topic read as a consumer of the intake's must read it: committed records only.
-fn committed(tansu: &Tansu) -> (&Tansu, Isolation) {
-    (tansu, Isolation::ReadCommitted)
+fn committed(tansu: &Tansu) -> (String, Isolation) {
+    (tansu.bootstrap(), Isolation::ReadCommitted)
 }
 
 async fn broker_and_intake() -> (Tansu, Intake) {
@@ -47,16 +48,16 @@ async fn broker_and_intake() -> (Tansu, Intake) {
 /// what the other isolation level shows.
 fn check_and_report(
     name: &str,
-    (tansu, isolation): (&Tansu, Isolation),
+    (bootstrap, isolation): (String, Isolation),
     intakes: &[&Intake],
     batches: &[Batch],
     since: u64,
 ) -> Checked {
-    let (records, seen) = read_topic_as(&tansu.bootstrap(), TOPIC, isolation);
+    let (records, seen) = read_topic_as(&bootstrap, TOPIC, isolation);
     let values: Vec<Vec<u8>> = records.into_iter().map(|r| r.value).collect();
     let other = || {
         let other = isolation.other();
-        let (records, shown) = read_topic_as(&tansu.bootstrap(), TOPIC, other);
+        let (records, shown) = read_topic_as(&bootstrap, TOPIC, other);
         let (read, also) = (values.len(), records.len());
         format!("{isolation:?}: {read} records, {seen}{other:?}: {also} records, {shown}")
     };
@@ -164,13 +165,13 @@ async fn batches_across_a_broker_restart_are_on_the_new_topic_once() {
 }
 
 /// A replica of two sharing the Redis on `redis` as their idempotency store, `name` its
-/// transactional id, on `port`.
-fn replica(tansu: &Tansu, redis: u16, name: &str, port: u16) -> Intake {
-    let (bootstrap, url) = (tansu.bootstrap(), format!("redis://127.0.0.1:{redis}"));
+/// transactional id, on `port`, producing to the broker at `bootstrap`.
+fn replica(bootstrap: &str, redis: u16, name: &str, port: u16) -> Intake {
+    let url = format!("redis://127.0.0.1:{redis}");
     Intake::start_on(
         port,
         &[
-            ("KAFKA_BOOTSTRAP_SERVERS", &bootstrap),
+            ("KAFKA_BOOTSTRAP_SERVERS", bootstrap),
             ("KAFKA_TOPIC", TOPIC),
             ("KAFKA_DELIVERY_TIMEOUT", "1s"),
             ("KAFKA_TRANSACTIONAL_ID", name),
@@ -202,8 +203,8 @@ async fn batches_across_a_replica_killed_are_on_the_topic_once() {
     let tansu = Tansu::start();
     tansu.create_topic(TOPIC, 1).await;
     let port = free_port();
-    let killed = replica(&tansu, proxy.port, "faults-a", port);
-    let other = replica(&tansu, redis.port, "faults-b", free_port());
+    let killed = replica(&tansu.bootstrap(), proxy.port, "faults-a", port);
+    let other = replica(&tansu.bootstrap(), redis.port, "faults-b", free_port());
     let urls = [killed.url("/operations"), other.url("/operations")];
     let senders = Senders::start(&urls, 4 * u64::from(schedule.scale), RETRY_FOR);
     tokio::time::sleep(schedule.before).await;
@@ -224,14 +225,14 @@ async fn batches_across_a_replica_killed_are_on_the_topic_once() {
     drop(killed); // SIGKILL
     proxy.release();
     tokio::time::sleep(schedule.fault).await;
-    let again = replica(&tansu, proxy.port, "faults-a", port);
+    let again = replica(&tansu.bootstrap(), proxy.port, "faults-a", port);
     tokio::time::sleep(schedule.after).await;
     let batches = senders.stop().await;
     let name = "intake: one of two replicas killed (SIGKILL) and started again";
     // Read whole, not as a consumer reads committed transactions: on tansu 0.6 the two
     // views differ only where its last stable offset sticks (docs/faults.md), which two
     // replicas committing at once and one restarted with a new epoch can make happen.
-    let whole = (&tansu, Isolation::ReadUncommitted);
+    let whole = (tansu.bootstrap(), Isolation::ReadUncommitted);
     let checked = check_and_report(name, whole, &[&again, &other], &batches, 0);
     // Batches the dead replica had claimed: refused while its claim lived, then accepted.
     let claimed = batches.iter().filter(|batch| {
@@ -250,4 +251,64 @@ async fn batches_across_a_replica_killed_are_on_the_topic_once() {
         .flat_map(|b| &b.attempts)
         .filter(|a| a.0 > kill + micros(schedule.fault) + 1_000_000 && (200..300).contains(&a.2));
     assert!(to_again.count() > 0, "no batch accepted after the restart");
+}
+
+/// librdkafka's `EndTxn` request: its API key (26) and the high byte of its version, as
+/// they start the request's header.
+const END_TXN: [u8; 3] = [0, 26, 0];
+
+/// Two replicas sharing a Redis idempotency store, producing to Apache Kafka, the callers
+/// spread over both. One reaches the broker through a proxy that stops its next commit
+/// (`EndTxn`) under load: its transaction's batches are on the log, uncommitted, and it
+/// is killed (SIGKILL) at once, inside that transaction. Kafka aborts it (at
+/// `transaction.timeout.ms`, or when the replica starts again with its transactional id
+/// and fences it). Read as a consumer reads (`read_committed`), every batch answered 2xx
+/// is on the topic exactly once, and the killed transaction's batches, dropped and
+/// retried on the other replica, are not on it twice.
+#[tokio::test(flavor = "multi_thread")]
+async fn batches_across_a_replica_killed_inside_a_transaction_are_on_kafka_once() {
+    let schedule = Schedule::from_env();
+    let redis = Redis::start(&[]);
+    let listener = free_port();
+    let proxy = Proxy::start(listener).await;
+    let proxied = Proxied {
+        listener,
+        proxy: proxy.port,
+    };
+    let kafka = Kafka::start_with(Some(proxied));
+    kafka.create_topic(TOPIC, 1).await;
+    let port = free_port();
+    let through_proxy = format!("127.0.0.1:{}", proxy.port);
+    let killed = replica(&through_proxy, redis.port, "faults-a", port);
+    let other = replica(&kafka.bootstrap(), redis.port, "faults-b", free_port());
+    let urls = [killed.url("/operations"), other.url("/operations")];
+    let senders = Senders::start(&urls, 8 * u64::from(schedule.scale), RETRY_FOR);
+    tokio::time::sleep(schedule.before).await;
+    proxy.stop_requests_containing(&END_TXN);
+    let stopped = eventually(Duration::from_secs(5), || async { proxy.stopped() });
+    assert!(stopped.await, "the replica to kill committed nothing");
+    let kill = now_us();
+    drop(killed); // SIGKILL, well before its commit times out
+    tokio::time::sleep(schedule.fault).await;
+    let again = replica(&through_proxy, redis.port, "faults-a", port);
+    tokio::time::sleep(schedule.after).await;
+    let batches = senders.stop().await;
+    let name = "intake: one of two replicas killed (SIGKILL) inside a transaction, on Kafka";
+    let read = (kafka.bootstrap(), Isolation::ReadCommitted);
+    let checked = check_and_report(name, read, &[&again, &other], &batches, 0);
+    // The transaction the kill left open had produced: its records are on the log,
+    // aborted, and only a `read_uncommitted` reader sees them.
+    let (whole, _) = read_topic_as(&kafka.bootstrap(), TOPIC, Isolation::ReadUncommitted);
+    let (committed, _) = read_topic_as(&kafka.bootstrap(), TOPIC, Isolation::ReadCommitted);
+    let aborted = whole.len() - committed.len();
+    println!("{aborted} records aborted by the kill; {checked:?}");
+    assert!(aborted > 0, "the kill left no aborted transaction");
+    let retried = batches.iter().filter(|batch| {
+        let killed = batch.attempts.iter().any(|a| a.2 == DROPPED && a.1 >= kill);
+        killed && (200..300).contains(&batch.last())
+    });
+    assert!(
+        retried.count() > 0,
+        "no batch dropped by the kill was accepted on retry"
+    );
 }

@@ -17,6 +17,7 @@ pub struct Proxy {
     pub port: u16,
     held: Arc<AtomicBool>,
     stop_at: Arc<Mutex<Option<Vec<u8>>>>,
+    stopped: Arc<AtomicBool>,
 }
 
 impl Proxy {
@@ -26,21 +27,31 @@ impl Proxy {
         let port = listener.local_addr().unwrap().port();
         let held = Arc::new(AtomicBool::new(false));
         let stop_at = Arc::new(Mutex::new(None));
-        let (holding, stopping) = (Arc::clone(&held), Arc::clone(&stop_at));
+        let stopped = Arc::new(AtomicBool::new(false));
+        let stop = Stop {
+            at: Arc::clone(&stop_at),
+            done: Arc::clone(&stopped),
+        };
+        let holding = Arc::clone(&held);
         tokio::spawn(async move {
             while let Ok((client, _)) = listener.accept().await {
                 let Ok(server) = TcpStream::connect(("127.0.0.1", upstream)).await else {
                     continue;
                 };
-                let (holding, stopping) = (Arc::clone(&holding), Arc::clone(&stopping));
-                tokio::spawn(forward(client, server, holding, stopping));
+                tokio::spawn(forward(client, server, Arc::clone(&holding), stop.clone()));
             }
         });
         Proxy {
             port,
             held,
             stop_at,
+            stopped,
         }
+    }
+
+    /// Whether a request was stopped (see [`Proxy::stop_requests_containing`]).
+    pub fn stopped(&self) -> bool {
+        self.stopped.load(Ordering::SeqCst)
     }
 
     /// From now on, the first request read that carries `pattern` is not sent, nor is
@@ -61,25 +72,29 @@ impl Proxy {
     }
 }
 
+/// The pattern a request is stopped at, if any, and whether one was.
+#[derive(Clone)]
+struct Stop {
+    at: Arc<Mutex<Option<Vec<u8>>>>,
+    done: Arc<AtomicBool>,
+}
+
 /// Copies `client` to `server` as it comes until a read carries the pattern to stop at,
 /// and `server` to `client` unless held.
-async fn forward(
-    client: TcpStream,
-    server: TcpStream,
-    held: Arc<AtomicBool>,
-    stop_at: Arc<Mutex<Option<Vec<u8>>>>,
-) {
+async fn forward(client: TcpStream, server: TcpStream, held: Arc<AtomicBool>, stop: Stop) {
     let (mut client_read, mut client_write) = client.into_split();
     let (mut server_read, mut server_write) = server.into_split();
     let up = tokio::spawn(async move {
         let mut buffer = vec![0; 16 * 1024];
         while let Ok(read @ 1..) = client_read.read(&mut buffer).await {
             let chunk = &buffer[..read];
-            let stop = stop_at
+            let pattern = stop
+                .at
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner)
                 .clone();
-            if stop.is_some_and(|pattern| chunk.windows(pattern.len()).any(|w| w == pattern)) {
+            if pattern.is_some_and(|pattern| chunk.windows(pattern.len()).any(|w| w == pattern)) {
+                stop.done.store(true, Ordering::SeqCst);
                 std::future::pending::<()>().await;
             }
             if server_write.write_all(chunk).await.is_err() {
