@@ -3,7 +3,8 @@
 //! [`ratelimit_core`].
 //!
 //! The folders are the seams: [`ingress`] is where requests come in (gRPC framing,
-//! `/json`, the unix socket, the workers and their listeners, TLS), [`rules`] where
+//! `/json`, the unix socket, the listeners, TLS), [`runtime`] the workers every part
+//! runs on (one single-threaded runtime per core), [`rules`] where
 //! rules come from (files, xDS), [`service`] the decision service and its outage
 //! handling, [`backend`] where counters live, [`rlqs`] Envoy's quota service,
 //! [`observe`] what the service tells about itself (statistics sinks, traces, health,
@@ -18,5 +19,6 @@ pub(crate) mod observe;
 pub(crate) mod rlqs;
 pub mod rules;
 pub mod runner;
+pub mod runtime;
 pub(crate) mod service;
 pub mod settings;

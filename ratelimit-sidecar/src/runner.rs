@@ -19,7 +19,7 @@ use crate::ingress::connections::GrpcSlots;
 use crate::ingress::descriptors;
 use crate::ingress::listeners::{self, ListenError, Shared};
 use crate::ingress::tls::ServerTls;
-use crate::ingress::workers::{self, Pool, Side};
+use crate::runtime::{self, Pool, Side};
 use crate::observe::debug;
 use crate::observe::health::{GrpcHealth, Health};
 use crate::observe::sinks::prometheus::Prometheus;
@@ -62,7 +62,7 @@ pub enum StartError {
 /// run on a single-threaded runtime: it is worker 0.
 pub async fn run(settings: Settings) -> Result<(), StartError> {
     let pool =
-        Pool::start(workers::count(settings.server.grpc_workers)).map_err(StartError::Workers)?;
+        Pool::start(runtime::count(settings.server.grpc_workers)).map_err(StartError::Workers)?;
     tracing::warn!(
         workers = pool.workers(),
         "serving on one single-threaded runtime per worker"

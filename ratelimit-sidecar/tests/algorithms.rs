@@ -7,7 +7,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use ratelimit_core::stats::StatsRegistry;
 use ratelimit_core::{Config, Descriptor, Limiter, MemoryStore, Request, Response, Settings};
 use ratelimit_sidecar::backend::{self, Backend, Remote};
-use ratelimit_sidecar::ingress::workers::Pool;
+use ratelimit_sidecar::runtime::Pool;
 use ratelimit_sidecar::settings::Settings as ServerSettings;
 use ratelimit_tests::memcached::Memcached;
 use ratelimit_tests::sidecar::Redis;

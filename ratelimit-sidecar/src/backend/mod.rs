@@ -22,7 +22,7 @@ use ratelimit_core::{Increment, MemoryStore, MemoryUsage, Plan};
 use smallvec::SmallVec;
 
 use self::breaker::Breakers;
-use crate::ingress::workers::{PerWorker, Pool};
+use crate::runtime::{PerWorker, Pool};
 use crate::settings::{BackendType, Settings};
 
 /// Why a store gave no answer.

@@ -20,7 +20,8 @@ use tonic_health::pb::health_server::HealthServer;
 use crate::ingress::connections::{self, GrpcLimits, GrpcSlots, Methods};
 use crate::ingress::tls::ServerTls;
 use crate::ingress::uds::AuthorityFix;
-use crate::ingress::{http, workers};
+use crate::ingress::http;
+use crate::runtime;
 use crate::rlqs::Rlqs;
 use crate::service::Service;
 use crate::settings::ServerSettings;
@@ -141,7 +142,7 @@ pub fn single(what: &'static str, host: &str, port: u16) -> Result<TcpListener, 
     })
 }
 
-/// `count` listeners on `host:port` sharing the port (see [`workers::listeners`]).
+/// `count` listeners on `host:port` sharing the port (see [`runtime::listeners`]).
 fn bind(
     what: &'static str,
     host: &str,
@@ -149,7 +150,7 @@ fn bind(
     count: usize,
 ) -> Result<Vec<StdTcpListener>, ListenError> {
     let address = format!("{host}:{port}");
-    let listeners = workers::listeners(host, port, count).map_err(|error| ListenError {
+    let listeners = runtime::listeners(host, port, count).map_err(|error| ListenError {
         what,
         address: address.clone(),
         error,
@@ -164,7 +165,7 @@ fn bind(
 /// kernel would go on giving it connections that nobody accepts.
 pub async fn serve_worker(shared: Shared, listeners: WorkerListeners) {
     let (http, grpc_source) = register(listeners).unwrap_or_else(|error| {
-        tracing::error!(%error, worker = workers::current(), "a worker cannot take its listeners");
+        tracing::error!(%error, worker = runtime::current(), "a worker cannot take its listeners");
         eprintln!("ratelimit: a worker cannot take its listeners: {error}");
         std::process::exit(1)
     });

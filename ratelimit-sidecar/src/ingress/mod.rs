@@ -1,7 +1,8 @@
-//! Where requests come in: the listeners of every worker ([`listeners`], [`workers`]),
-//! gRPC connections on hyper ([`connections`]), the open-file limit ([`descriptors`]), `ShouldRateLimit` framed by hand ([`grpc`]), the HTTP routes ([`http`]) with `/json`
+//! Where requests come in: the listeners of every worker ([`listeners`]), gRPC
+//! connections on hyper ([`connections`]), the open-file limit ([`descriptors`]),
+//! `ShouldRateLimit` framed by hand ([`grpc`]), the HTTP routes ([`http`]) with `/json`
 //! (its JSON form is `ratelimit_proto::json`), gRPC over a unix socket ([`uds`]) and the
-//! listeners' TLS ([`tls`]).
+//! listeners' TLS ([`tls`]). The workers they run on are [`crate::runtime`]'s.
 
 pub(crate) mod connections;
 pub(crate) mod descriptors;
@@ -10,4 +11,3 @@ pub(crate) mod http;
 pub(crate) mod listeners;
 pub(crate) mod tls;
 pub(crate) mod uds;
-pub mod workers;

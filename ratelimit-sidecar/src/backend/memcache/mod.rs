@@ -28,7 +28,7 @@ use self::protocol::key_problem;
 use super::breaker::{Breaker, Breakers};
 use super::waiting::Failure;
 use super::{BackendError, Batch, Mode, RemoteCounters, Totals};
-use crate::ingress::workers::Pool;
+use crate::runtime::Pool;
 use crate::settings::MemcacheSettings;
 
 /// memcached takes an expiry above 30 days as a unix time, not a duration.

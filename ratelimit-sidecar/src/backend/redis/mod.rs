@@ -29,7 +29,7 @@ use resp::{Arg, Replies, Reply};
 
 use super::breaker::Breakers;
 use super::{BackendError, PerWorkerStore, RemoteStore};
-use crate::ingress::workers::{PerWorker, Pool};
+use crate::runtime::{PerWorker, Pool};
 use crate::settings::{RedisSettings, RedisType, Settings};
 
 /// How many requests may wait on one of a single Redis's connections before the next
