@@ -20,5 +20,5 @@ pub(crate) mod rlqs;
 pub mod rules;
 pub mod runner;
 pub mod runtime;
-pub(crate) mod service;
+pub(crate) mod decider;
 pub mod settings;

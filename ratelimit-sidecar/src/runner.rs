@@ -6,7 +6,7 @@ use ratelimit_core::stats::names;
 use ratelimit_core::{HeaderFormat, HeaderNames, Limiter};
 
 use crate::rlqs::Rlqs;
-use crate::service::outage::Outage;
+use crate::decider::outage::Outage;
 use crate::settings::HeadersFormat;
 use tokio::signal::unix::{SignalKind, signal};
 use tokio::sync::{oneshot, watch};
@@ -27,7 +27,7 @@ use crate::observe::sinks::{self, Flusher};
 use crate::observe::traces::Traces;
 use crate::rules::files::{self, FileSource};
 use crate::rules::xds;
-use crate::service::Service;
+use crate::decider::Decider;
 use crate::settings::{ConfigType, Settings};
 use ratelimit_service_kit::serve;
 
@@ -205,7 +205,7 @@ async fn service(
     backend: Backend,
     traces: Option<Traces>,
     workers: usize,
-) -> (Arc<Service>, HealthServer<GrpcHealth>) {
+) -> (Arc<Decider>, HealthServer<GrpcHealth>) {
     let headers = settings.limiter.limit_response_headers_enabled.then(|| {
         match settings.limiter.limit_response_headers_format {
             HeadersFormat::Ratelimit => HeaderFormat::RateLimit(HeaderNames {
@@ -237,7 +237,7 @@ async fn service(
         "requests beyond MAX_INFLIGHT_REQUESTS are refused at once"
     );
     let outage = Outage::new(&settings.outage, max_inflight, limiter.stats());
-    let service = Service::new(
+    let service = Decider::new(
         limiter,
         backend,
         health,
@@ -253,7 +253,7 @@ async fn service(
 /// watcher lives (none when the directory cannot be watched: a warning says so).
 async fn load_rules(
     settings: &Settings,
-    service: &Arc<Service>,
+    service: &Arc<Decider>,
 ) -> Option<ratelimit_service_kit::watch::Watch> {
     let source = FileSource::new(&settings.config);
     let stats = service.limiter.stats();
@@ -272,7 +272,7 @@ async fn load_rules(
 
 /// Starts the xDS client and, unless FORCE_START_WITHOUT_INITIAL_CONFIG, waits for its
 /// first response (applied or rejected) before the listeners open, as upstream does.
-async fn follow_xds(settings: &Settings, service: &Arc<Service>) -> Result<(), StartError> {
+async fn follow_xds(settings: &Settings, service: &Arc<Decider>) -> Result<(), StartError> {
     let connection = xds::Connection::new(&settings.xds).map_err(StartError::Xds)?;
     let (first_tx, first_rx) = oneshot::channel();
     tokio::spawn(xds::run(
@@ -296,7 +296,7 @@ async fn follow_xds(settings: &Settings, service: &Arc<Service>) -> Result<(), S
 /// Backend health follows the nodes' circuit breakers (checked four times a second:
 /// unhealthy while any is open) and, with
 /// `ping`, whether the remote store answers a ping (every second).
-async fn watch_backend(service: Arc<Service>, ping: bool) {
+async fn watch_backend(service: Arc<Decider>, ping: bool) {
     let Backend::Remote(remote) = &service.backend else {
         return;
     };

@@ -13,13 +13,14 @@ use warp::reply::{Reply, Response, with_header, with_status};
 use warp::{Filter, Rejection};
 
 use crate::backend::BackendError;
-use crate::service::{Service, ServiceError};
+use crate::decider::{Call, Decider, DecisionError, Transport};
+use ratelimit_proto::envoy::request_from_pb;
 use ratelimit_proto::json::{parse_request, render_response};
 
 /// `/json` (any method) and `/healthcheck` (any method), each at exactly that path, as
 /// upstream's router matches them (`/json/` is not `/json`); everything else is 404.
 pub fn routes(
-    service: Arc<Service>,
+    service: Arc<Decider>,
     max_body: u64,
 ) -> impl Filter<Extract = (Response,), Error = Infallible> + Clone {
     let with_service = warp::any().map(move || Arc::clone(&service));
@@ -29,7 +30,7 @@ pub fn routes(
         .and(warp::header::headers_cloned())
         .and(with_service.clone())
         .then(
-            move |length: Option<u64>, body, headers: HeaderMap, service: Arc<Service>| async move {
+            move |length: Option<u64>, body, headers: HeaderMap, service: Arc<Decider>| async move {
                 match read_body(length, body, max_body).await {
                     Ok(body) => json(&service, &body, &headers).await,
                     Err(refused) => refused,
@@ -38,7 +39,7 @@ pub fn routes(
         );
     let health = exactly("/healthcheck")
         .and(with_service)
-        .map(|service: Arc<Service>| healthcheck(&service));
+        .map(|service: Arc<Decider>| healthcheck(&service));
     json.or(health).unify().recover(rejection).unify()
 }
 
@@ -73,13 +74,21 @@ async fn read_body<B: Buf>(
     })
 }
 
-async fn json(service: &Service, body: &[u8], headers: &HeaderMap) -> Response {
+async fn json(decider: &Arc<Decider>, body: &[u8], headers: &HeaderMap) -> Response {
     let request = match parse_request(body) {
-        Ok(request) => request,
+        Ok(request) => request_from_pb(request),
         Err(e) => return text(StatusCode::BAD_REQUEST, format!("Bad Request: {e}\n")),
     };
-    match service.should_rate_limit_json(request, headers).await {
-        Ok(response) => {
+    let span = decider.span(Transport::Json, headers, &request);
+    let call = Call {
+        request,
+        transport: Transport::Json,
+        deadline: None,
+        span,
+    };
+    match decider.decide(call).await {
+        Ok(decided) => {
+            let response = decider.answer(&decided);
             let status = if response.overall_code == Code::OverLimit as i32 {
                 StatusCode::TOO_MANY_REQUESTS
             } else {
@@ -92,14 +101,14 @@ async fn json(service: &Service, body: &[u8], headers: &HeaderMap) -> Response {
             );
             with_status(body, status).into_response()
         }
-        Err(ServiceError::Backend(e @ BackendError::Key(_))) => {
+        Err(DecisionError::Backend(e @ BackendError::Key(_))) => {
             text(StatusCode::BAD_REQUEST, format!("Bad Request: {e}\n"))
         }
-        Err(ServiceError::Backend(e)) => text(
+        Err(DecisionError::Backend(e)) => text(
             StatusCode::INTERNAL_SERVER_ERROR,
             format!("Internal Server Error: {e}\n"),
         ),
-        Err(ServiceError::Overloaded(e)) => text(
+        Err(DecisionError::Overloaded(e)) => text(
             StatusCode::SERVICE_UNAVAILABLE,
             format!("Service Unavailable: {e}\n"),
         ),
@@ -107,7 +116,7 @@ async fn json(service: &Service, body: &[u8], headers: &HeaderMap) -> Response {
     }
 }
 
-fn healthcheck(service: &Service) -> Response {
+fn healthcheck(service: &Decider) -> Response {
     match service.health.failing() {
         None => text(StatusCode::OK, "OK".to_owned()),
         // Upstream's is a bare 500. The component is named in a header, which

@@ -23,7 +23,7 @@ use crate::ingress::uds::AuthorityFix;
 use crate::ingress::http;
 use crate::runtime;
 use crate::rlqs::Rlqs;
-use crate::service::Service;
+use crate::decider::Decider;
 use crate::settings::ServerSettings;
 use ratelimit_service_kit::serve::{self, ConnectionLimits, ConnectionSlots};
 
@@ -47,7 +47,7 @@ pub struct WorkerListeners {
 #[derive(Clone)]
 pub struct Shared {
     /// The decision service.
-    pub service: Arc<Service>,
+    pub service: Arc<Decider>,
     /// `grpc.health.v1.Health`.
     pub health: HealthServer<GrpcHealth>,
     /// The server settings.

@@ -6,7 +6,7 @@ use serde_json::{Map, Value, json};
 
 use ratelimit_service_kit::clock::unix_now;
 
-use crate::service::Service;
+use crate::decider::Decider;
 
 /// The page.
 pub const PAGE: &str = include_str!("dashboard.html");
@@ -24,7 +24,7 @@ const DOMAINS_SHOWN: usize = 100;
 
 /// What the page shows, as JSON: health, the last load, the rules as a tree (depth
 /// first), per-rule counters and the counters nearest their limits.
-pub fn data(service: &Service) -> String {
+pub fn data(service: &Decider) -> String {
     let now = unix_now();
     let last_load = service
         .last_load
@@ -75,7 +75,7 @@ pub fn data(service: &Service) -> String {
 }
 
 /// `{rule key: {total_hits, over_limit, near_limit}}` for the busiest rule keys.
-fn rule_stats(service: &Service) -> Map<String, Value> {
+fn rule_stats(service: &Decider) -> Map<String, Value> {
     let mut keys: Vec<(String, [u64; 3])> = Vec::new();
     for sample in service.limiter.stats().snapshot().samples {
         let (Name::Rule { key, stat }, Stat::Counter(value)) = (&sample.name, &sample.value) else {

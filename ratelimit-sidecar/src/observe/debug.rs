@@ -17,7 +17,7 @@ use hyper::{Request, Response, StatusCode};
 
 use ratelimit_core::stats::Snapshot;
 
-use crate::service::Service;
+use crate::decider::Decider;
 
 /// The index, sorted by path as upstream's is.
 const PATHS: [(&str, &str); 6] = [
@@ -50,7 +50,7 @@ pub type Body = BoxBody<Bytes, Infallible>;
 /// The debug routes as a service for [`ratelimit_service_kit::serve::serve`]: the decision service, and
 /// the largest `/explain` body (MAX_JSON_BODY_BYTES).
 #[derive(Clone, Debug)]
-pub struct Debug(pub Arc<Service>, pub u64);
+pub struct Debug(pub Arc<Decider>, pub u64);
 
 impl hyper::service::Service<Request<Incoming>> for Debug {
     type Response = Response<Body>;
@@ -77,7 +77,7 @@ impl hyper::service::Service<Request<Incoming>> for Debug {
 }
 
 /// `POST /explain`: the body is read up to `max_body` bytes.
-async fn explain(service: &Service, request: Request<Incoming>, max_body: u64) -> Response<Body> {
+async fn explain(service: &Decider, request: Request<Incoming>, max_body: u64) -> Response<Body> {
     if request.method() != hyper::Method::POST {
         return text(
             StatusCode::METHOD_NOT_ALLOWED,
@@ -103,7 +103,7 @@ async fn explain(service: &Service, request: Request<Incoming>, max_body: u64) -
     }
 }
 
-fn route(service: &Service, path: &str) -> Response<Body> {
+fn route(service: &Decider, path: &str) -> Response<Body> {
     // `/stats/` is `/stats`, as the routes always answered.
     let path = match path.strip_suffix('/') {
         Some(trimmed) if !trimmed.is_empty() && trimmed != "/debug/pprof" => trimmed,
@@ -156,7 +156,7 @@ fn typed(content_type: &'static str, body: String) -> Response<Body> {
 
 /// Every statistic, one `name: value` line each (a timer's count, total and maximum in
 /// microseconds), sorted by name.
-fn stats(service: &Service) -> Response<Body> {
+fn stats(service: &Decider) -> Response<Body> {
     let snapshot = service.limiter.stats().snapshot();
     let mut chunks = snapshot.samples.into_iter().peekable();
     let body = std::iter::from_fn(move || {

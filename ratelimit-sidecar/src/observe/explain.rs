@@ -5,7 +5,7 @@ use ratelimit_core::{Code, Explanation, Response};
 use serde_json::{Map, Value, json};
 
 use crate::backend::BackendError;
-use crate::service::{Service, ServiceError};
+use crate::decider::{Decider, DecisionError};
 use ratelimit_proto::json::parse_request;
 
 /// The most descriptors one `/explain` request may carry: its answer is about 500 bytes a
@@ -13,7 +13,7 @@ use ratelimit_proto::json::parse_request;
 pub const MAX_DESCRIPTORS: usize = 1_000;
 
 /// The explanation of `body` as JSON, or the status and message of why there is none.
-pub async fn explain(service: &Service, body: &[u8]) -> Result<String, (u16, String)> {
+pub async fn explain(service: &Decider, body: &[u8]) -> Result<String, (u16, String)> {
     let request = parse_request(body).map_err(|e| (400, format!("Bad Request: {e}\n")))?;
     if request.descriptors.len() > MAX_DESCRIPTORS {
         return Err((
@@ -26,10 +26,10 @@ pub async fn explain(service: &Service, body: &[u8]) -> Result<String, (u16, Str
     }
     match service.explain(request).await {
         Ok((explanation, current, answer)) => Ok(render(&explanation, &current, &answer)),
-        Err(ServiceError::Backend(e @ BackendError::Key(_))) => {
+        Err(DecisionError::Backend(e @ BackendError::Key(_))) => {
             Err((400, format!("Bad Request: {e}\n")))
         }
-        Err(ServiceError::Backend(e)) => Err((500, format!("Internal Server Error: {e}\n"))),
+        Err(DecisionError::Backend(e)) => Err((500, format!("Internal Server Error: {e}\n"))),
         Err(e) => Err((400, format!("Bad Request: {e}\n"))),
     }
 }

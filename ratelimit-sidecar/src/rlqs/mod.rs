@@ -30,7 +30,7 @@ use tonic::{Request, Response, Status, Streaming};
 
 use self::budget::{Answers, Budget, QUEUED_ANSWERS};
 use self::stream::EnvoyStream;
-use crate::service::Service;
+use crate::decider::Decider;
 
 /// The service, shared by every worker.
 #[derive(Clone)]
@@ -38,7 +38,7 @@ pub struct Rlqs(Arc<Shared>);
 
 /// What every stream shares.
 struct Shared {
-    service: Arc<Service>,
+    service: Arc<Decider>,
     /// The bucket state of every stream.
     budget: Budget,
     /// The process's bytes of answers waiting for their readers.
@@ -98,7 +98,7 @@ impl Stats {
 impl Rlqs {
     /// The service on `service`'s rules and backend; assignments live for `ttl`, and at
     /// most `max_streams` streams are open at once.
-    pub fn new(service: Arc<Service>, ttl: Duration, max_streams: usize) -> Rlqs {
+    pub fn new(service: Arc<Decider>, ttl: Duration, max_streams: usize) -> Rlqs {
         let stats = Stats::new(service.limiter.stats());
         let replicas = u64::from(service.outage.replicas().max(1));
         Rlqs(Arc::new(Shared {

@@ -14,7 +14,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use ratelimit_core::stats::{Gauge, names};
 use ratelimit_core::{Config, ConfigError};
 
-use crate::service::Service;
+use crate::decider::Decider;
 use crate::settings::ConfigSettings;
 use ratelimit_service_kit::watch::Target;
 
@@ -208,7 +208,7 @@ fn io(path: &Path, error: std::io::Error) -> LoadError {
 }
 
 /// Applies a load result from the files in `directory`.
-pub async fn apply(service: &Service, directory: &Path, result: Result<Config, LoadError>) {
+pub async fn apply(service: &Decider, directory: &Path, result: Result<Config, LoadError>) {
     let why = if directory.is_dir() {
         "it holds no .yaml or .yml file with a domain"
     } else {
@@ -225,7 +225,7 @@ pub async fn apply(service: &Service, directory: &Path, result: Result<Config, L
 }
 
 /// Reads the files again (off the runtime's threads) and applies the result.
-pub async fn reload(source: &FileSource, service: &Service) {
+pub async fn reload(source: &FileSource, service: &Decider) {
     let loader = source.clone();
     let result = tokio::task::spawn_blocking(move || loader.load())
         .await

@@ -12,14 +12,14 @@ use ratelimit_service_kit::announce::{announce_loaded, announce_rejected};
 
 use ratelimit_service_kit::clock::unix_now;
 
-use crate::service::{LoadResult, Service};
+use crate::decider::{LoadResult, Decider};
 
 /// Applies a load result from `source` (files or xDS): swap the rules and count
 /// `config_load_success` (warning, with `why_empty`, when no domain was found: every
 /// request is then allowed), or keep the old rules, log the error and count
 /// `config_load_error`.
 pub async fn apply_from(
-    service: &Service,
+    service: &Decider,
     source: &str,
     why_empty: &str,
     result: Result<Config, String>,
@@ -42,7 +42,7 @@ pub async fn apply_from(
     }
 }
 
-fn record(service: &Service, outcome: Result<Vec<String>, String>) {
+fn record(service: &Decider, outcome: Result<Vec<String>, String>) {
     let result = LoadResult {
         at: unix_now(),
         outcome,

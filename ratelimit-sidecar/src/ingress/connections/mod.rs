@@ -25,6 +25,7 @@ mod preface;
 use std::convert::Infallible;
 use std::future::Future;
 use std::io;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -39,8 +40,8 @@ use tokio::sync::{Semaphore, mpsc, watch};
 use tonic::codegen::{Service as _, http};
 use tonic::service::Routes;
 
-use crate::ingress::grpc::{self, Boxed, Call, Reply};
-use crate::service::Service as Decider;
+use crate::decider::Decider;
+use crate::ingress::grpc::{self, Responded, ResponseBody, ShouldRateLimitCall};
 use idle::{Activity, Marked, Opened};
 use preface::{Rewind, Start};
 
@@ -70,6 +71,9 @@ impl GrpcSlots {
     }
 }
 
+/// A call to one of the other methods, through tonic's router.
+type RoutedCall = Pin<Box<dyn Future<Output = Responded> + Send>>;
+
 /// What one connection serves: `ShouldRateLimit` directly, the rest through tonic; each
 /// call marked open on its connection until its answer is sent.
 #[derive(Clone)]
@@ -97,7 +101,7 @@ impl Methods {
         }
     }
 
-    fn route(&self, request: http::Request<Incoming>) -> OneOf<Call, Boxed> {
+    fn route(&self, request: http::Request<Incoming>) -> OneOf<ShouldRateLimitCall, RoutedCall> {
         if request.uri().path() == grpc::SHOULD_RATE_LIMIT {
             return OneOf::Left(grpc::call(Arc::clone(&self.decider), request));
         }
@@ -110,9 +114,9 @@ impl Methods {
 }
 
 impl hyper::service::Service<http::Request<Incoming>> for Methods {
-    type Response = http::Response<Opened<Reply>>;
+    type Response = http::Response<Opened<ResponseBody>>;
     type Error = Infallible;
-    type Future = Marked<OneOf<Call, Boxed>>;
+    type Future = Marked<OneOf<ShouldRateLimitCall, RoutedCall>>;
 
     fn call(&self, request: http::Request<Incoming>) -> Self::Future {
         Marked {

@@ -4,12 +4,18 @@
 //! here, past tonic's router. A request is one length-prefixed protobuf message and an
 //! answer is one message and `grpc-status: 0`, so reading the body once and answering
 //! with a finished body skips the streaming codec that a unary call does not need.
+//! A call is one future, [`ShouldRateLimitCall`]: it reads the first message
+//! ([`read`]), decodes it into the core's request (reusing a recycled one), hands it to
+//! the [`Decider`] and frames its answer. The memory store answers at once, so that
+//! future completes on the poll that read the message.
+//!
 //! It answers a body that is not a `RateLimitRequest` with `INVALID_ARGUMENT` (the
 //! generated prost codec says `INTERNAL`, which reads as the server's fault), and other
 //! malformed calls as tonic's own server does, with the same codes and messages, except
 //! that a body ending inside a message is always `Unexpected EOF decoding stream.`:
 //! tonic lets a lone length prefix, or a message cut short by trailers, pass.
 
+pub(crate) mod headers;
 mod read;
 
 use std::convert::Infallible;
@@ -19,11 +25,8 @@ use std::task::{Context, Poll, ready};
 use std::time::{Duration, Instant};
 
 use bytes::{BufMut, Bytes, BytesMut};
-use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
-use futures_util::future::Either as OneOf;
 use http_body_util::Either;
 use hyper::body::{Frame, Incoming};
-use prost::Message;
 use tonic::Status;
 use tonic::codegen::http::header::{CONTENT_TYPE, HeaderMap, HeaderName, HeaderValue};
 use tonic::codegen::{Body, http};
@@ -33,148 +36,84 @@ use ratelimit_proto::envoy::InvalidRequest;
 use ratelimit_proto::wire::RequestError;
 
 use crate::backend::BackendError;
-use crate::service::{Decided, Service as Decider, ServiceError, grpc_timeout, header, spare};
-use read::{Reader, read_message};
+use crate::decider::{Call, Decided, Decider, Decision, DecisionError, Transport, buffers};
+use headers::{grpc_timeout, header};
+use read::Reader;
 
 /// The method's path.
 pub const SHOULD_RATE_LIMIT: &str = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit";
 /// A message's prefix: a compression flag and a big-endian length.
 const PREFIX: usize = 5;
 
-/// The answer to one `ShouldRateLimit` call, by the caller's deadline: a decision on
-/// the memory store is a plain future, every other way of deciding (or refusing) one
-/// boxed.
-pub type Call = Timed<OneOf<Now, Boxed>>;
-
-/// A call's answer, boxed.
-pub type Boxed = Pin<Box<dyn Future<Output = Answered> + Send>>;
-
 /// The response to a call, which is never an error of hyper's.
-pub type Answered = Result<http::Response<Reply>, Infallible>;
+pub type Responded = Result<http::Response<ResponseBody>, Infallible>;
 
-/// A call's body: the answer, or tonic's body of an error status.
-pub type Reply = Either<Answer, tonic::body::Body>;
+/// A call's response body: the answer, or tonic's body of an error status.
+pub type ResponseBody = Either<AnswerBody, tonic::body::Body>;
 
-/// Answers one `ShouldRateLimit` call: the decision, or the call's error status.
-///
-/// A decision on the memory store waits for nothing but the body: it is [`Now`], which
-/// hyper holds in the stream's task as it is. The other ways are each their own future,
-/// boxed, so that a request carries only its own: a remote store's future holds the
-/// store's call, and a traced one the span's work too.
-pub fn call(service: Arc<Decider>, request: http::Request<Incoming>) -> Call {
-    let deadline = match check_call(&request) {
-        Ok(deadline) => deadline,
-        Err(refusal) => return Timed::new(OneOf::Right(Box::pin(ready(*refusal))), None),
-    };
-    let (parts, body) = request.into_parts();
-    // A decision that is not traced decodes the message straight into the core's
-    // request, and its answer is encoded straight from the core's response; one that
-    // also waits for nothing reads no header.
-    if service.decides_now() {
-        let reader = Reader::default();
-        let now = Now {
-            service,
-            body,
-            reader,
-        };
-        return Timed::new(OneOf::Left(now), deadline);
-    }
-    let call: Boxed = if service.decodes_to_core() {
-        // One `async` block, not one in another: a future awaited in another is copied
-        // into it, and this one holds the store's call.
-        Box::pin(async move {
-            let request = read_message(body).await;
-            let result = match request.and_then(|message| to_core(&message, &service)) {
-                Ok(request) => {
-                    let decided = service.should_rate_limit_grpc_decoded(request, &parts.headers);
-                    frame_decided(&service, decided.await)
-                }
-                Err(status) => Err(status),
+/// Starts answering one `ShouldRateLimit` call: refused at once when its headers are not
+/// those of a gRPC call, else read, decided and answered by the caller's deadline.
+pub fn call(decider: Arc<Decider>, request: http::Request<Incoming>) -> ShouldRateLimitCall {
+    let (stage, deadline) = match check_call(&request) {
+        Ok(deadline) => {
+            let (parts, body) = request.into_parts();
+            // The headers are kept only for a trace span's parent.
+            let headers = decider.traces.is_some().then_some(parts.headers);
+            let reading = Stage::Reading {
+                body,
+                reader: Reader::default(),
+                headers,
             };
-            answered(result)
-        })
-    } else {
-        Box::pin(async move {
-            let result = async {
-                let request = to_pb(&read_message(body).await?, &service)?;
-                let response = service
-                    .should_rate_limit_grpc(request, &parts.headers)
-                    .await;
-                let response = response.map_err(|error| status(&error))?;
-                frame(|buf| response.encode_raw(buf))
-            };
-            answered(result.await)
-        })
+            (reading, deadline)
+        }
+        Err(refusal) => (Stage::Refused(Some(*refusal)), None),
     };
-    Timed::new(OneOf::Right(call), deadline)
-}
-
-/// A response ready at once.
-fn ready(response: http::Response<Reply>) -> impl Future<Output = Answered> {
-    std::future::ready(Ok(response))
-}
-
-/// A call decided as soon as its first message is read: on the memory store, untraced.
-pub struct Now {
-    service: Arc<Decider>,
-    body: Incoming,
-    reader: Reader,
-}
-
-impl Future for Now {
-    type Output = Answered;
-
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Answered> {
-        let Now {
-            service,
-            body,
-            reader,
-        } = self.get_mut();
-        let read = ready!(reader.poll_read(Pin::new(body), cx));
-        let result = read.and_then(|message| {
-            let request = to_core(&message, service)?;
-            frame_decided(service, service.should_rate_limit_grpc_now(request))
-        });
-        Poll::Ready(answered(result))
+    ShouldRateLimitCall {
+        decider,
+        deadline: deadline.map(|timeout| (Instant::now(), timeout)),
+        stage,
+        timer: None,
     }
 }
 
-/// A call answered by its caller's deadline (`grpc-timeout`), as grpc-go answers one:
-/// once it has passed, `DEADLINE_EXCEEDED`, and the call is dropped with what it holds.
-/// The timer is made only when the call has to wait, and only for a call with a deadline.
-pub struct Timed<F> {
-    call: F,
+/// One `ShouldRateLimit` call, answered by its caller's deadline (`grpc-timeout`), as
+/// grpc-go answers one: once it has passed, `DEADLINE_EXCEEDED`, and the call is dropped
+/// with what it holds. The timer is made only when the call has to wait, and only for a
+/// call with a deadline.
+pub struct ShouldRateLimitCall {
+    decider: Arc<Decider>,
     /// When the call was asked, and the time its caller gives it.
     deadline: Option<(Instant, Duration)>,
+    stage: Stage,
     timer: Option<Pin<Box<tokio::time::Sleep>>>,
 }
 
-impl<F> Timed<F> {
-    fn new(call: F, timeout: Option<Duration>) -> Timed<F> {
-        Timed {
-            call,
-            deadline: timeout.map(|timeout| (Instant::now(), timeout)),
-            timer: None,
-        }
-    }
+/// Where a call is.
+enum Stage {
+    /// Refused on its headers: the refusal, taken by the first poll.
+    Refused(Option<http::Response<ResponseBody>>),
+    /// Reading its first message.
+    Reading {
+        body: Incoming,
+        reader: Reader,
+        headers: Option<HeaderMap>,
+    },
+    /// Waiting for its decision.
+    Deciding(Decision),
 }
 
-impl<F: Future<Output = Answered> + Unpin> Future for Timed<F> {
-    type Output = Answered;
+impl Future for ShouldRateLimitCall {
+    type Output = Responded;
 
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Answered> {
-        let Timed {
-            call,
-            deadline,
-            timer,
-        } = self.get_mut();
-        if let Poll::Ready(answer) = Pin::new(call).poll(cx) {
-            return Poll::Ready(answer);
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Responded> {
+        let this = self.get_mut();
+        if let Poll::Ready(response) = this.advance(cx) {
+            return Poll::Ready(Ok(response));
         }
-        let Some((asked, timeout)) = *deadline else {
+        let Some((asked, timeout)) = this.deadline else {
             return Poll::Pending;
         };
-        let timer = timer
+        let timer = (this.timer)
             .get_or_insert_with(|| Box::pin(tokio::time::sleep_until((asked + timeout).into())));
         ready!(timer.as_mut().poll(cx));
         Poll::Ready(Ok(refused(Status::deadline_exceeded(format!(
@@ -183,46 +122,71 @@ impl<F: Future<Output = Answered> + Unpin> Future for Timed<F> {
     }
 }
 
+impl ShouldRateLimitCall {
+    /// Moves the call on as far as it can go: its response once it has one.
+    fn advance(&mut self, cx: &mut Context<'_>) -> Poll<http::Response<ResponseBody>> {
+        loop {
+            match &mut self.stage {
+                Stage::Refused(refusal) => {
+                    return Poll::Ready(refusal.take().expect("polled once"));
+                }
+                Stage::Reading {
+                    body,
+                    reader,
+                    headers,
+                } => {
+                    let read = ready!(reader.poll_read(Pin::new(body), cx));
+                    let request = match read.and_then(|message| to_core(&message, &self.decider)) {
+                        Ok(request) => request,
+                        Err(status) => return Poll::Ready(refused(status)),
+                    };
+                    let headers = headers.take().unwrap_or_default();
+                    let span = self.decider.span(Transport::Grpc, &headers, &request);
+                    let deadline = self.deadline.map(|(_, timeout)| timeout);
+                    let call = Call {
+                        request,
+                        transport: Transport::Grpc,
+                        deadline,
+                        span,
+                    };
+                    self.stage = Stage::Deciding(self.decider.decide(call));
+                }
+                Stage::Deciding(decision) => {
+                    let decided = ready!(Pin::new(decision).poll(cx));
+                    return Poll::Ready(answered(frame_decided(&self.decider, decided)));
+                }
+            }
+        }
+    }
+}
+
 /// The answer's message of a decision, framed, or the call's error status.
 fn frame_decided(
-    service: &Decider,
-    decided: Result<Decided, ServiceError>,
+    decider: &Decider,
+    decided: Result<Decided, DecisionError>,
 ) -> Result<Bytes, Status> {
     let decided = decided.map_err(|error| status(&error))?;
-    let framed = frame(|buf| service.encode(&decided, buf));
-    spare::keep_request(decided.into_request());
+    let framed = frame(|buf| decider.encode(&decided, buf));
+    buffers::recycle_request(decided.into_request());
     framed
 }
 
 /// The response to a call: its answer, or its error status.
-fn answered(result: Result<Bytes, Status>) -> Answered {
-    Ok(match result {
+fn answered(result: Result<Bytes, Status>) -> http::Response<ResponseBody> {
+    match result {
         Ok(message) => answer(message).map(Either::Left),
         Err(status) => refused(status),
-    })
+    }
 }
 
-fn refused(status: Status) -> http::Response<Reply> {
+fn refused(status: Status) -> http::Response<ResponseBody> {
     status.into_http().map(Either::Right)
 }
 
-/// A message as envoy-types' request, once the core's decoder has found it within the
-/// bounds on descriptors and entries (prost's decoder has none, and would hold them all).
-fn to_pb(message: &[u8], service: &Decider) -> Result<RateLimitRequest, Status> {
-    match to_core(message, service)? {
-        Ok(request) => spare::keep_request(request),
-        Err(InvalidRequest::Bounds(error)) => {
-            return Err(Status::invalid_argument(error.to_string()));
-        }
-        Err(InvalidRequest::OverrideUnit { .. }) => {}
-    }
-    RateLimitRequest::decode(message).map_err(not_a_request)
-}
-
 /// A message as the core's request, or the reason the core cannot take it (which the
-/// service counts as it counts every request error).
-fn to_core(message: &[u8], service: &Decider) -> Result<Result<Request, InvalidRequest>, Status> {
-    match spare::decode(message, &service.limiter.settings().bounds) {
+/// decider counts as it counts every request error).
+fn to_core(message: &[u8], decider: &Decider) -> Result<Result<Request, InvalidRequest>, Status> {
+    match buffers::decode(message, &decider.limiter.settings().bounds) {
         Ok(request) => Ok(Ok(request)),
         Err(RequestError::Invalid(invalid)) => Ok(Err(invalid)),
         Err(RequestError::Decode(error)) => Err(not_a_request(error)),
@@ -274,7 +238,7 @@ fn is_grpc(content_type: &[u8]) -> bool {
 }
 
 /// A call refused before it is read.
-type Refusal = Box<http::Response<Reply>>;
+type Refusal = Box<http::Response<ResponseBody>>;
 
 /// `status` in a response of HTTP status `code` (a trailers-only gRPC answer).
 fn with_http_status(status: Status, code: http::StatusCode) -> Refusal {
@@ -320,8 +284,8 @@ fn frame(write: impl FnOnce(&mut BytesMut)) -> Result<Bytes, Status> {
 }
 
 /// The answer to a call: `message` (framed), then `grpc-status: 0`.
-fn answer(message: Bytes) -> http::Response<Answer> {
-    let body = Answer {
+fn answer(message: Bytes) -> http::Response<AnswerBody> {
+    let body = AnswerBody {
         message: Some(message),
         trailers_due: true,
     };
@@ -335,12 +299,12 @@ fn answer(message: Bytes) -> http::Response<Answer> {
 
 /// The body of an answer: the framed message, then `grpc-status: 0` (what tonic's
 /// encoder sends after one message), with no size announced, as tonic announces none.
-pub struct Answer {
+pub struct AnswerBody {
     message: Option<Bytes>,
     trailers_due: bool,
 }
 
-impl Body for Answer {
+impl Body for AnswerBody {
     type Data = Bytes;
     type Error = Infallible;
 
@@ -370,19 +334,19 @@ impl Body for Answer {
 /// an override with an unknown unit (which crashes upstream) or a request past the bounds
 /// (which upstream does not check) is `INVALID_ARGUMENT`, and a
 /// failing counter store `UNAVAILABLE` (upstream says `UNKNOWN`), so callers may retry.
-fn status(error: &ServiceError) -> Status {
+fn status(error: &DecisionError) -> Status {
     match error {
-        ServiceError::Invalid(e) => Status::invalid_argument(e.to_string()),
-        ServiceError::Request(e) if e.is_invalid_argument() => {
+        DecisionError::Invalid(e) => Status::invalid_argument(e.to_string()),
+        DecisionError::Request(e) if e.is_invalid_argument() => {
             Status::invalid_argument(e.to_string())
         }
-        ServiceError::Request(e) => Status::unknown(e.to_string()),
-        ServiceError::Backend(e @ BackendError::Key(_)) => Status::invalid_argument(e.to_string()),
-        ServiceError::Backend(e @ BackendError::CallerDeadline(_)) => {
+        DecisionError::Request(e) => Status::unknown(e.to_string()),
+        DecisionError::Backend(e @ BackendError::Key(_)) => Status::invalid_argument(e.to_string()),
+        DecisionError::Backend(e @ BackendError::CallerDeadline(_)) => {
             Status::deadline_exceeded(e.to_string())
         }
-        ServiceError::Backend(e) => Status::unavailable(e.to_string()),
-        ServiceError::Overloaded(e) => Status::resource_exhausted(e.to_string()),
+        DecisionError::Backend(e) => Status::unavailable(e.to_string()),
+        DecisionError::Overloaded(e) => Status::resource_exhausted(e.to_string()),
     }
 }
 

@@ -5,12 +5,10 @@
 //! after it is read or decoded, and the client's end of the stream is not waited for
 //! (hyper resets a stream whose body is left unread once its answer is sent). A call
 //! holds at most one message of at most [`MAX_MESSAGE`] bytes, and only until it is
-//! whole. [`Reader`] is polled by hand, so that a call that decides at once (the memory
-//! store) is one plain future that hyper holds in its stream's task, without a box;
-//! every other call awaits [`read_message`].
+//! whole. [`Reader`] is polled by hand, inside the call's own future, which hyper holds
+//! in its stream's task without a box.
 
-use std::future::poll_fn;
-use std::pin::{Pin, pin};
+use std::pin::Pin;
 use std::task::{Context, Poll, ready};
 
 use bytes::{Buf, Bytes, BytesMut};
@@ -127,20 +125,11 @@ fn check_flag(flag: u8) -> Result<(), Status> {
     }
 }
 
-/// The first message of `body`.
-pub(super) async fn read_message<B>(body: B) -> Read
-where
-    B: Body,
-    B::Error: Into<StdError>,
-{
-    let mut body = pin!(body);
-    let mut reader = Reader::default();
-    poll_fn(|cx| reader.poll_read(body.as_mut(), cx)).await
-}
-
 #[cfg(test)]
 mod tests {
     use std::convert::Infallible;
+    use std::future::poll_fn;
+    use std::pin::pin;
 
     use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
     use futures_util::StreamExt;
@@ -152,6 +141,17 @@ mod tests {
 
     use super::super::tests::{framed, request};
     use super::*;
+
+    /// The first message of `body`.
+    async fn read_message<B>(body: B) -> Read
+    where
+        B: Body,
+        B::Error: Into<StdError>,
+    {
+        let mut body = pin!(body);
+        let mut reader = Reader::default();
+        poll_fn(|cx| reader.poll_read(body.as_mut(), cx)).await
+    }
 
     /// A body of these frames: data, then the trailers if any.
     fn body(

@@ -11,7 +11,6 @@ mod propagation;
 
 use std::fmt::Display;
 
-use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use http::HeaderMap;
 use opentelemetry::trace::{
     Span as _, SpanKind, Status, TraceContextExt, Tracer as _, TracerProvider as _,
@@ -23,6 +22,8 @@ use opentelemetry_sdk::runtime::Tokio;
 use opentelemetry_sdk::trace::span_processor_with_async_runtime::BatchSpanProcessor;
 use opentelemetry_sdk::trace::{Sampler, SdkTracer, SdkTracerProvider};
 use tonic::transport::ClientTlsConfig;
+
+use ratelimit_core::{Code, Request, Response};
 
 use crate::settings::TracingSettings;
 
@@ -105,7 +106,7 @@ impl Traces {
         &self,
         name: &'static str,
         headers: &HeaderMap,
-        request: &RateLimitRequest,
+        request: &Request,
     ) -> RequestSpan {
         let parent = propagation::parent(headers);
         let descriptors: Vec<StringValue> = request
@@ -209,16 +210,15 @@ impl BackendSpan {
 
 impl RequestSpan {
     /// Ends the span with the decision, or with the error that took its place.
-    pub fn finish<E: Display>(self, result: &Result<RateLimitResponse, E>) {
+    pub fn finish<E: Display>(self, result: Result<&Response, &E>) {
         let span = self.context.span();
         match result {
             Ok(response) => {
-                let code = |code: i32| code_name(code).into();
                 let statuses: Vec<StringValue> = response
                     .statuses
                     .iter()
                     .take(MAX_DESCRIPTORS)
-                    .map(|status| code(status.code))
+                    .map(|status| code_name(status.code).into())
                     .collect();
                 span.set_attribute(KeyValue::new(
                     "ratelimit.overall_code",
@@ -235,11 +235,11 @@ impl RequestSpan {
     }
 }
 
-fn code_name(code: i32) -> &'static str {
+/// A code as Envoy's API names it.
+fn code_name(code: Code) -> &'static str {
     match code {
-        1 => "OK",
-        2 => "OVER_LIMIT",
-        _ => "UNKNOWN",
+        Code::Ok => "OK",
+        Code::OverLimit => "OVER_LIMIT",
     }
 }
 

@@ -24,7 +24,7 @@ use tokio_stream::wrappers::ReceiverStream;
 
 pub use self::connect::Connection;
 use crate::rules;
-use crate::service::Service;
+use crate::decider::Decider;
 
 /// Why the rules can be empty, for the warning.
 const EMPTY: &str = "the xDS server sent no RateLimitConfig resource";
@@ -42,7 +42,7 @@ struct State {
 pub async fn run(
     connection: Connection,
     merge_domains: bool,
-    service: Arc<Service>,
+    service: Arc<Decider>,
     first: oneshot::Sender<()>,
 ) {
     let mut state = State {
@@ -67,7 +67,7 @@ pub async fn run(
 async fn session(
     connection: &Connection,
     merge_domains: bool,
-    service: &Service,
+    service: &Decider,
     state: &mut State,
 ) -> (bool, String) {
     let mut client = match connection.client().await {

@@ -1,7 +1,8 @@
-//! Room kept for the next decision: each worker thread keeps a few of the core's requests
-//! (a call's message is decoded into one, reusing its strings and vectors) and a few
-//! remote plans' room ([`PlanRoom`]: their counters' vector and key strings), so that a
-//! decision allocates nothing for either once the thread has seen one as large.
+//! Buffers recycled from one decision to the next: each worker thread keeps a few of the
+//! core's requests (a call's message is decoded into one, reusing its strings and
+//! vectors) and a few remote plans' buffers ([`PlanRoom`]: their counters' vector and
+//! key strings), so that a decision allocates nothing for either once the thread has
+//! seen one as large.
 //!
 //! Bounded twice: a thread keeps at most [`KEPT`] of each, and only those that hold at
 //! most [`KEPT_BYTES`] (one that held more is dropped, as before).
@@ -21,11 +22,11 @@ const KEPT: usize = 64;
 const KEPT_BYTES: usize = 4096;
 
 /// What a thread keeps of one kind.
-type Kept<T> = RefCell<Vec<T>>;
+type Recycled<T> = RefCell<Vec<T>>;
 
 thread_local! {
-    static REQUESTS: Kept<Request> = const { RefCell::new(Vec::new()) };
-    static PLAN_ROOMS: Kept<PlanRoom> = const { RefCell::new(Vec::new()) };
+    static REQUESTS: Recycled<Request> = const { RefCell::new(Vec::new()) };
+    static PLAN_ROOMS: Recycled<PlanRoom> = const { RefCell::new(Vec::new()) };
 }
 
 /// `message` decoded into a kept request, or into a new one when the thread keeps none,
@@ -35,14 +36,14 @@ pub(crate) fn decode(message: &[u8], bounds: &RequestBounds) -> Result<Request, 
     match wire::decode_request_into(message, &mut request, bounds) {
         Ok(()) => Ok(request),
         Err(error) => {
-            keep_request(request);
+            recycle_request(request);
             Err(error)
         }
     }
 }
 
 /// Keeps `request` for a later call to decode into.
-pub(crate) fn keep_request(request: Request) {
+pub(crate) fn recycle_request(request: Request) {
     keep(&REQUESTS, held(&request), request);
 }
 
@@ -52,17 +53,17 @@ pub(crate) fn plan_room() -> PlanRoom {
 }
 
 /// Keeps `room` for a later plan.
-pub(crate) fn keep_plan_room(room: PlanRoom) {
+pub(crate) fn recycle_plan_room(room: PlanRoom) {
     keep(&PLAN_ROOMS, room.held(), room);
 }
 
-fn take<T: Default>(kept: &'static LocalKey<Kept<T>>) -> T {
+fn take<T: Default>(kept: &'static LocalKey<Recycled<T>>) -> T {
     kept.with_borrow_mut(Vec::pop).unwrap_or_default()
 }
 
 /// Keeps `value`, which holds `bytes`, unless the thread keeps enough already or it holds
 /// more than [`KEPT_BYTES`].
-fn keep<T>(kept: &'static LocalKey<Kept<T>>, bytes: usize, value: T) {
+fn keep<T>(kept: &'static LocalKey<Recycled<T>>, bytes: usize, value: T) {
     if bytes > KEPT_BYTES {
         return;
     }
@@ -120,7 +121,7 @@ mod tests {
     fn a_kept_request_is_decoded_into_and_its_room_reused() {
         let first = decode(&message("a longer value"), &RequestBounds::default()).unwrap();
         let value = first.descriptors[0].entries[0].value.as_ptr();
-        keep_request(first);
+        recycle_request(first);
         assert_eq!(kept(), 1);
         let second = decode(&message("short"), &RequestBounds::default()).unwrap();
         assert_eq!(kept(), 0);
@@ -131,15 +132,15 @@ mod tests {
     #[test]
     fn a_thread_keeps_a_bounded_number_of_small_requests() {
         let large = decode(&message(&"x".repeat(KEPT_BYTES)), &RequestBounds::default()).unwrap();
-        keep_request(large);
+        recycle_request(large);
         assert_eq!(
             kept(),
             0,
             "a request holding more than KEPT_BYTES is dropped"
         );
         for _ in 0..KEPT + 5 {
-            keep_request(decode(&message("v"), &RequestBounds::default()).unwrap());
-            keep_request(Request::default());
+            recycle_request(decode(&message("v"), &RequestBounds::default()).unwrap());
+            recycle_request(Request::default());
         }
         assert_eq!(kept(), KEPT);
     }

@@ -35,9 +35,9 @@ pub struct Outage {
 
 /// A request's place among those being decided, given back when it is dropped.
 #[derive(Debug)]
-pub struct Place<'a>(&'a AtomicUsize);
+pub struct InFlight<'a>(&'a AtomicUsize);
 
-impl Drop for Place<'_> {
+impl Drop for InFlight<'_> {
     fn drop(&mut self) {
         self.0.fetch_sub(1, Ordering::AcqRel);
     }
@@ -70,7 +70,7 @@ impl Outage {
     }
 
     /// A place among the requests being decided, or `Overloaded` at once.
-    pub fn enter(&self) -> Result<Place<'_>, Overloaded> {
+    pub fn enter(&self) -> Result<InFlight<'_>, Overloaded> {
         // Nobody waits for a place, so a count is all it takes; it only goes up below the
         // bound, so a refused request never holds a place another could have had.
         let taken = self
@@ -82,7 +82,7 @@ impl Outage {
             self.rejected.add(1);
             return Err(Overloaded(self.max_inflight));
         }
-        Ok(Place(&self.inflight))
+        Ok(InFlight(&self.inflight))
     }
 
     /// The answer to `request` when the store failed with `error`. A call its caller's
