@@ -14,11 +14,11 @@
 //! `ratelimit_service_kit`.
 
 pub mod backend;
+pub(crate) mod decider;
 pub mod ingress;
 pub(crate) mod observe;
 pub(crate) mod rlqs;
 pub mod rules;
 pub mod runner;
 pub mod runtime;
-pub(crate) mod decider;
 pub mod settings;

@@ -5,8 +5,8 @@ use std::sync::Arc;
 use ratelimit_core::stats::names;
 use ratelimit_core::{HeaderFormat, HeaderNames, Limiter};
 
-use crate::rlqs::Rlqs;
 use crate::decider::outage::Outage;
+use crate::rlqs::Rlqs;
 use crate::settings::HeadersFormat;
 use tokio::signal::unix::{SignalKind, signal};
 use tokio::sync::{oneshot, watch};
@@ -15,11 +15,11 @@ use tonic_health::pb::health_server::HealthServer;
 use tonic_health::server::{HealthReporter, HealthService};
 
 use crate::backend::{self, Backend, BackendError};
+use crate::decider::Decider;
 use crate::ingress::connections::GrpcSlots;
 use crate::ingress::descriptors;
 use crate::ingress::listeners::{self, ListenError, Shared};
 use crate::ingress::tls::ServerTls;
-use crate::runtime::{self, Pool, Side};
 use crate::observe::debug;
 use crate::observe::health::{GrpcHealth, Health};
 use crate::observe::sinks::prometheus::Prometheus;
@@ -27,7 +27,7 @@ use crate::observe::sinks::{self, Flusher};
 use crate::observe::traces::Traces;
 use crate::rules::files::{self, FileSource};
 use crate::rules::xds;
-use crate::decider::Decider;
+use crate::runtime::{self, Pool, Side};
 use crate::settings::{ConfigType, Settings};
 use ratelimit_service_kit::serve;
 

@@ -231,7 +231,7 @@ impl Decider {
         };
         let request = request?;
         let round_trip = traces::backend(span, self.backend.name(), None);
-        let response = self.limiter.should_rate_limit_millis(&request, store, now_ms);
+        let response = (self.limiter).should_rate_limit_millis(&request, &**store, now_ms);
         round_trip.end(&response);
         Ok(Decided {
             response: response?,

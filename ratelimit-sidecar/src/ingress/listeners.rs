@@ -17,13 +17,13 @@ use tokio_stream::wrappers::UnboundedReceiverStream;
 use tonic::service::Routes;
 use tonic_health::pb::health_server::HealthServer;
 
+use crate::decider::Decider;
 use crate::ingress::connections::{self, GrpcLimits, GrpcSlots, Methods};
+use crate::ingress::http;
 use crate::ingress::tls::ServerTls;
 use crate::ingress::uds::AuthorityFix;
-use crate::ingress::http;
-use crate::runtime;
 use crate::rlqs::Rlqs;
-use crate::decider::Decider;
+use crate::runtime;
 use crate::settings::ServerSettings;
 use ratelimit_service_kit::serve::{self, ConnectionLimits, ConnectionSlots};
 

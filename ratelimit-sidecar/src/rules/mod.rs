@@ -12,7 +12,7 @@ use ratelimit_service_kit::announce::{announce_loaded, announce_rejected};
 
 use ratelimit_service_kit::clock::unix_now;
 
-use crate::decider::{LoadResult, Decider};
+use crate::decider::{Decider, LoadResult};
 
 /// Applies a load result from `source` (files or xDS): swap the rules and count
 /// `config_load_success` (warning, with `why_empty`, when no domain was found: every

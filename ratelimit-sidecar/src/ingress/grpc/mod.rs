@@ -354,8 +354,9 @@ fn status(error: &DecisionError) -> Status {
 mod tests {
     use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
     use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
-    use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitResponse;
+    use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
     use http_body_util::BodyExt;
+    use prost::Message;
     use tonic::Code;
 
     use super::*;

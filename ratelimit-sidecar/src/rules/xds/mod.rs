@@ -23,8 +23,8 @@ use tokio::sync::{mpsc, oneshot};
 use tokio_stream::wrappers::ReceiverStream;
 
 pub use self::connect::Connection;
-use crate::rules;
 use crate::decider::Decider;
+use crate::rules;
 
 /// Why the rules can be empty, for the warning.
 const EMPTY: &str = "the xDS server sent no RateLimitConfig resource";
