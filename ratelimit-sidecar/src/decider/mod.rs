@@ -11,7 +11,6 @@ pub mod outage;
 
 use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll};
 use std::time::{Duration, SystemTime};
 
 use ratelimit_service_kit::clock::{unix_ms, unix_now_ms};
@@ -97,19 +96,21 @@ impl Decided {
 /// A call's decision: ready at once on the memory store, which waits for nothing (no
 /// task switch, no allocation), or a future waiting for a remote store.
 pub enum Decision {
-    /// Decided; taken by the first poll.
-    Ready(Option<Result<Decided, DecisionError>>),
+    /// Decided.
+    Ready(Result<Decided, DecisionError>),
     /// Waiting for the store.
-    Waiting(Pin<Box<dyn Future<Output = Result<Decided, DecisionError>> + Send>>),
+    Waiting(Waiting),
 }
 
-impl Future for Decision {
-    type Output = Result<Decided, DecisionError>;
+/// A decision waiting for a remote store.
+pub type Waiting = Pin<Box<dyn Future<Output = Result<Decided, DecisionError>> + Send>>;
 
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        match self.get_mut() {
-            Decision::Ready(decided) => Poll::Ready(decided.take().expect("polled once")),
-            Decision::Waiting(waiting) => waiting.as_mut().poll(cx),
+impl Decision {
+    /// The decision, once it is made.
+    pub async fn made(self) -> Result<Decided, DecisionError> {
+        match self {
+            Decision::Ready(decided) => decided,
+            Decision::Waiting(waiting) => waiting.await,
         }
     }
 }
@@ -209,7 +210,7 @@ impl Decider {
         let Backend::Remote(_) = &self.backend else {
             let decided = self.decide_now(request, unix_ms(started.at), span.as_ref());
             self.finish(started, span, &decided);
-            return Decision::Ready(Some(decided));
+            return Decision::Ready(decided);
         };
         let decider = Arc::clone(self);
         Decision::Waiting(Box::pin(async move {
@@ -230,9 +231,17 @@ impl Decider {
             unreachable!("decided now only on the memory store");
         };
         let request = request?;
-        let round_trip = traces::backend(span, self.backend.name(), None);
-        let response = (self.limiter).should_rate_limit_millis(&request, &**store, now_ms);
-        round_trip.end(&response);
+        let response = match span {
+            None => self
+                .limiter
+                .should_rate_limit_millis(&request, &**store, now_ms),
+            Some(span) => {
+                let round_trip = traces::backend(Some(span), self.backend.name(), None);
+                let response = (self.limiter).should_rate_limit_millis(&request, &**store, now_ms);
+                round_trip.end(&response);
+                response
+            }
+        };
         Ok(Decided {
             response: response?,
             request,

@@ -86,7 +86,7 @@ async fn json(decider: &Arc<Decider>, body: &[u8], headers: &HeaderMap) -> Respo
         deadline: None,
         span,
     };
-    match decider.decide(call).await {
+    match decider.decide(call).made().await {
         Ok(decided) => {
             let response = decider.answer(&decided);
             let status = if response.overall_code == Code::OverLimit as i32 {

@@ -36,7 +36,9 @@ use ratelimit_proto::envoy::InvalidRequest;
 use ratelimit_proto::wire::RequestError;
 
 use crate::backend::BackendError;
-use crate::decider::{Call, Decided, Decider, Decision, DecisionError, Transport, buffers};
+use crate::decider::{
+    Call, Decided, Decider, Decision, DecisionError, Transport, Waiting, buffers,
+};
 use headers::{grpc_timeout, header};
 use read::Reader;
 
@@ -58,7 +60,7 @@ pub fn call(decider: Arc<Decider>, request: http::Request<Incoming>) -> ShouldRa
         Ok(deadline) => {
             let (parts, body) = request.into_parts();
             // The headers are kept only for a trace span's parent.
-            let headers = decider.traces.is_some().then_some(parts.headers);
+            let headers = decider.traces.is_some().then(|| Box::new(parts.headers));
             let reading = Stage::Reading {
                 body,
                 reader: Reader::default(),
@@ -66,7 +68,7 @@ pub fn call(decider: Arc<Decider>, request: http::Request<Incoming>) -> ShouldRa
             };
             (reading, deadline)
         }
-        Err(refusal) => (Stage::Refused(Some(*refusal)), None),
+        Err(refusal) => (Stage::Refused(Some(refusal)), None),
     };
     ShouldRateLimitCall {
         decider,
@@ -91,15 +93,15 @@ pub struct ShouldRateLimitCall {
 /// Where a call is.
 enum Stage {
     /// Refused on its headers: the refusal, taken by the first poll.
-    Refused(Option<http::Response<ResponseBody>>),
-    /// Reading its first message.
+    Refused(Option<Refusal>),
+    /// Reading its first message (and keeping its headers when tracing).
     Reading {
         body: Incoming,
         reader: Reader,
-        headers: Option<HeaderMap>,
+        headers: Option<Box<HeaderMap>>,
     },
-    /// Waiting for its decision.
-    Deciding(Decision),
+    /// Waiting for its decision from a remote store.
+    Deciding(Waiting),
 }
 
 impl Future for ShouldRateLimitCall {
@@ -128,7 +130,7 @@ impl ShouldRateLimitCall {
         loop {
             match &mut self.stage {
                 Stage::Refused(refusal) => {
-                    return Poll::Ready(refusal.take().expect("polled once"));
+                    return Poll::Ready(*refusal.take().expect("polled once"));
                 }
                 Stage::Reading {
                     body,
@@ -140,8 +142,8 @@ impl ShouldRateLimitCall {
                         Ok(request) => request,
                         Err(status) => return Poll::Ready(refused(status)),
                     };
-                    let headers = headers.take().unwrap_or_default();
-                    let span = self.decider.span(Transport::Grpc, &headers, &request);
+                    let span = (headers.take())
+                        .and_then(|headers| self.decider.span(Transport::Grpc, &headers, &request));
                     let deadline = self.deadline.map(|(_, timeout)| timeout);
                     let call = Call {
                         request,
@@ -149,10 +151,15 @@ impl ShouldRateLimitCall {
                         deadline,
                         span,
                     };
-                    self.stage = Stage::Deciding(self.decider.decide(call));
+                    match self.decider.decide(call) {
+                        Decision::Ready(decided) => {
+                            return Poll::Ready(answered(frame_decided(&self.decider, decided)));
+                        }
+                        Decision::Waiting(waiting) => self.stage = Stage::Deciding(waiting),
+                    }
                 }
-                Stage::Deciding(decision) => {
-                    let decided = ready!(Pin::new(decision).poll(cx));
+                Stage::Deciding(waiting) => {
+                    let decided = ready!(waiting.as_mut().poll(cx));
                     return Poll::Ready(answered(frame_decided(&self.decider, decided)));
                 }
             }
