@@ -1,4 +1,5 @@
-//! `operations-intake`: the service; docs/intake.md describes it and every setting.
+//! `operations-intake`: the service; docs/intake.md describes it and every setting, and
+//! docs/intake-kafka.md how it produces to Kafka.
 
 use std::io::Write as _;
 use std::path::Path;
