@@ -6,9 +6,6 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use http::request::Parts;
 use ratelimit_core::{CounterStore, Descriptor, HeaderFormat, HeaderNames, Limiter, MemoryStore};
-use tower_layer::Layer;
-
-use crate::service::RateLimitService;
 
 /// The time decisions are made at, in unix milliseconds.
 pub type Clock = Arc<dyn Fn() -> u64 + Send + Sync>;
@@ -125,16 +122,5 @@ impl<F, S> fmt::Debug for RateLimitLayer<F, S> {
             .field("domain", &self.domain)
             .field("format", &self.format)
             .finish_non_exhaustive()
-    }
-}
-
-impl<F, S, Inner> Layer<Inner> for RateLimitLayer<F, S> {
-    type Service = RateLimitService<Inner, F, S>;
-
-    fn layer(&self, inner: Inner) -> Self::Service {
-        RateLimitService {
-            inner,
-            layer: self.clone(),
-        }
     }
 }

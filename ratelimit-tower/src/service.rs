@@ -8,6 +8,7 @@ use http::request::Parts;
 use http::{HeaderMap, Request, Response};
 use pin_project_lite::pin_project;
 use ratelimit_core::{CounterStore, Descriptor};
+use tower_layer::Layer;
 use tower_service::Service;
 
 use crate::answer::Verdict;
@@ -18,6 +19,17 @@ use crate::layer::RateLimitLayer;
 pub struct RateLimitService<Inner, F, S> {
     pub(crate) inner: Inner,
     pub(crate) layer: RateLimitLayer<F, S>,
+}
+
+impl<F, S, Inner> Layer<Inner> for RateLimitLayer<F, S> {
+    type Service = RateLimitService<Inner, F, S>;
+
+    fn layer(&self, inner: Inner) -> Self::Service {
+        RateLimitService {
+            inner,
+            layer: self.clone(),
+        }
+    }
 }
 
 impl<Inner: Clone, F, S> Clone for RateLimitService<Inner, F, S> {

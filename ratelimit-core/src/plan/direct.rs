@@ -13,7 +13,7 @@
 
 use smallvec::SmallVec;
 
-use super::decision::{count_hits, overall_code};
+use super::status::{direct_status, overall_code};
 use super::{Applied, Direct, Increment, Item};
 use crate::config::Limit;
 use crate::counter_key::{CounterKey, Values};
@@ -219,24 +219,4 @@ fn direct(node: &Node, limit: &NodeLimit) -> bool {
         && limit.replaces.is_empty()
         && !node.per_level_stats_key
         && !node.per_level_cache_key
-}
-
-/// The status of a descriptor that matched `node`'s one plain limit, `applied`, counting
-/// its statistics, from its counters' `totals` after `addend` hits; and the count the
-/// limit reached.
-#[inline(always)]
-pub(super) fn direct_status(
-    engine: &Engine,
-    node: &Node,
-    applied: &Applied<'_>,
-    addend: u64,
-    totals: &[u64],
-    now_ms: u64,
-) -> (DescriptorStatus, u64) {
-    let assessed = applied
-        .counting
-        .assess(totals, addend, applied.bound, now_ms);
-    let mut status = count_hits(applied, addend, assessed, engine.settings.near_limit_ratio);
-    status.metadata.clone_from(&node.metadata);
-    (status, assessed.after)
 }

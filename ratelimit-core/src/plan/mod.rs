@@ -18,6 +18,7 @@ mod keys;
 mod matching;
 mod prepared;
 mod quota;
+mod status;
 
 pub use explain::{DescriptorExplanation, Explanation, MatchedEntry, Outcome};
 pub use prepared::{Decision, PrepareError, PreparedCheck};

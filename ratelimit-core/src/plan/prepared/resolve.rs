@@ -6,7 +6,7 @@ use smallvec::SmallVec;
 use super::{Kind, One, PrepareError};
 use crate::config::Limit;
 use crate::engine::Engine;
-use crate::plan::decision::near_limit;
+use crate::plan::status::near_limit;
 use crate::rules::NodeId;
 
 impl One {
