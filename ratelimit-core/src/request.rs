@@ -13,6 +13,16 @@ pub struct Request {
     pub hits_addend: u32,
 }
 
+impl Request {
+    /// Each descriptor with the hits it adds: its own `hits_addend`, else the request's,
+    /// where 0 means 1. The one place a descriptor's hits are worked out.
+    #[inline]
+    pub fn descriptor_hits(&self) -> impl Iterator<Item = (&Descriptor, u64)> {
+        let default = u64::from(self.hits_addend.max(1));
+        (self.descriptors.iter()).map(move |d| (d, d.hits_addend.unwrap_or(default)))
+    }
+}
+
 /// One descriptor: an ordered list of entries, matched level by level against the rules.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Descriptor {

@@ -217,14 +217,12 @@ impl Response {
         if self.overall_code == Code::Ok {
             return None;
         }
-        let default_addend = u64::from(request.hits_addend.max(1));
         let mut after = 0;
-        for (status, descriptor) in self.statuses.iter().zip(&request.descriptors) {
+        for (status, (_, hits)) in self.statuses.iter().zip(request.descriptor_hits()) {
             let (Code::OverLimit, Some(limit)) = (status.code, &status.current_limit) else {
                 continue;
             };
-            if descriptor.hits_addend.unwrap_or(default_addend) > u64::from(limit.requests_per_unit)
-            {
+            if hits > u64::from(limit.requests_per_unit) {
                 return Some(Retry::Never);
             }
             after = after.max(status.duration_until_reset.unwrap_or(0));

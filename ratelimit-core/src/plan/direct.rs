@@ -74,17 +74,15 @@ impl Engine {
     {
         let matched = self.match_direct(request)?;
         let descriptors = request.descriptors.len();
-        let default_addend = u64::from(request.hits_addend.max(1));
         let mut statuses = Statuses::with_capacity(descriptors);
         let mut quotas = [false; MAX_DESCRIPTORS];
-        for ((descriptor, &id), quota) in request.descriptors.iter().zip(&matched).zip(&mut quotas)
-        {
+        let each = request.descriptor_hits().zip(&matched).zip(&mut quotas);
+        for (((descriptor, addend), &id), quota) in each {
             if id == NO_LIMIT {
                 statuses.push(DescriptorStatus::NO_LIMIT);
                 *quota = self.settings.quota_mode;
                 continue;
             }
-            let addend = descriptor.hits_addend.unwrap_or(default_addend);
             let (node, applied) = self.direct_limit(id);
             let (mut totals, mut counted) = ([0u64; 2], 0);
             self.for_each_direct_counter(request, descriptor, id, now_ms, |key, span| {
@@ -115,15 +113,13 @@ impl Engine {
         increments: &mut Vec<Increment>,
     ) -> Option<SmallVec<[Item; 4]>> {
         let matched = self.match_direct(request)?;
-        let default_addend = u64::from(request.hits_addend.max(1));
         let mut items = SmallVec::new();
         let mut used = 0;
-        for (descriptor, &node) in request.descriptors.iter().zip(&matched) {
+        for ((descriptor, addend), &node) in request.descriptor_hits().zip(&matched) {
             if node == NO_LIMIT {
                 items.push(self.no_limit());
                 continue;
             }
-            let addend = descriptor.hits_addend.unwrap_or(default_addend);
             let first = used;
             self.for_each_direct_counter(request, descriptor, node, now_ms, |key, span| {
                 Increment::put(increments, used, (key, addend, span, now_ms));

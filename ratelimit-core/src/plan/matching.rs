@@ -30,16 +30,15 @@ impl Engine {
                 )
                 .add(1);
         }
-        let default_addend = u64::from(request.hits_addend.max(1));
         let mut replaces = false;
         let mut items: SmallVec<[Item; 4]> = SmallVec::new();
-        for (index, descriptor) in request.descriptors.iter().enumerate() {
+        for (index, (descriptor, addend)) in request.descriptor_hits().enumerate() {
             let limited = |source, stats| Limited {
                 source,
                 descriptor: index,
                 follows: false,
                 divisor: 1,
-                addend: descriptor.hits_addend.unwrap_or(default_addend),
+                addend,
                 refund: descriptor.negative_hits,
                 stats,
                 increment: 0,
