@@ -31,48 +31,46 @@
 //! For a remote counter store, [`Limiter::plan`] lists the counters a request adds to
 //! ([`Plan::increments`]); run them in one round trip and pass the totals to
 //! [`Plan::decide`].
+//!
+//! The folders are its parts: `model` (the request, the response and its headers),
+//! `rules` (the YAML configuration, the compiled rule tree, units and wildcards),
+//! `counting` (what a limit's counters are: keys, windows, buckets, the over-limit
+//! cache), `store` (the counter store seam and the in-memory store), `engine` (matching,
+//! keys and the decision, one pass or planned), [`stats`] and [`grants`] (the Rate Limit
+//! Quota Service's policy); [`Limiter`] is the facade.
 #![warn(missing_docs)]
 
-pub mod config;
-mod counter_key;
 mod counting;
 mod engine;
-mod gcra;
 pub mod grants;
-mod headers;
-mod keymap;
 mod limiter;
-mod local_cache;
-mod memory;
-mod plan;
-mod request;
-mod response;
+mod model;
 mod rules;
 mod settings;
 pub mod stats;
 mod store;
-mod unit;
-mod wildcard;
+
+pub use rules::config;
 
 pub use config::{Algorithm, Config, ConfigError, ConfigErrorKind};
-pub use counter_key::CounterKey;
 pub use counting::CounterOp;
-pub use gcra::Bucket;
-pub use headers::HeaderFormat;
-pub use limiter::Limiter;
-pub use local_cache::OverLimitCache;
-pub use memory::{DEFAULT_MAX_BYTES, MemoryStore, MemoryUsage};
-pub use plan::{
+pub use counting::counter_key::CounterKey;
+pub use counting::gcra::Bucket;
+pub use counting::local_cache::OverLimitCache;
+pub use engine::{
     Decision, DescriptorExplanation, Explanation, Increment, MatchedEntry, Outcome, Plan, PlanRoom,
     PrepareError, PreparedCheck, QuotaLimit, QuotaRule,
 };
-pub use request::{Descriptor, Entry, LimitOverride, Request, RequestBounds, RequestError};
-pub use response::{
+pub use limiter::Limiter;
+pub use model::headers::HeaderFormat;
+pub use model::request::{Descriptor, Entry, LimitOverride, Request, RequestBounds, RequestError};
+pub use model::response::{
     Code, CurrentLimit, DescriptorStatus, HeaderNames, Policy, RateLimitHeaders, Response, Retry,
     Statuses,
 };
+pub use rules::unit::{Unit, Window};
+pub use rules::wildcard::Pattern;
 pub use rules::{MatchKind, RuleView};
 pub use settings::Settings;
 pub use store::CounterStore;
-pub use unit::{Unit, Window};
-pub use wildcard::Pattern;
+pub use store::memory::{DEFAULT_MAX_BYTES, MemoryStore, MemoryUsage};

@@ -7,12 +7,12 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use arc_swap::ArcSwapOption;
 use smallvec::SmallVec;
 
-use crate::config::Config;
+use crate::counting::local_cache::OverLimitCache;
 use crate::engine::Engine;
-use crate::local_cache::OverLimitCache;
-use crate::plan::{Explanation, Plan, PlanRoom, QuotaRule};
-use crate::request::{Entry, Request, RequestBounds, RequestError};
-use crate::response::Response;
+use crate::engine::{Explanation, Plan, PlanRoom, QuotaRule};
+use crate::model::request::{Entry, Request, RequestBounds, RequestError};
+use crate::model::response::Response;
+use crate::rules::config::Config;
 use crate::rules::{RuleSet, RuleView};
 use crate::settings::Settings;
 use crate::stats::{Counter, StatsRegistry, names};

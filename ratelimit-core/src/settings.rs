@@ -1,6 +1,6 @@
 //! Settings that apply to every request.
 
-use crate::request::RequestBounds;
+use crate::model::request::RequestBounds;
 
 /// Settings that apply to every request (envoyproxy/ratelimit's environment variables of
 /// the same names).

@@ -10,10 +10,10 @@ use super::status::{
 };
 use super::{Applied, Direct, Increment, Item, Limited, PlanBody, Source};
 use crate::counting::Counting;
+use crate::counting::local_cache::OverLimitCache;
 use crate::engine::Engine;
-use crate::local_cache::OverLimitCache;
-use crate::response::Policy;
-use crate::response::{Code, DescriptorStatus, RateLimitHeaders, Response, Statuses};
+use crate::model::response::Policy;
+use crate::model::response::{Code, DescriptorStatus, RateLimitHeaders, Response, Statuses};
 
 impl PlanBody {
     /// Every limit of the plan is shared among `deciders`.

@@ -1,7 +1,10 @@
-//! The counter store interface used by the in-process path.
+//! The counter store interface used by the in-process path, and the in-memory store
+//! ([`memory`]).
 
-use crate::counter_key::CounterKey;
-use crate::gcra::Bucket;
+pub(crate) mod memory;
+
+use crate::counting::counter_key::CounterKey;
+use crate::counting::gcra::Bucket;
 
 /// Counters that can be changed synchronously.
 ///

@@ -4,9 +4,9 @@ use std::sync::Arc;
 
 use smallvec::SmallVec;
 
-use crate::config::Metadata;
-use crate::request::Request;
-use crate::unit::Unit;
+use crate::model::request::Request;
+use crate::rules::config::Metadata;
+use crate::rules::unit::Unit;
 
 /// A decision code.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -253,7 +253,7 @@ pub struct Response {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::request::Descriptor;
+    use crate::model::request::Descriptor;
 
     fn over(limit: u32, reset: u64) -> DescriptorStatus {
         DescriptorStatus {

@@ -15,12 +15,12 @@ use smallvec::SmallVec;
 
 use super::status::{direct_status, overall_code};
 use super::{Applied, Direct, Increment, Item};
-use crate::config::Limit;
-use crate::counter_key::{CounterKey, Values};
+use crate::counting::counter_key::{CounterKey, Values};
 use crate::counting::{CounterOp, Span};
 use crate::engine::Engine;
-use crate::request::{Descriptor, Request};
-use crate::response::{DescriptorStatus, RateLimitHeaders, Response, Statuses};
+use crate::model::request::{Descriptor, Request};
+use crate::model::response::{DescriptorStatus, RateLimitHeaders, Response, Statuses};
+use crate::rules::config::Limit;
 use crate::rules::{Node, NodeId, NodeLimit};
 use crate::stats::Nearest;
 use crate::store::CounterStore;

@@ -4,10 +4,10 @@
 use smallvec::SmallVec;
 
 use super::{Kind, One, PrepareError};
-use crate::config::Limit;
 use crate::engine::Engine;
-use crate::plan::status::near_limit;
+use crate::engine::status::near_limit;
 use crate::rules::NodeId;
+use crate::rules::config::Limit;
 
 impl One {
     pub(super) fn of(engine: &Engine, node: NodeId, which: u16) -> One {

@@ -4,7 +4,7 @@
 
 use std::fmt::Write as _;
 
-use crate::response::{HeaderNames, Response};
+use crate::model::response::{HeaderNames, Response};
 
 /// Which headers a host adds (`LIMIT_RESPONSE_HEADERS_FORMAT`).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -87,7 +87,7 @@ fn push_sf_string(out: &mut String, text: &str) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::response::{Code, Policy};
+    use crate::model::response::{Code, Policy};
 
     fn policy(name: &str, remaining: u64, over: bool) -> Policy {
         Policy {

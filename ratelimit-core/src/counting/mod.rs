@@ -1,9 +1,16 @@
 //! How a limit counts: which counters it needs at a moment, what each store does to them,
 //! and how their totals become the hits that count against it. Matching, keys, plans,
-//! stores and the decision take a limit's [`Counting`] as it is.
+//! stores and the decision take a limit's [`Counting`] as it is. Its parts: counter keys
+//! ([`counter_key`]) and the maps keyed by them ([`keymap`]), token buckets ([`gcra`])
+//! and the cache of counters known to be over their limit ([`local_cache`]).
 
-use crate::gcra::Bucket;
-use crate::unit::Window;
+pub(crate) mod counter_key;
+pub(crate) mod gcra;
+pub(crate) mod keymap;
+pub(crate) mod local_cache;
+
+use crate::counting::gcra::Bucket;
+use crate::rules::unit::Window;
 
 /// What a store does with one counter.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -220,7 +227,7 @@ fn sliding_wait_ms(current: u64, previous: u64, bound: u64, left: u64, length: u
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::unit::Unit;
+    use crate::rules::unit::Unit;
 
     #[test]
     fn a_fixed_window_needs_the_counter_of_the_current_window() {

@@ -1,6 +1,6 @@
 //! What a caller asks: the core's own form of Envoy's `RateLimitRequest`.
 
-use crate::unit::Unit;
+use crate::rules::unit::Unit;
 
 /// A rate-limit request: a domain and the descriptors to check, in order.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]

@@ -7,7 +7,7 @@
 use super::Applied;
 use crate::counting::Assessed;
 use crate::engine::Engine;
-use crate::response::{Code, DescriptorStatus};
+use crate::model::response::{Code, DescriptorStatus};
 use crate::rules::Node;
 use crate::stats::RuleStats;
 

@@ -5,7 +5,7 @@
 //! their compare-and-swap loop, and the Redis script computes the same three lines. What
 //! a stored value means is decided here alone.
 
-use crate::unit::Window;
+use crate::rules::unit::Window;
 
 /// A token bucket: `burst` tokens, refilled one per `interval_ms`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -97,7 +97,7 @@ impl Bucket {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::unit::Unit;
+    use crate::rules::unit::Unit;
 
     #[test]
     fn a_full_bucket_admits_its_burst_then_one_per_interval() {

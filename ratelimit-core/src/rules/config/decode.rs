@@ -11,7 +11,7 @@ use super::{
     Algorithm, ConfigError, ConfigErrorKind, DescriptorRule, DomainConfig, Limit, Metadata,
     RateLimitRule,
 };
-use crate::unit::{Unit, Window};
+use crate::rules::unit::{Unit, Window};
 
 /// Every field name the schema knows, at any depth (envoyproxy/ratelimit checks one flat
 /// list, so a known field in the wrong place is ignored rather than rejected).

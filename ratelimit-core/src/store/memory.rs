@@ -8,10 +8,10 @@ use foldhash::SharedSeed;
 use foldhash::fast::{FoldHasher, RandomState};
 use hashbrown::HashTable;
 
-use crate::counter_key::CounterKey;
 use crate::counting::CounterOp;
-use crate::gcra::Bucket;
-use crate::plan::Increment;
+use crate::counting::counter_key::CounterKey;
+use crate::counting::gcra::Bucket;
+use crate::engine::Increment;
 use crate::store::CounterStore;
 
 const SHARDS: usize = 64;
@@ -332,7 +332,7 @@ impl Slot {
     }
 }
 
-/// A counter's values, joined ([`crate::counter_key::Values::join`]): in the slot when
+/// A counter's values, joined ([`crate::counting::counter_key::Values::join`]): in the slot when
 /// they fit.
 #[derive(Debug)]
 enum Joined {

@@ -1,23 +1,29 @@
-//! Configuration compiled into per-domain lookup trees.
+//! The rules: the YAML configuration ([`config`]) compiled into per-domain lookup
+//! trees, with the units of time ([`unit`]) and wildcard values ([`wildcard`]) they
+//! use.
 //!
 //! Each level maps a descriptor key to its rules; inside a key, an exact value is tried
 //! first, then the wildcard values in file order, then the key-only rule. Lookups borrow
 //! the request's strings and allocate nothing.
 
+pub mod config;
+pub(crate) mod unit;
+pub(crate) mod wildcard;
+
 use std::collections::HashMap;
 use std::fmt::Write as _;
 use std::sync::Arc;
 
-use crate::config::{Algorithm, Config, DescriptorRule, Limit, Metadata, RateLimitRule};
-use crate::counter_key::limit_identity;
 use crate::counting::Counting;
-use crate::gcra::Bucket;
-use crate::keymap::KeyMap;
-use crate::request::Entry;
+use crate::counting::counter_key::limit_identity;
+use crate::counting::gcra::Bucket;
+use crate::counting::keymap::KeyMap;
+use crate::model::request::Entry;
+use crate::rules::config::{Algorithm, Config, DescriptorRule, Limit, Metadata, RateLimitRule};
+use crate::rules::unit::{Unit, Window};
+use crate::rules::wildcard::Pattern;
 use crate::stats::names::push_key_part;
 use crate::stats::{RuleStats, StatsRegistry};
-use crate::unit::{Unit, Window};
-use crate::wildcard::Pattern;
 
 /// Index of a node in [`RuleSet::nodes`].
 pub(crate) type NodeId = u32;

@@ -13,7 +13,7 @@ use std::collections::BTreeMap;
 pub use build::{Domain, RateLimit, Rule};
 pub use error::{ConfigError, ConfigErrorKind};
 
-use crate::unit::Window;
+use crate::rules::unit::Window;
 
 /// A validated set of domains, ready to be compiled by [`crate::Limiter`].
 #[derive(Clone, Debug, Default, PartialEq)]

@@ -12,8 +12,8 @@ use std::hash::{BuildHasher, Hasher};
 use foldhash::fast::FixedState;
 use smallvec::SmallVec;
 
-use crate::keymap::same;
-use crate::request::Entry;
+use crate::counting::keymap::same;
+use crate::model::request::Entry;
 
 /// Ends each value of a joined list, and each part of a limit's identity: no UTF-8 string
 /// holds this byte, so no two lists join alike.

@@ -4,16 +4,16 @@ use smallvec::SmallVec;
 
 use super::keys::override_stats_key;
 use super::{Applied, Increment, Item, Limited, PlanBody, PlanRoom, Source};
-use crate::config::Limit;
 use crate::engine::Engine;
-use crate::request::Request;
+use crate::model::request::Request;
 use crate::rules::Node;
+use crate::rules::config::Limit;
 use crate::stats::{RuleStats, names};
 
 /// Where an explanation's decision counts: nobody reads it.
 static DISCARDED: RuleStats = RuleStats::new();
 use crate::counting::Counting;
-use crate::unit::Window;
+use crate::rules::unit::Window;
 
 impl Engine {
     /// Matches `request`: what applies to each descriptor, and which counters it needs.

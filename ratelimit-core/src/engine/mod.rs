@@ -1,15 +1,17 @@
-//! Planning a request (which counters to add to) and deciding it from the counts.
+//! The engine: one configuration compiled ([`Engine`]), and planning a request (which
+//! counters to add to) and deciding it from the counts.
 //!
 //! Remote stores run a [`Plan`]'s increments in one round trip and hand the totals back
 //! to [`Plan::decide`]; the in-process [`crate::Limiter::should_rate_limit`] does the same
 //! against a [`crate::CounterStore`]. Both go in one pass (`direct`: no list of matched
 //! limits to walk again) when each descriptor matches at most one plain limit. Matching,
-//! windows, replaces, shadow and quota modes and statistics all happen here, once, by concern: `matching` (which rule applies to each
-//! descriptor), `keys` (counter and statistic keys), `decision` (codes, counts and
-//! statistics from the totals), `direct` (the one-pass order of the same steps) and
-//! `explain` (the same, dry). Which counters a limit
-//! needs, and what their totals mean, is its [`Counting`]. The compiled rules they work
-//! on are [`Engine`].
+//! windows, replaces, shadow and quota modes and statistics all
+//! happen here, once, by concern: `matching` (which rule applies to each descriptor),
+//! `keys` (counter and statistic keys), `status` (a descriptor's status from its
+//! counter), `decision` (codes, counts and statistics from the totals), `direct` (the
+//! one-pass order of the same steps), `prepared` (a keyed check made once and run many
+//! times), `quota` (the Rate Limit Quota Service's rules) and `explain` (the same, dry).
+//! Which counters a limit needs, and what their totals mean, is its [`Counting`].
 
 mod decision;
 mod direct;
@@ -28,15 +30,26 @@ use std::sync::Arc;
 
 use smallvec::SmallVec;
 
-use crate::counter_key::{CounterId, CounterKey};
+use crate::counting::counter_key::{CounterId, CounterKey};
+use crate::counting::gcra::Bucket;
+use crate::counting::local_cache::OverLimitCache;
 use crate::counting::{CounterOp, Counting, Span};
-use crate::engine::Engine;
-use crate::gcra::Bucket;
-use crate::request::LimitOverride;
-use crate::response::{Code, CurrentLimit, DescriptorStatus, Response};
-use crate::rules::NodeId;
-use crate::stats::RuleStats;
-use crate::unit::{Unit, Window};
+use crate::model::request::LimitOverride;
+use crate::model::response::{Code, CurrentLimit, DescriptorStatus, Response};
+use crate::rules::unit::{Unit, Window};
+use crate::rules::{NodeId, RuleSet};
+use crate::settings::Settings;
+use crate::stats::{Counter, RuleStats, StatsRegistry};
+
+/// One configuration, compiled, with what deciding needs next to it.
+#[derive(Debug)]
+pub(crate) struct Engine {
+    pub rules: RuleSet,
+    pub settings: Settings,
+    pub stats: Arc<StatsRegistry>,
+    pub global_shadow: Arc<Counter>,
+    pub local_cache: Option<Arc<OverLimitCache>>,
+}
 
 /// The largest addend a remote counter is sent ([`Increment::store_hits`]).
 pub const STORE_HITS_CAP: u64 = 1 << 62;

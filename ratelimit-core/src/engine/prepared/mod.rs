@@ -17,15 +17,15 @@ use std::sync::Arc;
 
 use smallvec::SmallVec;
 
-use crate::counter_key::{CounterKey, Values};
+use crate::counting::counter_key::{CounterKey, Values};
 use crate::counting::{CounterOp, Counting, Span};
+use crate::engine::Applied;
 use crate::engine::Engine;
+use crate::engine::keys::{push_entries, push_window_and_suffix};
+use crate::engine::status::{code_when_over, count_hits, decides_over, overall_code, tally};
 use crate::limiter::Limiter;
-use crate::plan::Applied;
-use crate::plan::keys::{push_entries, push_window_and_suffix};
-use crate::plan::status::{code_when_over, count_hits, decides_over, overall_code, tally};
-use crate::request::{Descriptor, Request, RequestError};
-use crate::response::{Code, DescriptorStatus, RateLimitHeaders};
+use crate::model::request::{Descriptor, Request, RequestError};
+use crate::model::response::{Code, DescriptorStatus, RateLimitHeaders};
 use crate::rules::{Node, NodeId, NodeLimit};
 use crate::stats::RuleStats;
 use crate::store::CounterStore;

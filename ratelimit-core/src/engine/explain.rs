@@ -5,8 +5,8 @@ use std::sync::Arc;
 
 use super::{Item, Limited, Plan, PlanRoom, Source};
 use crate::engine::Engine;
-use crate::request::{Descriptor, Request};
-use crate::response::{CurrentLimit, Response};
+use crate::model::request::{Descriptor, Request};
+use crate::model::response::{CurrentLimit, Response};
 use crate::rules::{MatchKind, NodeId};
 
 /// What a request would meet, per descriptor; [`Explanation::answer`] decides it from

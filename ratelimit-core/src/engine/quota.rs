@@ -7,12 +7,12 @@ use std::sync::Arc;
 use smallvec::SmallVec;
 
 use super::{Increment, Item, Plan, PlanBody, Source};
-use crate::counter_key::{CounterId, limit_identity};
+use crate::counting::counter_key::{CounterId, limit_identity};
 use crate::counting::{CounterOp, Counting};
 use crate::engine::Engine;
-use crate::request::{Descriptor, Entry, Request};
+use crate::model::request::{Descriptor, Entry, Request};
+use crate::rules::unit::Window;
 use crate::stats::RuleStats;
-use crate::unit::Window;
 
 /// What the rules say about one RLQS bucket.
 #[derive(Debug)]

@@ -10,7 +10,7 @@ use yaml_serde::{Mapping, Value};
 
 use super::decode::{self, Decoded};
 use super::{Algorithm, Config, ConfigError, DescriptorRule, DomainConfig, Limit, Metadata};
-use crate::unit::Unit;
+use crate::rules::unit::Unit;
 
 /// The rules of one domain, built in code: `domain:` and its `descriptors:`.
 ///

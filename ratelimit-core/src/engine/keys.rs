@@ -1,10 +1,10 @@
 //! Counter keys (byte for byte envoyproxy/ratelimit's) and per-request statistic keys.
 
 use super::{Item, PlanBody, Source};
-use crate::counter_key::{CounterKey, Values, limit_identity};
+use crate::counting::counter_key::{CounterKey, Values, limit_identity};
 use crate::counting::{CounterOp, Counting, Span};
 use crate::engine::Engine;
-use crate::request::{Descriptor, Entry, Request};
+use crate::model::request::{Descriptor, Entry, Request};
 use crate::rules::{Level, MatchKind, Node};
 use crate::stats::names::push_key_part;
 
