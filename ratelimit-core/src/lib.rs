@@ -58,8 +58,8 @@ pub use counting::counter_key::CounterKey;
 pub use counting::gcra::Bucket;
 pub use counting::local_cache::OverLimitCache;
 pub use engine::{
-    Decision, DescriptorExplanation, Explanation, Increment, MatchedEntry, Outcome, Plan, PlanRoom,
-    PrepareError, PreparedCheck, QuotaLimit, QuotaRule,
+    Decision, DescriptorExplanation, Explanation, Increment, MatchedEntry, Outcome, Plan,
+    PlanBuffers, PrepareError, PreparedCheck, QuotaLimit, QuotaRule,
 };
 pub use limiter::Limiter;
 pub use model::headers::HeaderFormat;

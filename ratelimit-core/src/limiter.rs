@@ -9,7 +9,7 @@ use smallvec::SmallVec;
 
 use crate::counting::local_cache::OverLimitCache;
 use crate::engine::Engine;
-use crate::engine::{Explanation, Plan, PlanRoom, QuotaRule};
+use crate::engine::{Explanation, Plan, PlanBuffers, QuotaRule};
 use crate::model::request::{Entry, Request, RequestBounds, RequestError};
 use crate::model::response::Response;
 use crate::rules::config::Config;
@@ -195,19 +195,19 @@ impl Limiter {
     /// Plans `request` at `now_ms` (unix milliseconds, which sliding windows and token
     /// buckets count in) for a remote counter store.
     pub fn plan_millis(&self, request: &Request, now_ms: u64) -> Result<Plan, RequestError> {
-        self.plan_millis_in(request, now_ms, PlanRoom::default())
+        self.plan_millis_in(request, now_ms, PlanBuffers::default())
     }
 
-    /// [`Limiter::plan_millis`] in the room an earlier plan left
-    /// ([`Plan::decide_keeping_room`]): its vector and key strings are reused.
+    /// [`Limiter::plan_millis`] in the buffers an earlier plan left
+    /// ([`Plan::decide_keeping_buffers`]): its vector and key strings are reused.
     pub fn plan_millis_in(
         &self,
         request: &Request,
         now_ms: u64,
-        room: PlanRoom,
+        buffers: PlanBuffers,
     ) -> Result<Plan, RequestError> {
         let engine = self.engine_for(request)?;
-        let body = engine.plan_body(request, now_ms, false, room);
+        let body = engine.plan_body(request, now_ms, false, buffers);
         Ok(Plan { engine, body })
     }
 

@@ -4,7 +4,7 @@ use std::collections::HashMap;
 
 use proptest::prelude::*;
 use ratelimit_core::{
-    Code, Config, Descriptor, Limiter, MemoryStore, PlanRoom, Request, Response, Settings,
+    Code, Config, Descriptor, Limiter, MemoryStore, PlanBuffers, Request, Response, Settings,
 };
 
 mod support;
@@ -15,30 +15,30 @@ fn limiter() -> Limiter {
     support::limiter(&fixture("properties"))
 }
 
-/// A plan made in the room of a decided one writes over its counters, reusing their key
+/// A plan made in the buffers of a decided one writes over its counters, reusing their key
 /// strings, and lists the same counters as a plan made anew, larger or smaller.
 #[test]
-fn a_plan_made_in_a_decided_plans_room_reuses_its_strings() {
+fn a_plan_made_in_a_decided_plans_buffers_reuses_its_strings() {
     let limiter = limiter();
     let user = |v: &str| Descriptor::new([("user", v.to_owned())]);
     let one = Request::new("p", vec![user("first-user")]);
     let two = Request::new("p", vec![user("second"), user("third")]);
     let plan = limiter.plan_millis(&one, 5_000).unwrap();
     let first = plan.increments()[0].key.as_ptr();
-    let (_, room) = plan.decide_keeping_room(&[1]);
+    let (_, buffers) = plan.decide_keeping_buffers(&[1]);
     assert!(
-        room.held() >= "p_user_first-user_0".len(),
+        buffers.held() >= "p_user_first-user_0".len(),
         "{}",
-        room.held()
+        buffers.held()
     );
-    let plan = limiter.plan_millis_in(&two, 5_000, room).unwrap();
+    let plan = limiter.plan_millis_in(&two, 5_000, buffers).unwrap();
     assert_eq!(plan.increments()[0].key.as_ptr(), first, "written over");
     assert_eq!(
         plan.increments(),
         limiter.plan_millis(&two, 5_000).unwrap().increments()
     );
-    let (_, room) = plan.decide_keeping_room(&[1, 1]);
-    let plan = limiter.plan_millis_in(&one, 5_000, room).unwrap();
+    let (_, buffers) = plan.decide_keeping_buffers(&[1, 1]);
+    let plan = limiter.plan_millis_in(&one, 5_000, buffers).unwrap();
     assert_eq!(
         plan.increments()[0].key.as_ptr(),
         first,
@@ -266,7 +266,7 @@ proptest! {
     /// Whatever the rules a request's descriptors match, with global shadow or quota mode
     /// on or off: deciding in process (in one pass where the rules allow it) and through a
     /// plan give the same answers, leave the same counters and count the same statistics.
-    /// Each plan is made in the room the one before left, and lists the same counters as
+    /// Each plan is made in the buffers the one before left, and lists the same counters as
     /// a plan made anew.
     #[test]
     fn one_pass_and_planned_decisions_agree_with_their_statistics(
@@ -276,16 +276,16 @@ proptest! {
         let limiter = || one_pass_and_planned(settings.clone());
         let (in_process, planned, fresh) = (limiter(), limiter(), limiter());
         let (a, b) = (MemoryStore::default(), MemoryStore::default());
-        let mut room = PlanRoom::default();
+        let mut buffers = PlanBuffers::default();
         for (request, now_ms) in calls {
             let expected = in_process.should_rate_limit_millis(&request, &a, now_ms).unwrap();
-            // Each plan in the room the one before left: the same counters as a new plan's.
-            let plan = planned.plan_millis_in(&request, now_ms, room).unwrap();
+            // Each plan in the buffers the one before left: the same counters as a new plan's.
+            let plan = planned.plan_millis_in(&request, now_ms, buffers).unwrap();
             let new = fresh.plan_millis(&request, now_ms).unwrap();
             prop_assert_eq!(plan.increments(), new.increments());
             let counts: Vec<u64> = plan.increments().iter().map(|i| b.apply(i)).collect();
             let got;
-            (got, room) = plan.decide_keeping_room(&counts);
+            (got, buffers) = plan.decide_keeping_buffers(&counts);
             prop_assert_eq!(&got, &expected, "{:?} at {}", request, now_ms);
         }
         prop_assert_eq!(

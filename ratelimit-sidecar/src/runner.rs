@@ -27,7 +27,7 @@ use crate::observe::sinks::{self, Flusher};
 use crate::observe::traces::Traces;
 use crate::rules::files::{self, FileSource};
 use crate::rules::xds;
-use crate::runtime::{self, Pool, Side};
+use crate::runtime::{self, AdminThread, Pool};
 use crate::settings::{ConfigType, Settings};
 use ratelimit_service_kit::serve;
 
@@ -116,7 +116,7 @@ pub async fn run(settings: Settings) -> Result<(), StartError> {
     }
     // The debug and Prometheus listeners run on their own thread: no worker decides
     // while a large `/explain` or dashboard answer is built.
-    let side = Side::start("ratelimit-debug").map_err(StartError::Workers)?;
+    let side = AdminThread::start("ratelimit-debug").map_err(StartError::Workers)?;
     let (routes, limits) = (
         debug::Debug(Arc::clone(&service), server.max_json_body_bytes),
         shared.limits,
@@ -170,7 +170,7 @@ pub async fn run(settings: Settings) -> Result<(), StartError> {
 fn statistics(
     settings: &Settings,
     shared: &Shared,
-    side: &Side,
+    side: &AdminThread,
 ) -> Result<Option<Flusher>, StartError> {
     let stats = &settings.stats;
     let outputs = stats.outputs().map_err(StartError::Stats)?;

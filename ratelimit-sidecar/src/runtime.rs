@@ -5,7 +5,7 @@
 //! connections over them) and its own backend connections, so no request wakes another
 //! thread. The rules, the memory store and the statistics are shared. Worker 0 is the
 //! thread that starts the server; it also runs the configuration watcher and the signal
-//! handling. The debug and Prometheus listeners run on a thread of their own ([`Side`]),
+//! handling. The debug and Prometheus listeners run on a thread of their own ([`AdminThread`]),
 //! so that a slow `/explain` or dashboard poll never delays a decision.
 
 use std::cell::Cell;
@@ -133,17 +133,18 @@ impl Pool {
     }
 }
 
-/// A thread of its own with a single-threaded runtime, for work that must never share a
-/// thread with decisions (the debug and Prometheus listeners). It runs until dropped;
+/// A thread of its own with a single-threaded runtime, for the admin work that must never
+/// share a thread with decisions (the debug and Prometheus listeners, Envoy's admin
+/// interface's counterpart). It runs until dropped;
 /// tasks still running then are cancelled.
-pub struct Side {
+pub struct AdminThread {
     handle: tokio::runtime::Handle,
     _stop: oneshot::Sender<()>,
 }
 
-impl Side {
+impl AdminThread {
     /// Starts the thread, named `name`.
-    pub fn start(name: &str) -> io::Result<Side> {
+    pub fn start(name: &str) -> io::Result<AdminThread> {
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()?;
@@ -156,7 +157,7 @@ impl Side {
                     let _ = stopped.await;
                 });
             })?;
-        Ok(Side {
+        Ok(AdminThread {
             handle,
             _stop: stop,
         })

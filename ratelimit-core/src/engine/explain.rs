@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use super::{Item, Limited, Plan, PlanRoom, Source};
+use super::{Item, Limited, Plan, PlanBuffers, Source};
 use crate::engine::Engine;
 use crate::model::request::{Descriptor, Request};
 use crate::model::response::{CurrentLimit, Response};
@@ -95,7 +95,7 @@ impl MatchKind {
 
 impl Explanation {
     pub(crate) fn new(engine: Arc<Engine>, request: &Request, now_ms: u64) -> Explanation {
-        let body = engine.plan_body(request, now_ms, true, PlanRoom::default());
+        let body = engine.plan_body(request, now_ms, true, PlanBuffers::default());
         // One per descriptor: with several limits, the first one's.
         let descriptors = body
             .items

@@ -3,7 +3,7 @@
 use smallvec::SmallVec;
 
 use super::keys::override_stats_key;
-use super::{Applied, Increment, Item, Limited, PlanBody, PlanRoom, Source};
+use super::{Applied, Increment, Item, Limited, PlanBody, PlanBuffers, Source};
 use crate::engine::Engine;
 use crate::model::request::Request;
 use crate::rules::Node;
@@ -111,16 +111,16 @@ impl Engine {
     }
 
     /// Matches `request` and lists its counters with their keys, leaving out those the
-    /// local over-limit cache already knows about; written over `room`'s counters, whose
+    /// local over-limit cache already knows about; written over `buffers`'s counters, whose
     /// key strings are reused (the ones this plan does not need are dropped).
     pub(crate) fn plan_body(
         &self,
         request: &Request,
         now_ms: u64,
         dry: bool,
-        room: PlanRoom,
+        buffers: PlanBuffers,
     ) -> PlanBody {
-        let mut increments = room.increments;
+        let mut increments = buffers.increments;
         // Without a local cache, whose lookups need a limit's plan, most requests are
         // planned in one pass.
         if !dry

@@ -95,7 +95,7 @@ impl Increment {
     }
 
     /// This increment made the one of [`Increment::new`], in place: its key's string and
-    /// its id's room are reused.
+    /// its id's buffers are reused.
     pub(crate) fn refill(&mut self, key: &CounterKey<'_>, hits: u64, span: Span, now_ms: u64) {
         self.key.clear();
         key.write_text(&mut self.key);
@@ -200,28 +200,28 @@ impl Plan {
         self.body.decide(&self.engine, counts)
     }
 
-    /// [`Plan::decide`], and the room this plan leaves for another
+    /// [`Plan::decide`], and the buffers this plan leaves for another
     /// ([`crate::Limiter::plan_millis_in`]).
     ///
     /// # Panics
     /// If `counts` is shorter than [`Plan::increments`].
-    pub fn decide_keeping_room(self, counts: &[u64]) -> (Response, PlanRoom) {
+    pub fn decide_keeping_buffers(self, counts: &[u64]) -> (Response, PlanBuffers) {
         let response = self.body.decide(&self.engine, counts);
         let increments = self.body.increments;
-        (response, PlanRoom { increments })
+        (response, PlanBuffers { increments })
     }
 }
 
-/// The room a decided plan leaves for the next one ([`crate::Limiter::plan_millis_in`]):
+/// The buffers a decided plan leaves for the next one ([`crate::Limiter::plan_millis_in`]):
 /// its counters, whose vector and key strings the next plan writes over. A caller that
-/// keeps a few plans' room, as a remote store's caller does, plans a request without
+/// keeps a few plans' buffers, as a remote store's caller does, plans a request without
 /// allocating once it has planned one as large.
 #[derive(Debug, Default)]
-pub struct PlanRoom {
+pub struct PlanBuffers {
     increments: Vec<Increment>,
 }
 
-impl PlanRoom {
+impl PlanBuffers {
     /// The bytes it holds on the heap.
     pub fn held(&self) -> usize {
         let keys: usize = self.increments.iter().map(|i| i.key.capacity()).sum();

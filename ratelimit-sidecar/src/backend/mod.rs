@@ -9,8 +9,8 @@
 
 pub mod breaker;
 pub mod memcache;
-mod outbox;
 pub mod redis;
+mod send_buffer;
 mod waiting;
 
 use std::sync::Arc;

@@ -1,6 +1,6 @@
 //! Buffers recycled from one decision to the next: each worker thread keeps a few of the
 //! core's requests (a call's message is decoded into one, reusing its strings and
-//! vectors) and a few remote plans' buffers ([`PlanRoom`]: their counters' vector and
+//! vectors) and a few remote plans' buffers ([`PlanBuffers`]: their counters' vector and
 //! key strings), so that a decision allocates nothing for either once the thread has
 //! seen one as large.
 //!
@@ -10,7 +10,7 @@
 use std::cell::RefCell;
 use std::thread::LocalKey;
 
-use ratelimit_core::{Descriptor, Entry, PlanRoom, Request, RequestBounds};
+use ratelimit_core::{Descriptor, Entry, PlanBuffers, Request, RequestBounds};
 use ratelimit_proto::wire::{self, RequestError};
 
 /// How many of each a thread keeps at most: more than a worker's calls in flight under
@@ -18,7 +18,7 @@ use ratelimit_proto::wire::{self, RequestError};
 /// next call is read).
 const KEPT: usize = 64;
 
-/// The bytes a kept value may hold: room for several descriptors of a few entries.
+/// The bytes a kept value may hold: buffers for several descriptors of a few entries.
 const KEPT_BYTES: usize = 4096;
 
 /// What a thread keeps of one kind.
@@ -26,7 +26,7 @@ type Recycled<T> = RefCell<Vec<T>>;
 
 thread_local! {
     static REQUESTS: Recycled<Request> = const { RefCell::new(Vec::new()) };
-    static PLAN_ROOMS: Recycled<PlanRoom> = const { RefCell::new(Vec::new()) };
+    static PLAN_BUFFERS: Recycled<PlanBuffers> = const { RefCell::new(Vec::new()) };
 }
 
 /// `message` decoded into a kept request, or into a new one when the thread keeps none,
@@ -47,14 +47,14 @@ pub(crate) fn recycle_request(request: Request) {
     keep(&REQUESTS, held(&request), request);
 }
 
-/// A kept plan's room, or an empty one when the thread keeps none.
-pub(crate) fn plan_room() -> PlanRoom {
-    take(&PLAN_ROOMS)
+/// A kept plan's buffers, or an empty one when the thread keeps none.
+pub(crate) fn plan_buffers() -> PlanBuffers {
+    take(&PLAN_BUFFERS)
 }
 
-/// Keeps `room` for a later plan.
-pub(crate) fn recycle_plan_room(room: PlanRoom) {
-    keep(&PLAN_ROOMS, room.held(), room);
+/// Keeps `buffers` for a later plan.
+pub(crate) fn recycle_plan_buffers(buffers: PlanBuffers) {
+    keep(&PLAN_BUFFERS, buffers.held(), buffers);
 }
 
 fn take<T: Default>(kept: &'static LocalKey<Recycled<T>>) -> T {
@@ -74,7 +74,7 @@ fn keep<T>(kept: &'static LocalKey<Recycled<T>>, bytes: usize, value: T) {
     });
 }
 
-/// The bytes `request` holds on the heap (its vectors' room and its strings').
+/// The bytes `request` holds on the heap (its vectors' buffers and its strings').
 fn held(request: &Request) -> usize {
     let descriptors = request.descriptors.iter().map(|descriptor| {
         let strings: usize = (descriptor.entries.iter())
@@ -82,8 +82,8 @@ fn held(request: &Request) -> usize {
             .sum();
         descriptor.entries.capacity() * size_of::<Entry>() + strings
     });
-    let room = request.descriptors.capacity() * size_of::<Descriptor>();
-    request.domain.capacity() + room + descriptors.sum::<usize>()
+    let buffers = request.descriptors.capacity() * size_of::<Descriptor>();
+    request.domain.capacity() + buffers + descriptors.sum::<usize>()
 }
 
 #[cfg(test)]

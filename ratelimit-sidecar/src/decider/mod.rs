@@ -274,7 +274,7 @@ impl Decider {
         deadline: Option<Duration>,
     ) -> Result<Response, DecisionError> {
         let now_ms = unix_now_ms();
-        let mut plan = (self.limiter).plan_millis_in(request, now_ms, buffers::plan_room())?;
+        let mut plan = (self.limiter).plan_millis_in(request, now_ms, buffers::plan_buffers())?;
         let counters = Some(plan.increments().len());
         let round_trip = traces::backend(span, self.backend.name(), counters);
         let counts = remote.run(&mut plan, deadline).await;
@@ -282,8 +282,8 @@ impl Decider {
         match counts {
             Ok(counts) => {
                 self.outage.recovered();
-                let (response, room) = plan.decide_keeping_room(&counts);
-                buffers::recycle_plan_room(room);
+                let (response, buffers) = plan.decide_keeping_buffers(&counts);
+                buffers::recycle_plan_buffers(buffers);
                 Ok(response)
             }
             Err(error @ BackendError::Key(_)) => Err(error.into()),

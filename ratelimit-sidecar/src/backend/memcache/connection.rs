@@ -28,7 +28,7 @@ use tokio::sync::Notify;
 
 use super::protocol::{Commands, Kind, Reply, parse};
 use super::tls::Tls;
-use crate::backend::outbox::{self, Outbox, write_gathered};
+use crate::backend::send_buffer::{self, SendBuffer, write_gathered};
 use crate::backend::waiting::{self, Failure, Queue, Waiting, Woken};
 
 /// The most requests that may wait on one connection.
@@ -61,7 +61,7 @@ impl std::fmt::Debug for Link {
 
 impl Drop for Link {
     fn drop(&mut self) {
-        self.shared.lock().outbox.closed = true;
+        self.shared.lock().send_buffer.closed = true;
         self.shared.work.notify_one();
     }
 }
@@ -77,7 +77,7 @@ struct Shared {
 }
 
 struct State {
-    outbox: Outbox,
+    send_buffer: SendBuffer,
     /// The kind of each reply still to come, in order.
     kinds: VecDeque<Kind>,
     waiting: Waiting<Reply>,
@@ -106,7 +106,7 @@ impl Link {
         let shared = Arc::new(Shared {
             target,
             state: Mutex::new(State {
-                outbox: Outbox::with_capacity(4 * 1024),
+                send_buffer: SendBuffer::with_capacity(4 * 1024),
                 kinds: VecDeque::new(),
                 waiting: Waiting::new(),
                 owing_since: Instant::now(),
@@ -138,7 +138,7 @@ impl Link {
                 let error = format!("{MAX_WAITING} requests are already waiting");
                 return Err(Failure::Failed(error));
             }
-            let mut commands = Commands::new(&mut state.outbox.out, &mut state.kinds);
+            let mut commands = Commands::new(&mut state.send_buffer.out, &mut state.kinds);
             write(&mut commands);
             let count = commands.count();
             if count == 0 {
@@ -159,14 +159,14 @@ impl Link {
 
 impl Shared {
     fn lock(&self) -> MutexGuard<'_, State> {
-        outbox::lock(&self.state)
+        send_buffer::lock(&self.state)
     }
 
     /// Fails every waiting request; the next request connects again.
     fn broken(&self, error: &str) {
         let failed = {
             let mut state = self.lock();
-            state.outbox.out.clear();
+            state.send_buffer.out.clear();
             state.kinds.clear();
             state.status = Status::Idle;
             state.waiting.fail_all(error)
@@ -215,7 +215,7 @@ impl Shared {
             let notified = self.work.notified();
             {
                 let state = self.lock();
-                if state.outbox.closed {
+                if state.send_buffer.closed {
                     return false;
                 }
                 if state.status == Status::Connecting {
@@ -286,7 +286,7 @@ async fn open(target: &Target) -> Result<Halves, String> {
 /// error) or the link is dropped (`None`).
 async fn drive(shared: &Shared, (mut reader, mut writer): Halves) -> Option<String> {
     let write = write_gathered(&mut writer, &shared.work, 4 * 1024, |buffer| {
-        shared.lock().outbox.take(buffer)
+        shared.lock().send_buffer.take(buffer)
     });
     let read = async {
         let mut input = BytesMut::with_capacity(16 * 1024);

@@ -15,16 +15,16 @@ use redis::cluster_async::ClusterConnection;
 use redis::sentinel::{SentinelClient, SentinelNodeConnectionInfo, SentinelServerType};
 use redis::{AsyncConnectionConfig, ConnectionAddr, RedisConnectionInfo, Value};
 
+mod connection_info;
 mod counters;
 mod nodes;
 mod pipelined;
-mod reach;
 mod resp;
 
+use connection_info::{address, credentials, sentinel_address, tls_client};
 pub use counters::RedisCounters;
 use nodes::{Nodes, SlotOwners};
 use pipelined::Pipelined;
-use reach::{address, credentials, sentinel_address, tls_client};
 use resp::{Arg, Replies, Reply};
 
 use super::breaker::Breakers;

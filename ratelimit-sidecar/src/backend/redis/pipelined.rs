@@ -23,7 +23,7 @@ use tokio::net::{TcpStream, UnixStream};
 use tokio::sync::Notify;
 
 use super::resp::{self, Arg, Replies, Reply};
-use crate::backend::outbox::{self, Outbox, write_gathered};
+use crate::backend::send_buffer::{self, SendBuffer, write_gathered};
 use crate::backend::waiting::{self, Failure, Queue, Waiting, Woken};
 
 /// The most requests that may wait on one connection.
@@ -65,7 +65,7 @@ struct Handle(Arc<Shared>);
 
 impl Drop for Handle {
     fn drop(&mut self) {
-        self.0.lock().outbox.closed = true;
+        self.0.lock().send_buffer.closed = true;
         self.0.work.notify_one();
     }
 }
@@ -89,7 +89,7 @@ struct Shared {
 }
 
 struct State {
-    outbox: Outbox,
+    send_buffer: SendBuffer,
     waiting: Waiting<Reply>,
     link: Link,
 }
@@ -116,7 +116,7 @@ impl Pipelined {
         let shared = Arc::new(Shared {
             target,
             state: Mutex::new(State {
-                outbox: Outbox::with_capacity(16 * 1024),
+                send_buffer: SendBuffer::with_capacity(16 * 1024),
                 waiting: Waiting::new(),
                 link: Link::Up,
             }),
@@ -161,7 +161,7 @@ impl Pipelined {
                 )));
             }
             let mut count = 0;
-            let out = &mut state.outbox.out;
+            let out = &mut state.send_buffer.out;
             write(&mut |args| {
                 resp::encode(out, args);
                 count += 1;
@@ -178,7 +178,7 @@ impl Pipelined {
 
 impl Shared {
     fn lock(&self) -> MutexGuard<'_, State> {
-        outbox::lock(&self.state)
+        send_buffer::lock(&self.state)
     }
 
     /// Fails every waiting request and marks the link down.
@@ -186,7 +186,7 @@ impl Shared {
         let error = format!("redis connection: {error}");
         let failed = {
             let mut state = self.lock();
-            state.outbox.out.clear();
+            state.send_buffer.out.clear();
             state.link = Link::Down {
                 at: Instant::now(),
                 error: error.clone(),
@@ -230,7 +230,10 @@ async fn supervise(shared: &Shared, first: Connection) {
             let notified = shared.work.notified();
             let (closed, due) = {
                 let state = shared.lock();
-                (state.outbox.closed, matches!(state.link, Link::Connecting))
+                (
+                    state.send_buffer.closed,
+                    matches!(state.link, Link::Connecting),
+                )
             };
             if closed {
                 return;
@@ -255,7 +258,7 @@ async fn supervise(shared: &Shared, first: Connection) {
 async fn drive(shared: &Shared, connection: Connection) -> Option<String> {
     let (mut reader, mut writer) = connection.split();
     let write = write_gathered(&mut writer, &shared.work, 16 * 1024, |buffer| {
-        shared.lock().outbox.take(buffer)
+        shared.lock().send_buffer.take(buffer)
     });
     let read = async {
         let mut input = BytesMut::with_capacity(16 * 1024);

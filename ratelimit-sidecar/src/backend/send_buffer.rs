@@ -10,17 +10,17 @@ use tokio::sync::Notify;
 /// The commands requests have written and not yet sent, and whether the connection is
 /// still held (kept under the connection's lock, with what else it guards).
 #[derive(Debug, Default)]
-pub(super) struct Outbox {
+pub(super) struct SendBuffer {
     /// Encoded commands, in the order their replies will come.
     pub out: Vec<u8>,
     /// Nobody holds the connection any more: its task ends.
     pub closed: bool,
 }
 
-impl Outbox {
-    /// An empty outbox with room for `capacity` bytes of commands.
-    pub fn with_capacity(capacity: usize) -> Outbox {
-        Outbox {
+impl SendBuffer {
+    /// An empty send buffer with room for `capacity` bytes of commands.
+    pub fn with_capacity(capacity: usize) -> SendBuffer {
+        SendBuffer {
             out: Vec::with_capacity(capacity),
             closed: false,
         }
@@ -39,7 +39,7 @@ impl Outbox {
 
 /// Writes what requests gather, all of it in one `write` each time `work` is notified,
 /// until the connection is no longer held (`None`: `take` gave `false`) or a write fails
-/// (the error). `take` runs [`Outbox::take`] under the connection's lock.
+/// (the error). `take` runs [`SendBuffer::take`] under the connection's lock.
 pub(super) async fn write_gathered(
     writer: &mut (impl AsyncWrite + Unpin + ?Sized),
     work: &Notify,
