@@ -6,6 +6,7 @@
 //! none); the loaded rules compile and decide requests with sane statuses.
 #![no_main]
 
+use ratelimit_core::UnixMillis;
 use std::fmt::Write as _;
 
 use libfuzzer_sys::fuzz_target;
@@ -89,7 +90,7 @@ fuzz_target!(|data: &[u8]| {
     let request = Request::new(domain.domain.clone(), descriptors);
     let store = MemoryStore::new(1024);
     for now in [EPOCH, EPOCH, EPOCH + 1] {
-        match limiter.should_rate_limit(&request, &store, now) {
+        match limiter.should_rate_limit(&request, &store, UnixMillis::from_secs(now)) {
             Ok(response) => check_response_any_algorithm(&request, &response),
             // Names past the limiter's bounds are refused; nothing else may be.
             Err(

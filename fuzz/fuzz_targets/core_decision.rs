@@ -12,6 +12,7 @@
 //! has), answer the same.
 #![no_main]
 
+use ratelimit_core::UnixMillis;
 use std::collections::HashMap;
 
 use arbitrary::Arbitrary;
@@ -208,7 +209,7 @@ fn remote(
     now: u64,
     prefix: &str,
 ) -> Result<Response, RequestError> {
-    let mut plan = limiter.plan(request, now)?;
+    let mut plan = limiter.plan(request, UnixMillis::from_secs(now))?;
     for increment in plan.increments() {
         let start = increment.window_end - increment.window.seconds();
         assert_eq!(
@@ -265,7 +266,7 @@ fuzz_target!(|input: Input| {
     for step in input.steps.iter().take(48) {
         now += step.advance.seconds();
         let request = request(step);
-        let local = in_process.should_rate_limit(&request, &store, now);
+        let local = in_process.should_rate_limit(&request, &store, UnixMillis::from_secs(now));
         let remote = remote(&planned, &mut model, &request, now, prefix);
         match (&local, &remote) {
             (Ok(local), Ok(remote)) => {

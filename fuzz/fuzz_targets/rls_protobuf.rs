@@ -8,6 +8,7 @@
 //! refused request is refused for what it holds, never for want of a configuration.
 #![no_main]
 
+use ratelimit_core::UnixMillis;
 use std::cell::RefCell;
 
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
@@ -56,7 +57,7 @@ fuzz_target!(|data: &[u8]| {
     let limiter = Limiter::new(&DECISION_CONFIG, Settings::default());
     let store = MemoryStore::new(1024);
     for now in [EPOCH, EPOCH, EPOCH + 60] {
-        match limiter.should_rate_limit(&request, &store, now) {
+        match limiter.should_rate_limit(&request, &store, UnixMillis::from_secs(now)) {
             Ok(response) => check_response(&request, &response),
             // Requests the limiter refuses (no domain, no descriptor, past its bounds)
             // are the caller's problem, not a failure.

@@ -8,6 +8,7 @@
 //! descriptors are never empty; statuses are sane (`check_response`).
 #![no_main]
 
+use ratelimit_core::UnixMillis;
 use libfuzzer_sys::fuzz_target;
 use ratelimit_core::{Request, RequestError};
 use ratelimit_fuzz::{EPOCH, check_response};
@@ -50,7 +51,7 @@ fuzz_target!(|data: &[u8]| {
     let shared = MemoryShared::default();
     let store = SlotCounters::new(&shared, config.shared_slots);
     for now in [EPOCH, EPOCH, EPOCH + 1] {
-        match config.limiter.should_rate_limit(&request, &store, now) {
+        match config.limiter.should_rate_limit(&request, &store, UnixMillis::from_secs(now)) {
             Ok(response) => check_response(&request, &response),
             // Names past the limiter's bounds are refused; nothing else may be.
             Err(

@@ -5,6 +5,7 @@
 //! batch size as its hits, and `client_id=<id>, operation=<kind>` carries each kind's
 //! count, so a configuration can cap sells apart from buys.
 
+use ratelimit_core::UnixMillis;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -241,7 +242,7 @@ impl Limits {
                 domain,
             } => {
                 let request = Request::new(domain.clone(), descriptors(client_id, batch));
-                match limiter.should_rate_limit_millis(&request, store, unix_now_ms()) {
+                match limiter.should_rate_limit(&request, store, UnixMillis(unix_now_ms())) {
                     Ok(response) => verdict(&response, &request, format),
                     Err(error) => {
                         tracing::error!(%error, "the rate limiter refused its own request");

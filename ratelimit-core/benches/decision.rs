@@ -4,6 +4,7 @@
 #[path = "support/scenarios.rs"]
 mod scenarios;
 
+use ratelimit_core::UnixMillis;
 use std::hint::black_box;
 
 use criterion::{Criterion, criterion_group, criterion_main};
@@ -25,7 +26,7 @@ fn decisions(c: &mut Criterion) {
         group.bench_function(name, |b| {
             b.iter(|| {
                 limiter
-                    .should_rate_limit(black_box(&request), &store, NOW)
+                    .should_rate_limit(black_box(&request), &store, UnixMillis::from_secs(NOW))
                     .unwrap()
             })
         });
@@ -43,7 +44,7 @@ fn decisions(c: &mut Criterion) {
             b.iter(|| {
                 set_value(&mut request, next.next().unwrap());
                 limiter
-                    .should_rate_limit(black_box(&request), &store, NOW)
+                    .should_rate_limit(black_box(&request), &store, UnixMillis::from_secs(NOW))
                     .unwrap()
             })
         });
@@ -62,7 +63,11 @@ fn decisions(c: &mut Criterion) {
         group.bench_function(name, |b| {
             b.iter(|| {
                 limiter
-                    .should_rate_limit(black_box(next.next().unwrap()), &store, NOW)
+                    .should_rate_limit(
+                        black_box(next.next().unwrap()),
+                        &store,
+                        UnixMillis::from_secs(NOW),
+                    )
                     .unwrap()
             })
         });
@@ -72,7 +77,11 @@ fn decisions(c: &mut Criterion) {
     let (limiter, _) = engine();
     let request = two_entries();
     c.bench_function("plan_two_entries", |b| {
-        b.iter(|| limiter.plan(black_box(&request), NOW).unwrap())
+        b.iter(|| {
+            limiter
+                .plan(black_box(&request), UnixMillis::from_secs(NOW))
+                .unwrap()
+        })
     });
 }
 

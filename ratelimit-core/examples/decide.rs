@@ -5,6 +5,7 @@
 //! Arguments: the config directory, the domain, then one descriptor per argument as
 //! comma-separated `key=value` pairs. Each descriptor set is asked three times.
 
+use ratelimit_core::UnixMillis;
 use std::error::Error;
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -41,7 +42,7 @@ fn main() -> Result<(), Box<dyn Error>> {
     let now = SystemTime::now().duration_since(UNIX_EPOCH)?.as_secs();
     let request = Request::new(domain, descriptors);
     for attempt in 1..=3 {
-        let response = limiter.should_rate_limit(&request, &store, now)?;
+        let response = limiter.should_rate_limit(&request, &store, UnixMillis::from_secs(now))?;
         let verdict = if response.overall_code == Code::Ok {
             "OK"
         } else {

@@ -1,12 +1,14 @@
 //! A rate-limit engine that reads envoyproxy/ratelimit's YAML rules and decides requests
 //! the way that service does, without doing any I/O.
 //!
-//! Time is passed in as unix seconds; nothing here reads a clock, opens a file or a
-//! socket, or spawns a task, so the same engine runs in a server, in a proxy-wasm filter
+//! Time is passed in as a moment in unix milliseconds ([`UnixMillis`]); nothing here
+//! reads a clock, opens a file or a socket, or spawns a task, so the same engine runs in a server, in a proxy-wasm filter
 //! and inside any Rust program.
 //!
 //! ```
-//! use ratelimit_core::{Code, Config, Descriptor, Limiter, MemoryStore, Request, Settings};
+//! use ratelimit_core::{
+//!     Code, Config, Descriptor, Limiter, MemoryStore, Request, Settings, UnixMillis,
+//! };
 //!
 //! let config = Config::from_yaml(
 //!     "api.yaml",
@@ -16,14 +18,13 @@
 //! let store = MemoryStore::default();
 //! let request = Request::new("api", vec![Descriptor::new([("user", "alice")])]);
 //!
-//! let now = 1_700_000_000;
-//! let codes: Vec<Code> = (0..3)
-//!     .map(|_| limiter.should_rate_limit(&request, &store, now).unwrap().overall_code)
-//!     .collect();
+//! let now = UnixMillis::from_secs(1_700_000_000);
+//! let decide = || limiter.should_rate_limit(&request, &store, now).unwrap().overall_code;
+//! let codes: Vec<Code> = (0..3).map(|_| decide()).collect();
 //! assert_eq!(codes, [Code::Ok, Code::Ok, Code::OverLimit]);
 //!
 //! // A minute later the window has rolled over.
-//! let later = limiter.should_rate_limit(&request, &store, now + 60)?;
+//! let later = limiter.should_rate_limit(&request, &store, UnixMillis(now.0 + 60_000))?;
 //! assert_eq!(later.statuses[0].limit_remaining, 1);
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
@@ -68,6 +69,7 @@ pub use model::response::{
     Code, CurrentLimit, DescriptorStatus, HeaderNames, Policy, RateLimitHeaders, Response, Retry,
     Statuses,
 };
+pub use model::time::{Decide, Planning, UnixMillis};
 pub use rules::unit::{Unit, Window};
 pub use rules::wildcard::Pattern;
 pub use rules::{MatchKind, RuleView};

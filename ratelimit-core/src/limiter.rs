@@ -9,9 +9,10 @@ use smallvec::SmallVec;
 
 use crate::counting::local_cache::OverLimitCache;
 use crate::engine::Engine;
-use crate::engine::{Explanation, Plan, PlanBuffers, QuotaRule};
+use crate::engine::{Explanation, Plan, QuotaRule};
 use crate::model::request::{Entry, Request, RequestBounds, RequestError};
 use crate::model::response::Response;
+use crate::model::time::{Decide, Planning, UnixMillis};
 use crate::rules::config::Config;
 use crate::rules::{RuleSet, RuleView};
 use crate::settings::Settings;
@@ -187,43 +188,25 @@ impl Limiter {
         Ok(engine.quota_rule(domain, bucket, now_ms))
     }
 
-    /// Plans `request` at `now` (unix seconds) for a remote counter store.
-    pub fn plan(&self, request: &Request, now: u64) -> Result<Plan, RequestError> {
-        self.plan_millis(request, now.saturating_mul(1_000))
-    }
-
-    /// Plans `request` at `now_ms` (unix milliseconds, which sliding windows and token
-    /// buckets count in) for a remote counter store.
-    pub fn plan_millis(&self, request: &Request, now_ms: u64) -> Result<Plan, RequestError> {
-        self.plan_millis_in(request, now_ms, PlanBuffers::default())
-    }
-
-    /// [`Limiter::plan_millis`] in the buffers an earlier plan left
-    /// ([`Plan::decide_keeping_buffers`]): its vector and key strings are reused.
-    pub fn plan_millis_in(
-        &self,
-        request: &Request,
-        now_ms: u64,
-        buffers: PlanBuffers,
-    ) -> Result<Plan, RequestError> {
+    /// Plans `request` for a remote counter store: the counters to add to
+    /// ([`Plan::increments`]), to be run in one round trip and decided from their totals
+    /// ([`Plan::decide`]). `how`: a [`UnixMillis`], or one reusing an earlier plan's
+    /// buffers ([`UnixMillis::reusing`]).
+    pub fn plan(&self, request: &Request, how: impl Into<Planning>) -> Result<Plan, RequestError> {
+        let Planning { at, buffers } = how.into();
         let engine = self.engine_for(request)?;
-        let body = engine.plan_body(request, now_ms, false, buffers);
+        let body = engine.plan_body(request, at.as_millis(), false, buffers);
         Ok(Plan { engine, body })
     }
 
-    /// Why `request` would get its answer at `now`, without counting it: read the
+    /// Why `request` would get its answer at `at`, without counting it: read the
     /// counters of [`Explanation::increments`] and pass them to [`Explanation::answer`].
-    pub fn explain(&self, request: &Request, now: u64) -> Result<Explanation, RequestError> {
-        self.explain_millis(request, now.saturating_mul(1_000))
-    }
-
-    /// [`Limiter::explain`] at `now_ms` (unix milliseconds).
-    pub fn explain_millis(
-        &self,
-        request: &Request,
-        now_ms: u64,
-    ) -> Result<Explanation, RequestError> {
-        Ok(Explanation::new(self.engine_for(request)?, request, now_ms))
+    pub fn explain(&self, request: &Request, at: UnixMillis) -> Result<Explanation, RequestError> {
+        Ok(Explanation::new(
+            self.engine_for(request)?,
+            request,
+            at.as_millis(),
+        ))
     }
 
     /// The configuration a plan keeps alive, once `request` is known to be valid.
@@ -235,54 +218,33 @@ impl Limiter {
         })
     }
 
-    /// Decides `request` at `now` (unix seconds) against counters in `store`.
+    /// Decides `request` against counters in `store`. `how`: a [`UnixMillis`], or one
+    /// deciding as a share of a fleet ([`UnixMillis::shared_by`]).
     pub fn should_rate_limit<S>(
         &self,
         request: &Request,
         store: &S,
-        now: u64,
+        how: impl Into<Decide>,
     ) -> Result<Response, RequestError>
     where
         S: CounterStore + ?Sized,
     {
-        self.should_rate_limit_millis(request, store, now.saturating_mul(1_000))
-    }
-
-    /// Decides `request` at `now_ms` (unix milliseconds) against counters in `store`.
-    pub fn should_rate_limit_millis<S>(
-        &self,
-        request: &Request,
-        store: &S,
-        now_ms: u64,
-    ) -> Result<Response, RequestError>
-    where
-        S: CounterStore + ?Sized,
-    {
-        self.should_rate_limit_shared(request, store, now_ms, 1)
-    }
-
-    /// Decides `request` as one of `deciders` that share every limit, each allowing its
-    /// share (`requests_per_unit / deciders`, rounded up), against counters of its own in
-    /// `store`: a server's fallback while the store its fleet shares is unavailable.
-    pub fn should_rate_limit_shared<S>(
-        &self,
-        request: &Request,
-        store: &S,
-        now_ms: u64,
-        deciders: u32,
-    ) -> Result<Response, RequestError>
-    where
-        S: CounterStore + ?Sized,
-    {
+        let Decide { at, deciders } = how.into();
         self.with_engine(|engine| {
             check(request, &self.settings.bounds)?;
-            Ok(decide(engine, request, store, now_ms, deciders))
+            Ok(decide(
+                engine,
+                request,
+                store,
+                at.as_millis(),
+                deciders.max(1),
+            ))
         })
     }
 }
 
-/// Decides `request` with `engine` against `store` (see
-/// [`Limiter::should_rate_limit_shared`]).
+/// Decides `request` with `engine` against `store` as one of `deciders` (see
+/// [`UnixMillis::shared_by`]).
 fn decide<S>(engine: &Engine, request: &Request, store: &S, now_ms: u64, deciders: u32) -> Response
 where
     S: CounterStore + ?Sized,

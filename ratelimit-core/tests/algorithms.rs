@@ -1,6 +1,7 @@
 //! Limits beyond upstream's fixed window: `unit_multiplier`, `algorithm`, `burst` and
 //! `rate_limits`, checked against plain reference models on a test clock.
 
+use ratelimit_core::UnixMillis;
 use std::collections::HashMap;
 
 use proptest::prelude::*;
@@ -77,7 +78,9 @@ fn plain_rules_keep_upstream_keys_and_new_limits_get_keys_of_their_own() {
         ],
     ));
     let keys = |key: &str| -> Vec<String> {
-        let plan = limiter.plan(&one(key, 1), 1_000_030).unwrap();
+        let plan = limiter
+            .plan(&one(key, 1), UnixMillis::from_secs(1_000_030))
+            .unwrap();
         plan.increments().iter().map(|i| i.key.clone()).collect()
     };
     assert_eq!(keys("plain"), ["d_plain_v_1000020"]);
@@ -103,7 +106,7 @@ fn every_window_limit_counts_every_hit_and_the_status_reports_the_one_that_decid
     let store = MemoryStore::default();
     let at = |ms: u64| {
         let response = limiter
-            .should_rate_limit_millis(&one("k", 1), &store, 86_400_000 * 20_000 + ms)
+            .should_rate_limit(&one("k", 1), &store, UnixMillis(86_400_000 * 20_000 + ms))
             .unwrap();
         let status = &response.statuses[0];
         let name = status.current_limit.as_ref().and_then(|l| l.name.clone());
@@ -138,7 +141,7 @@ fn a_token_bucket_in_a_list_spends_only_what_it_admits() {
     let store = MemoryStore::default();
     let code = |ms: u64| {
         limiter
-            .should_rate_limit_millis(&one("k", 1), &store, 60_000_000 + ms)
+            .should_rate_limit(&one("k", 1), &store, UnixMillis(60_000_000 + ms))
             .unwrap()
             .overall_code
     };
@@ -157,11 +160,11 @@ fn unit_multiplier_windows_report_their_unit_and_the_real_reset() {
     let now = 1_200 * 1_000 + 30; // 30 s past a 10-minute boundary
     for _ in 0..2 {
         limiter
-            .should_rate_limit(&one("k", 1), &store, now)
+            .should_rate_limit(&one("k", 1), &store, UnixMillis::from_secs(now))
             .unwrap();
     }
     let over = limiter
-        .should_rate_limit(&one("k", 1), &store, now)
+        .should_rate_limit(&one("k", 1), &store, UnixMillis::from_secs(now))
         .unwrap();
     assert_eq!(over.overall_code, Code::OverLimit);
     let status = &over.statuses[0];
@@ -171,7 +174,7 @@ fn unit_multiplier_windows_report_their_unit_and_the_real_reset() {
     );
     assert_eq!(status.duration_until_reset, Some(570));
     let later = limiter
-        .should_rate_limit(&one("k", 1), &store, now + 569)
+        .should_rate_limit(&one("k", 1), &store, UnixMillis::from_secs(now + 569))
         .unwrap();
     assert_eq!(
         later.overall_code,
@@ -179,7 +182,7 @@ fn unit_multiplier_windows_report_their_unit_and_the_real_reset() {
         "still the same 10-minute window"
     );
     let next = limiter
-        .should_rate_limit(&one("k", 1), &store, now + 570)
+        .should_rate_limit(&one("k", 1), &store, UnixMillis::from_secs(now + 570))
         .unwrap();
     assert_eq!(next.overall_code, Code::Ok);
 }
@@ -244,7 +247,7 @@ fn play(
     let store = MemoryStore::default();
     let mut admitted = Vec::new();
     for (now, hits) in times(steps) {
-        let response = limiter.should_rate_limit_millis(&one("k", hits), &store, now);
+        let response = limiter.should_rate_limit(&one("k", hits), &store, UnixMillis(now));
         let ok = response.unwrap().overall_code == Code::Ok;
         prop_assert_eq!(ok, model.admit(now, hits), "at {} with {} hits", now, hits);
         if ok {

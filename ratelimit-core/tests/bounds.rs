@@ -1,6 +1,7 @@
 //! Request bounds: caller-chosen names and addends can neither grow memory without bound
 //! nor wrap a counter back under its limit.
 
+use ratelimit_core::UnixMillis;
 use ratelimit_core::{
     Code, Config, Descriptor, Limiter, MemoryStore, Request, RequestBounds, RequestError, Settings,
 };
@@ -36,15 +37,19 @@ fn user(hits: u64) -> Request {
 #[test]
 fn a_huge_addend_is_over_the_limit_and_cannot_reset_a_counter() {
     let (limiter, store) = (limiter(RequestBounds::default()), MemoryStore::default());
-    let over = limiter.should_rate_limit(&user(151), &store, NOW).unwrap();
+    let over = limiter
+        .should_rate_limit(&user(151), &store, UnixMillis::from_secs(NOW))
+        .unwrap();
     assert_eq!(over.overall_code, Code::OverLimit);
 
     // 2^64 - 151 would wrap the counter to 0 if it were added: it saturates instead.
     let huge = limiter
-        .should_rate_limit(&user(u64::MAX - 150), &store, NOW)
+        .should_rate_limit(&user(u64::MAX - 150), &store, UnixMillis::from_secs(NOW))
         .unwrap();
     assert_eq!(huge.overall_code, Code::OverLimit);
-    let after = limiter.should_rate_limit(&user(1), &store, NOW).unwrap();
+    let after = limiter
+        .should_rate_limit(&user(1), &store, UnixMillis::from_secs(NOW))
+        .unwrap();
     assert_eq!(after.overall_code, Code::OverLimit);
 }
 
@@ -52,7 +57,7 @@ fn a_huge_addend_is_over_the_limit_and_cannot_reset_a_counter() {
 fn an_operator_bound_on_addends_is_refused_with_the_field() {
     let (limiter, store) = with_max_addend(1_000);
     let error = limiter
-        .should_rate_limit(&user(5_000), &store, NOW)
+        .should_rate_limit(&user(5_000), &store, UnixMillis::from_secs(NOW))
         .unwrap_err();
     assert_eq!(
         error,
@@ -68,7 +73,9 @@ fn an_operator_bound_on_addends_is_refused_with_the_field() {
         "descriptors[0].hits_addend is 5000; at most 1000 is allowed"
     );
     // The refused request counted nothing.
-    let after = limiter.should_rate_limit(&user(100), &store, NOW).unwrap();
+    let after = limiter
+        .should_rate_limit(&user(100), &store, UnixMillis::from_secs(NOW))
+        .unwrap();
     assert_eq!(after.overall_code, Code::Ok);
 }
 
@@ -77,13 +84,15 @@ fn addends_at_the_bound_saturate_the_counter_instead_of_wrapping() {
     let (limiter, store) = with_max_addend(1 << 63);
     for _ in 0..3 {
         let response = limiter
-            .should_rate_limit(&user(1 << 63), &store, NOW)
+            .should_rate_limit(&user(1 << 63), &store, UnixMillis::from_secs(NOW))
             .unwrap();
         assert_eq!(response.overall_code, Code::OverLimit);
         assert_eq!(response.statuses[0].limit_remaining, 0);
     }
     // The same on the remote path: the plan decides a saturated total as over the limit.
-    let plan = limiter.plan(&user(1 << 63), NOW).unwrap();
+    let plan = limiter
+        .plan(&user(1 << 63), UnixMillis::from_secs(NOW))
+        .unwrap();
     assert_eq!(plan.decide(&[u64::MAX]).overall_code, Code::OverLimit);
 }
 
@@ -117,12 +126,15 @@ fn names_past_their_bound_are_refused_with_the_field() {
     ];
     for (request, message) in cases {
         let error = limiter
-            .should_rate_limit(&request, &store, NOW)
+            .should_rate_limit(&request, &store, UnixMillis::from_secs(NOW))
             .unwrap_err();
         assert!(error.is_invalid_argument());
         assert_eq!(error.to_string(), message);
         assert_eq!(
-            limiter.plan(&request, NOW).unwrap_err().to_string(),
+            limiter
+                .plan(&request, UnixMillis::from_secs(NOW))
+                .unwrap_err()
+                .to_string(),
             message
         );
     }
@@ -132,7 +144,11 @@ fn names_past_their_bound_are_refused_with_the_field() {
         "b",
         vec![Descriptor::new([("user".to_owned(), long(65_536))])],
     );
-    assert!(limiter.should_rate_limit(&at_bound, &store, NOW).is_ok());
+    assert!(
+        limiter
+            .should_rate_limit(&at_bound, &store, UnixMillis::from_secs(NOW))
+            .is_ok()
+    );
 }
 
 #[test]
@@ -142,7 +158,7 @@ fn a_request_wide_addend_past_the_bound_is_refused() {
     request.hits_addend = 11;
     assert_eq!(
         limiter
-            .should_rate_limit(&request, &store, NOW)
+            .should_rate_limit(&request, &store, UnixMillis::from_secs(NOW))
             .unwrap_err(),
         RequestError::HitsAddendTooLarge {
             field: "hits_addend".into(),
@@ -152,6 +168,8 @@ fn a_request_wide_addend_past_the_bound_is_refused() {
     );
     assert_eq!(store.usage().counters, 0, "nothing was counted");
     request.hits_addend = 10;
-    let response = limiter.should_rate_limit(&request, &store, NOW).unwrap();
+    let response = limiter
+        .should_rate_limit(&request, &store, UnixMillis::from_secs(NOW))
+        .unwrap();
     assert_eq!(response.statuses[0].limit_remaining, 90);
 }

@@ -2,6 +2,7 @@
 //! 200 000 random `detailed_metric` values leave the registry at MAX_STAT_KEYS names and
 //! the process's resident memory flat. (Its own test binary: nothing else allocates.)
 
+use ratelimit_core::UnixMillis;
 use ratelimit_core::stats::{DEFAULT_MAX_STAT_KEYS, names};
 use ratelimit_core::{Config, Descriptor, Limiter, MemoryStore, Request, Settings};
 
@@ -25,9 +26,13 @@ fn random_traffic(limiter: &Limiter, store: &MemoryStore, seed: u64, n: usize) {
     };
     for _ in 0..n {
         let unknown = Request::new(next(), vec![Descriptor::new([("value", "x")])]);
-        limiter.should_rate_limit(&unknown, store, NOW).unwrap();
+        limiter
+            .should_rate_limit(&unknown, store, UnixMillis::from_secs(NOW))
+            .unwrap();
         let detailed = Request::new("c", vec![Descriptor::new([("value", next())])]);
-        limiter.should_rate_limit(&detailed, store, NOW).unwrap();
+        limiter
+            .should_rate_limit(&detailed, store, UnixMillis::from_secs(NOW))
+            .unwrap();
     }
 }
 

@@ -1,5 +1,6 @@
 //! Loading and validating configuration files.
 
+use ratelimit_core::UnixMillis;
 use std::fs;
 use std::path::Path;
 
@@ -238,7 +239,7 @@ fn bundled_example_config_loads_and_behaves_as_its_comments_say() {
     let ask = |entries: &[(&str, &str)]| {
         let request = Request::new("edge", vec![Descriptor::new(entries.iter().copied())]);
         limiter
-            .should_rate_limit(&request, &store, 1_000_000)
+            .should_rate_limit(&request, &store, UnixMillis::from_secs(1_000_000))
             .unwrap()
     };
     assert_eq!(

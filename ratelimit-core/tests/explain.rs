@@ -1,6 +1,7 @@
 //! Explanations: which rule each descriptor meets and how, its counter, and the answer
 //! the current counts would give, without counting anything.
 
+use ratelimit_core::UnixMillis;
 use ratelimit_core::{Code, MatchKind, MemoryStore, Outcome, Request};
 
 mod support;
@@ -10,7 +11,9 @@ fn explanations_name_the_rule_and_count_nothing() {
     let limiter = support::limiter(&fixture("explain"));
     let store = MemoryStore::default();
     let user = Request::new("x", vec![d(&[("user", "a")])]);
-    limiter.should_rate_limit(&user, &store, NOW).unwrap();
+    limiter
+        .should_rate_limit(&user, &store, UnixMillis::from_secs(NOW))
+        .unwrap();
     let stats_before = limiter.stats().snapshot().counters();
 
     let request = Request::new(
@@ -25,7 +28,9 @@ fn explanations_name_the_rule_and_count_nothing() {
             d(&[("nothing", "1")]),
         ],
     );
-    let explanation = limiter.explain(&request, NOW).unwrap();
+    let explanation = limiter
+        .explain(&request, UnixMillis::from_secs(NOW))
+        .unwrap();
     let found = explanation.descriptors();
     let outcomes: Vec<Outcome> = found.iter().map(|e| e.outcome).collect();
     assert_eq!(
@@ -74,7 +79,9 @@ fn explanations_name_the_rule_and_count_nothing() {
     assert_eq!(limiter.stats().snapshot().counters(), stats_before);
 
     // Over the limit, the answer says so.
-    limiter.should_rate_limit(&user, &store, NOW).unwrap();
+    limiter
+        .should_rate_limit(&user, &store, UnixMillis::from_secs(NOW))
+        .unwrap();
     let current: Vec<u64> = explanation
         .increments()
         .iter()
@@ -87,7 +94,10 @@ fn explanations_name_the_rule_and_count_nothing() {
 fn an_unknown_domain_is_explained_without_a_statistic() {
     let limiter = support::limiter(&fixture("explain"));
     let explanation = limiter
-        .explain(&Request::new("nowhere", vec![d(&[("user", "a")])]), NOW)
+        .explain(
+            &Request::new("nowhere", vec![d(&[("user", "a")])]),
+            UnixMillis::from_secs(NOW),
+        )
         .unwrap();
     assert_eq!(explanation.descriptors()[0].outcome, Outcome::UnknownDomain);
     assert!(

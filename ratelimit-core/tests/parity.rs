@@ -2,6 +2,7 @@
 //! code, which descriptor the `RateLimit-*` headers report, which rules contribute
 //! metadata, and refunds (`is_negative_hits`) on every algorithm and path.
 
+use ratelimit_core::UnixMillis;
 use ratelimit_core::{
     Code, Config, Descriptor, Limiter, MemoryStore, RateLimitHeaders, Request, Response, Settings,
 };
@@ -174,12 +175,15 @@ fn a_remote_refund_is_never_held_back_and_clears_the_local_cache() {
     };
     let l = limiter_with(settings);
     let charge = Request::new("p", vec![d("window", "lc")]);
-    let r = l.plan(&charge, NOW).unwrap().decide(&[4]);
+    let r = l
+        .plan(&charge, UnixMillis::from_secs(NOW))
+        .unwrap()
+        .decide(&[4]);
     assert_eq!(r.statuses[0].code, Code::OverLimit);
     assert_eq!(l.local_cache().unwrap().usage().0, 1, "remembered as over");
 
     let refund = Request::new("p", vec![d("window", "lc").with_hits(2).refunding()]);
-    let mut plan = l.plan(&refund, NOW + 1).unwrap();
+    let mut plan = l.plan(&refund, UnixMillis::from_secs(NOW + 1)).unwrap();
     assert!(plan.needs_current_counts());
     plan.apply_current(&[4]);
     let increments = plan.increments();
@@ -197,7 +201,7 @@ fn a_remote_refund_is_never_held_back_and_clears_the_local_cache() {
     );
     assert_eq!(l.local_cache().unwrap().usage().0, 0, "forgotten");
     // The store is asked again about the next charge.
-    let next = l.plan(&charge, NOW + 2).unwrap();
+    let next = l.plan(&charge, UnixMillis::from_secs(NOW + 2)).unwrap();
     assert_eq!(next.increments().len(), 1);
 }
 

@@ -1,6 +1,7 @@
 //! The prepared keyed check answers, counts and keeps statistics as the full decision of
 //! the same one-descriptor request does.
 
+use ratelimit_core::UnixMillis;
 use std::sync::{Arc, Mutex};
 
 use proptest::prelude::*;
@@ -136,7 +137,7 @@ proptest! {
             Err(error) => {
                 // Only a path without a rule is refused here; it limits nothing.
                 prop_assert!(matches!(error, PrepareError::NoRule { .. }), "{error}");
-                let response = full.should_rate_limit(&request(&keys, &["x"; 2][..keys.len()], 1), &MemoryStore::default(), 0).unwrap();
+                let response = full.should_rate_limit(&request(&keys, &["x"; 2][..keys.len()], 1), &MemoryStore::default(), UnixMillis::from_secs(0)).unwrap();
                 prop_assert_eq!(response.statuses[0].current_limit.clone(), None);
                 return Ok(());
             }
@@ -149,14 +150,14 @@ proptest! {
             let values = [names[first], names[second]];
             let values = &values[..keys.len()];
             let expected = full
-                .should_rate_limit_millis(&request(&keys, values, hits), &full_store, now_ms)
+                .should_rate_limit(&request(&keys, values, hits), &full_store, UnixMillis(now_ms))
                 .unwrap();
             let (allowed, headers) = if prepared {
                 let decision = check.decide_hits(values, hits, &mixed_store, now_ms).unwrap();
                 (decision.allowed, decision.headers)
             } else {
                 let response = mixed
-                    .should_rate_limit_millis(&request(&keys, values, hits), &mixed_store, now_ms)
+                    .should_rate_limit(&request(&keys, values, hits), &mixed_store, UnixMillis(now_ms))
                     .unwrap();
                 (response.overall_code == Code::Ok, response.headers)
             };
@@ -238,7 +239,11 @@ fn calls_are_held_to_the_request_bounds() {
     let store = MemoryStore::default();
     let error = check.decide(&["alice"], &store, START_MS).unwrap_err();
     let expected = limiter
-        .should_rate_limit_millis(&request(&["user"], &["alice"], 1), &store, START_MS)
+        .should_rate_limit(
+            &request(&["user"], &["alice"], 1),
+            &store,
+            UnixMillis(START_MS),
+        )
         .unwrap_err();
     assert_eq!(error, PrepareError::Request(expected));
     assert!(matches!(

@@ -1,5 +1,6 @@
 //! Properties that must hold for any input.
 
+use ratelimit_core::UnixMillis;
 use std::collections::HashMap;
 
 use proptest::prelude::*;
@@ -23,7 +24,7 @@ fn a_plan_made_in_a_decided_plans_buffers_reuses_its_strings() {
     let user = |v: &str| Descriptor::new([("user", v.to_owned())]);
     let one = Request::new("p", vec![user("first-user")]);
     let two = Request::new("p", vec![user("second"), user("third")]);
-    let plan = limiter.plan_millis(&one, 5_000).unwrap();
+    let plan = limiter.plan(&one, UnixMillis(5_000)).unwrap();
     let first = plan.increments()[0].key.as_ptr();
     let (_, buffers) = plan.decide_keeping_buffers(&[1]);
     assert!(
@@ -31,14 +32,18 @@ fn a_plan_made_in_a_decided_plans_buffers_reuses_its_strings() {
         "{}",
         buffers.held()
     );
-    let plan = limiter.plan_millis_in(&two, 5_000, buffers).unwrap();
+    let plan = limiter
+        .plan(&two, UnixMillis(5_000).reusing(buffers))
+        .unwrap();
     assert_eq!(plan.increments()[0].key.as_ptr(), first, "written over");
     assert_eq!(
         plan.increments(),
-        limiter.plan_millis(&two, 5_000).unwrap().increments()
+        limiter.plan(&two, UnixMillis(5_000)).unwrap().increments()
     );
     let (_, buffers) = plan.decide_keeping_buffers(&[1, 1]);
-    let plan = limiter.plan_millis_in(&one, 5_000, buffers).unwrap();
+    let plan = limiter
+        .plan(&one, UnixMillis(5_000).reusing(buffers))
+        .unwrap();
     assert_eq!(
         plan.increments()[0].key.as_ptr(),
         first,
@@ -46,7 +51,7 @@ fn a_plan_made_in_a_decided_plans_buffers_reuses_its_strings() {
     );
     assert_eq!(
         plan.increments(),
-        limiter.plan_millis(&one, 5_000).unwrap().increments()
+        limiter.plan(&one, UnixMillis(5_000)).unwrap().increments()
     );
 }
 
@@ -58,13 +63,13 @@ proptest! {
         let limiter = limiter();
         let store = MemoryStore::default();
         let for_value = |v: &str| Request::new("p", vec![Descriptor::new([("user", v)])]);
-        let key_a = limiter.plan(&for_value(&a), now).unwrap().increments()[0].key.clone();
-        let key_b = limiter.plan(&for_value(&b), now).unwrap().increments()[0].key.clone();
+        let key_a = limiter.plan(&for_value(&a), UnixMillis::from_secs(now)).unwrap().increments()[0].key.clone();
+        let key_b = limiter.plan(&for_value(&b), UnixMillis::from_secs(now)).unwrap().increments()[0].key.clone();
         prop_assert_ne!(&key_a, &key_b);
         for _ in 0..7 {
-            limiter.should_rate_limit(&for_value(&a), &store, now).unwrap();
+            limiter.should_rate_limit(&for_value(&a), &store, UnixMillis::from_secs(now)).unwrap();
         }
-        let other = limiter.should_rate_limit(&for_value(&b), &store, now).unwrap();
+        let other = limiter.should_rate_limit(&for_value(&b), &store, UnixMillis::from_secs(now)).unwrap();
         prop_assert_eq!(other.statuses[0].limit_remaining, 6);
     }
 
@@ -82,7 +87,7 @@ proptest! {
         for (client, t, hits) in calls {
             let now = 1_000_000 + t;
             let request = Request::new("p", vec![Descriptor::new([("user", format!("u{client}"))]).with_hits(hits)]);
-            let response = limiter.should_rate_limit(&request, &store, now).unwrap();
+            let response = limiter.should_rate_limit(&request, &store, UnixMillis::from_secs(now)).unwrap();
             if response.overall_code == Code::Ok {
                 *admitted.entry((client, now / 60)).or_default() += hits;
             }
@@ -98,7 +103,7 @@ proptest! {
     fn wildcard_rules_match_like_a_naive_matcher(value in "(/a/|/b/|/a)[ab/]{0,6}") {
         let limiter = limiter();
         let request = Request::new("p", vec![Descriptor::new([("path", value.as_str())])]);
-        let planned = !limiter.plan(&request, 0).unwrap().increments().is_empty();
+        let planned = !limiter.plan(&request, UnixMillis::from_secs(0)).unwrap().increments().is_empty();
         let naive = value.starts_with("/a/") && value[3..].contains("/b");
         prop_assert_eq!(planned, naive, "{}", value);
     }
@@ -114,7 +119,9 @@ fn concurrent_clients_never_exceed_the_limit() {
         for _ in 0..8 {
             s.spawn(|| {
                 for _ in 0..1_000 {
-                    let r = limiter.should_rate_limit(&request, &store, 600).unwrap();
+                    let r = limiter
+                        .should_rate_limit(&request, &store, UnixMillis::from_secs(600))
+                        .unwrap();
                     if r.overall_code == Code::Ok {
                         admitted.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                     }
@@ -128,7 +135,7 @@ fn concurrent_clients_never_exceed_the_limit() {
 /// A remote store's exchange, played against a memory store: current counts when the
 /// plan needs them, then the increments, then the decision.
 fn through_a_plan(limiter: &Limiter, store: &MemoryStore, request: &Request, now: u64) -> Response {
-    let mut plan = limiter.plan(request, now).unwrap();
+    let mut plan = limiter.plan(request, UnixMillis::from_secs(now)).unwrap();
     if plan.needs_current_counts() {
         let current: Vec<u64> = plan.increments().iter().map(|i| store.current(i)).collect();
         plan.apply_current(&current);
@@ -162,7 +169,7 @@ proptest! {
                 descriptors.push(Descriptor::new([("path", path)]));
             }
             let request = Request::new("p", descriptors);
-            let expected = direct.should_rate_limit(&request, &a, now).unwrap();
+            let expected = direct.should_rate_limit(&request, &a, UnixMillis::from_secs(now)).unwrap();
             let got = through_a_plan(&planned, &b, &request, now);
             prop_assert_eq!(&got, &expected, "{:?} at {}", request, now);
         }
@@ -193,11 +200,11 @@ proptest! {
                     .with_limit(6, ratelimit_core::Unit::Minute),
             };
             let request = Request::new("m", vec![descriptor]);
-            let expected = limiter.should_rate_limit(&request, &reference, now).unwrap();
+            let expected = limiter.should_rate_limit(&request, &reference, UnixMillis::from_secs(now)).unwrap();
             let got = if planned {
                 through_a_plan(&limiter, &mixed, &request, now)
             } else {
-                limiter.should_rate_limit(&request, &mixed, now).unwrap()
+                limiter.should_rate_limit(&request, &mixed, UnixMillis::from_secs(now)).unwrap()
             };
             prop_assert_eq!(&got, &expected, "{:?} at {}", request, now);
         }
@@ -278,10 +285,10 @@ proptest! {
         let (a, b) = (MemoryStore::default(), MemoryStore::default());
         let mut buffers = PlanBuffers::default();
         for (request, now_ms) in calls {
-            let expected = in_process.should_rate_limit_millis(&request, &a, now_ms).unwrap();
+            let expected = in_process.should_rate_limit(&request, &a, UnixMillis(now_ms)).unwrap();
             // Each plan in the buffers the one before left: the same counters as a new plan's.
-            let plan = planned.plan_millis_in(&request, now_ms, buffers).unwrap();
-            let new = fresh.plan_millis(&request, now_ms).unwrap();
+            let plan = planned.plan(&request, UnixMillis(now_ms).reusing(buffers)).unwrap();
+            let new = fresh.plan(&request, UnixMillis(now_ms)).unwrap();
             prop_assert_eq!(plan.increments(), new.increments());
             let counts: Vec<u64> = plan.increments().iter().map(|i| b.apply(i)).collect();
             let got;
@@ -310,8 +317,8 @@ proptest! {
         let (a, b) = (MemoryStore::default(), MemoryStore::default());
         for (request, now_ms) in calls {
             let (fast, slow) = (
-                one_pass.plan_millis(&request, now_ms).unwrap(),
-                planned.plan_millis(&request, now_ms).unwrap(),
+                one_pass.plan(&request, UnixMillis(now_ms)).unwrap(),
+                planned.plan(&request, UnixMillis(now_ms)).unwrap(),
             );
             prop_assert_eq!(fast.increments(), slow.increments());
             let counts: Vec<u64> = fast.increments().iter().map(|i| a.apply(i)).collect();

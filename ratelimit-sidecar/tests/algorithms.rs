@@ -2,6 +2,7 @@
 //! times through the memory store, the wasm filter's shared-data slots, a real Redis and
 //! a real memcached give the same responses, field for field.
 
+use ratelimit_core::UnixMillis;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use ratelimit_core::stats::StatsRegistry;
@@ -95,10 +96,10 @@ async fn memory_wasm_slots_redis_and_memcached_agree() {
         now_ms += step;
         let request = Request::new("a", vec![Descriptor::new([(rule, "x")]).with_hits(hits)]);
         let in_memory = memory_limiter
-            .should_rate_limit_millis(&request, &memory, now_ms)
+            .should_rate_limit(&request, &memory, UnixMillis(now_ms))
             .unwrap();
         let in_slots = slots_limiter
-            .should_rate_limit_millis(&request, &slots, now_ms)
+            .should_rate_limit(&request, &slots, UnixMillis(now_ms))
             .unwrap();
         let on_redis = through(&redis_limiter, &redis, &request, now_ms).await;
         let on_memcached = through(&memcached_limiter, &memcached, &request, now_ms).await;
@@ -117,7 +118,7 @@ async fn memory_wasm_slots_redis_and_memcached_agree() {
 }
 
 async fn through(limiter: &Limiter, remote: &Remote, request: &Request, now_ms: u64) -> Response {
-    let mut plan = limiter.plan_millis(request, now_ms).unwrap();
+    let mut plan = limiter.plan(request, UnixMillis(now_ms)).unwrap();
     let counts = remote.run(&mut plan, None).await.unwrap();
     plan.decide(&counts)
 }

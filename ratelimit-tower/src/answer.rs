@@ -3,6 +3,7 @@
 use http::header::RETRY_AFTER;
 use http::request::Parts;
 use http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
+use ratelimit_core::UnixMillis;
 use ratelimit_core::{Code, CounterStore, Descriptor, Request, Retry};
 
 use crate::layer::RateLimitLayer;
@@ -28,17 +29,20 @@ where
         }
         let request = Request::new(&*self.domain, descriptors);
         let now_ms = (self.clock)();
-        let response = match self
-            .limiter
-            .should_rate_limit_millis(&request, &*self.store, now_ms)
-        {
-            Ok(response) => response,
-            // Fail loudly: a request the limiter cannot judge is not let through.
-            Err(error) if error.is_invalid_argument() => {
-                return Verdict::Refuse(StatusCode::BAD_REQUEST, HeaderMap::new());
-            }
-            Err(_) => return Verdict::Refuse(StatusCode::SERVICE_UNAVAILABLE, HeaderMap::new()),
-        };
+        let response =
+            match self
+                .limiter
+                .should_rate_limit(&request, &*self.store, UnixMillis(now_ms))
+            {
+                Ok(response) => response,
+                // Fail loudly: a request the limiter cannot judge is not let through.
+                Err(error) if error.is_invalid_argument() => {
+                    return Verdict::Refuse(StatusCode::BAD_REQUEST, HeaderMap::new());
+                }
+                Err(_) => {
+                    return Verdict::Refuse(StatusCode::SERVICE_UNAVAILABLE, HeaderMap::new());
+                }
+            };
         let mut headers = HeaderMap::new();
         for (name, value) in response.header_pairs(&self.format) {
             // Names were checked when the format was set; values are numbers and

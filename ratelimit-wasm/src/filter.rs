@@ -1,6 +1,7 @@
 //! The filter inside Envoy: descriptors from the request, a local decision with the
 //! core over counters in Envoy's shared data, a local 429 when over.
 
+use ratelimit_core::UnixMillis;
 use std::collections::HashMap;
 use std::rc::Rc;
 use std::time::{Duration, UNIX_EPOCH};
@@ -184,7 +185,7 @@ impl HttpContext for Filter {
         let counters = SlotCounters::new(EnvoySharedData, config.shared_slots);
         match config
             .limiter
-            .should_rate_limit_millis(&request, &counters, now_ms)
+            .should_rate_limit(&request, &counters, UnixMillis(now_ms))
         {
             Ok(response) if response.overall_code == Code::OverLimit => {
                 let mut headers = vec![("x-envoy-ratelimited".to_owned(), "true".to_owned())];

@@ -7,6 +7,7 @@
 #[allow(dead_code)] // shared with the core's own benchmark, which uses all of it
 mod scenarios;
 
+use ratelimit_core::UnixMillis;
 use std::collections::HashMap;
 use std::hint::black_box;
 use std::num::NonZeroU32;
@@ -78,7 +79,7 @@ fn compare(
     match core_input {
         Core::Hot(request) => group.bench_function("ratelimit-core", |b| {
             b.iter(|| {
-                core.should_rate_limit(black_box(&request), &store, NOW)
+                core.should_rate_limit(black_box(&request), &store, UnixMillis::from_secs(NOW))
                     .unwrap()
             })
         }),
@@ -87,7 +88,7 @@ fn compare(
             group.bench_function("ratelimit-core", |b| {
                 b.iter(|| {
                     set_value(&mut request, next.next().unwrap());
-                    core.should_rate_limit(black_box(&request), &store, NOW)
+                    core.should_rate_limit(black_box(&request), &store, UnixMillis::from_secs(NOW))
                         .unwrap()
                 })
             })
@@ -96,8 +97,12 @@ fn compare(
             let mut next = requests.iter().cycle();
             group.bench_function("ratelimit-core", |b| {
                 b.iter(|| {
-                    core.should_rate_limit(black_box(next.next().unwrap()), &store, NOW)
-                        .unwrap()
+                    core.should_rate_limit(
+                        black_box(next.next().unwrap()),
+                        &store,
+                        UnixMillis::from_secs(NOW),
+                    )
+                    .unwrap()
                 })
             })
         }

@@ -5,6 +5,7 @@
 #[allow(dead_code)] // shared with the core's own benchmark, which uses all of it
 mod scenarios;
 
+use ratelimit_core::UnixMillis;
 use std::num::NonZeroU32;
 use std::sync::Arc;
 
@@ -95,7 +96,7 @@ impl Workload {
             at = (at + 1) % values.len();
             scenarios::set_value(&mut request, &values[at]);
             let response = limiter
-                .should_rate_limit(&request, &store, NOW)
+                .should_rate_limit(&request, &store, UnixMillis::from_secs(NOW))
                 .expect("valid request");
             response.overall_code == ratelimit_core::Code::Ok
         }

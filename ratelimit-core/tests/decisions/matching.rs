@@ -1,6 +1,7 @@
 //! Which rule a descriptor meets: values before keys, depth, wildcards, whitelists,
 //! unknown domains, request overrides, and the counters' keys.
 
+use ratelimit_core::UnixMillis;
 use ratelimit_core::{Code, Limiter, MemoryStore, Request, RequestError, Settings, Unit};
 
 use crate::support::{NOW, ask, counter, d, engine, first, fixture, limiter_with, rules};
@@ -90,7 +91,10 @@ fn share_threshold_shares_one_counter_across_matching_values() {
     assert_eq!(one(&l, &s, &[("files", "shared/b.csv")]).2, 0);
     assert_eq!(one(&l, &s, &[("files", "shared/c")]).0, Code::OverLimit);
     let plan = l
-        .plan(&Request::new("m", vec![d(&[("files", "shared/zzz")])]), NOW)
+        .plan(
+            &Request::new("m", vec![d(&[("files", "shared/zzz")])]),
+            UnixMillis::from_secs(NOW),
+        )
         .unwrap();
     assert_eq!(plan.increments()[0].key, "m_files_shared/*_1699999200");
 }
@@ -102,9 +106,11 @@ fn unlimited_rules_never_count() {
         hits_addend: 1_000,
         ..Request::new("m", vec![d(&[("free", "x")])])
     };
-    let plan = l.plan(&request, NOW).unwrap();
+    let plan = l.plan(&request, UnixMillis::from_secs(NOW)).unwrap();
     assert!(plan.increments().is_empty());
-    let r = l.should_rate_limit(&request, &s, NOW).unwrap();
+    let r = l
+        .should_rate_limit(&request, &s, UnixMillis::from_secs(NOW))
+        .unwrap();
     assert_eq!(first(&r), (Code::Ok, None, u32::MAX));
     assert_eq!(r.statuses[0].duration_until_reset, None);
     assert_eq!(s.usage().counters, 0);
@@ -128,16 +134,20 @@ fn invalid_requests_are_errors() {
     let (l, s) = engine(&fixture("matching"));
     let empty_domain = Request::new("", vec![d(&[("a", "b")])]);
     assert_eq!(
-        l.should_rate_limit(&empty_domain, &s, NOW),
+        l.should_rate_limit(&empty_domain, &s, UnixMillis::from_secs(NOW)),
         Err(RequestError::EmptyDomain)
     );
     assert_eq!(
-        l.should_rate_limit(&Request::new("m", vec![]), &s, NOW),
+        l.should_rate_limit(&Request::new("m", vec![]), &s, UnixMillis::from_secs(NOW)),
         Err(RequestError::NoDescriptors)
     );
     let unloaded = Limiter::without_config(Settings::default());
     assert_eq!(
-        unloaded.should_rate_limit(&Request::new("m", vec![d(&[("a", "b")])]), &s, NOW),
+        unloaded.should_rate_limit(
+            &Request::new("m", vec![d(&[("a", "b")])]),
+            &s,
+            UnixMillis::from_secs(NOW)
+        ),
         Err(RequestError::NoConfiguration)
     );
     assert_eq!(
@@ -161,7 +171,7 @@ fn cache_keys_are_byte_for_byte_envoy_ratelimit_keys() {
             d(&[("nothing", "x")]),
         ],
     );
-    let plan = l.plan(&request, NOW).unwrap();
+    let plan = l.plan(&request, UnixMillis::from_secs(NOW)).unwrap();
     let keys: Vec<&str> = plan.increments().iter().map(|i| i.key.as_str()).collect();
     assert_eq!(
         keys,
@@ -183,27 +193,57 @@ fn hits_addend_request_default_descriptor_wins_and_zero_only_checks() {
     ));
     let mut request = Request::new("h", vec![d(&[("k", "a")])]);
     request.hits_addend = 3;
-    assert_eq!(first(&l.should_rate_limit(&request, &s, NOW).unwrap()).2, 2);
+    assert_eq!(
+        first(
+            &l.should_rate_limit(&request, &s, UnixMillis::from_secs(NOW))
+                .unwrap()
+        )
+        .2,
+        2
+    );
     request.descriptors[0].hits_addend = Some(2);
-    assert_eq!(first(&l.should_rate_limit(&request, &s, NOW).unwrap()).2, 0);
+    assert_eq!(
+        first(
+            &l.should_rate_limit(&request, &s, UnixMillis::from_secs(NOW))
+                .unwrap()
+        )
+        .2,
+        0
+    );
     // Exactly at the limit, a check-only request is still OK.
     request.descriptors[0].hits_addend = Some(0);
     assert_eq!(
-        first(&l.should_rate_limit(&request, &s, NOW).unwrap()),
+        first(
+            &l.should_rate_limit(&request, &s, UnixMillis::from_secs(NOW))
+                .unwrap()
+        ),
         (Code::Ok, Some(5), 0)
     );
     request.descriptors[0].hits_addend = Some(1);
     assert_eq!(
-        first(&l.should_rate_limit(&request, &s, NOW).unwrap()).0,
+        first(
+            &l.should_rate_limit(&request, &s, UnixMillis::from_secs(NOW))
+                .unwrap()
+        )
+        .0,
         Code::OverLimit
     );
     // Rejected hits still count: the window is now past the limit.
     request.descriptors[0].hits_addend = Some(0);
     assert_eq!(
-        first(&l.should_rate_limit(&request, &s, NOW).unwrap()).0,
+        first(
+            &l.should_rate_limit(&request, &s, UnixMillis::from_secs(NOW))
+                .unwrap()
+        )
+        .0,
         Code::OverLimit
     );
-    assert!(l.plan(&request, NOW).unwrap().increments()[0].per_second());
+    assert!(
+        l.plan(&request, UnixMillis::from_secs(NOW))
+            .unwrap()
+            .increments()[0]
+            .per_second()
+    );
 }
 
 #[test]

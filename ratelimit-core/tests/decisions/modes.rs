@@ -1,6 +1,7 @@
 //! The modes that change what is counted and answered: `replaces`, shadow mode, quota
 //! mode, stopping increments once over the limit, the local cache, and reloads.
 
+use ratelimit_core::UnixMillis;
 use ratelimit_core::{Code, Config, Limiter, MemoryStore, Request, Response, Settings};
 
 use crate::support::{NOW, ask, counter, d, engine, first, fixture, limiter, limiter_with, rules};
@@ -140,7 +141,10 @@ fn stop_increment_when_over_limit_leaves_the_other_counters_alone() {
     // key2 stopped counting once key3 went over: 10 counted, 10 remaining.
     assert_eq!(r.statuses[0].limit_remaining, 10);
     let key2 = l
-        .plan(&Request::new("stop", vec![d(&[("key2", "a")])]), NOW)
+        .plan(
+            &Request::new("stop", vec![d(&[("key2", "a")])]),
+            UnixMillis::from_secs(NOW),
+        )
         .unwrap();
     assert_eq!(s.current(&key2.increments()[0]), 10);
 }
@@ -149,12 +153,15 @@ fn stop_increment_when_over_limit_leaves_the_other_counters_alone() {
 fn reload_swaps_rules_and_keeps_counters_and_statistics() {
     let (l, s) = engine(&per_minute(5));
     let request = Request::new("re", vec![d(&[("k", "v")])]);
-    l.should_rate_limit(&request, &s, NOW).unwrap();
-    let planned_before = l.plan(&request, NOW).unwrap();
+    l.should_rate_limit(&request, &s, UnixMillis::from_secs(NOW))
+        .unwrap();
+    let planned_before = l.plan(&request, UnixMillis::from_secs(NOW)).unwrap();
     l.set_config(&Config::from_yaml("v2.yaml", &per_minute(2)).unwrap());
     // A plan made before the reload answers with the old rules.
     assert_eq!(first(&planned_before.decide(&[2])), (Code::Ok, Some(5), 3));
-    let r = l.should_rate_limit(&request, &s, NOW).unwrap();
+    let r = l
+        .should_rate_limit(&request, &s, UnixMillis::from_secs(NOW))
+        .unwrap();
     assert_eq!(first(&r), (Code::Ok, Some(2), 0));
     assert_eq!(
         counter(&l, "ratelimit.service.rate_limit.re.k.total_hits"),
@@ -182,8 +189,20 @@ fn limiters_deciding_in_turn_on_one_thread_each_use_their_own_rules() {
                 .unwrap()
                 .requests_per_unit
         };
-        assert_eq!(limit(five.should_rate_limit(&request, &s, NOW).unwrap()), 5);
-        assert_eq!(limit(two.should_rate_limit(&request, &s, NOW).unwrap()), 2);
+        assert_eq!(
+            limit(
+                five.should_rate_limit(&request, &s, UnixMillis::from_secs(NOW))
+                    .unwrap()
+            ),
+            5
+        );
+        assert_eq!(
+            limit(
+                two.should_rate_limit(&request, &s, UnixMillis::from_secs(NOW))
+                    .unwrap()
+            ),
+            2
+        );
     }
 }
 
@@ -192,19 +211,21 @@ fn a_remote_plan_with_the_stop_flag_increments_only_what_would_go_over() {
     let yaml = stop_rules("a", "b");
     let l = stopping(&yaml);
     let request = Request::new("stop", vec![d(&[("a", "1")]), d(&[("b", "1")])]);
-    let mut plan = l.plan(&request, NOW).unwrap();
+    let mut plan = l.plan(&request, UnixMillis::from_secs(NOW)).unwrap();
     assert!(plan.needs_current_counts());
     plan.apply_current(&[3, 4]);
     let hits: Vec<u64> = plan.increments().iter().map(|i| i.hits).collect();
     assert_eq!(hits, [1, 1], "nothing would go over: everything counts");
-    let mut plan = l.plan(&request, NOW).unwrap();
+    let mut plan = l.plan(&request, UnixMillis::from_secs(NOW)).unwrap();
     plan.apply_current(&[3, 10]);
     let hits: Vec<u64> = plan.increments().iter().map(|i| i.hits).collect();
     assert_eq!(hits, [0, 1]);
     let r = plan.decide(&[3, 11]);
     assert_eq!(r.overall_code, Code::OverLimit);
     assert_eq!(r.statuses[0].limit_remaining, 17);
-    let without_flag = limiter(&yaml).plan(&request, NOW).unwrap();
+    let without_flag = limiter(&yaml)
+        .plan(&request, UnixMillis::from_secs(NOW))
+        .unwrap();
     assert!(!without_flag.needs_current_counts());
 }
 
@@ -224,10 +245,13 @@ fn the_local_cache_answers_known_over_limit_counters_without_the_store() {
     let l = limiter_with(&yaml, settings);
     let request = Request::new("lc", vec![d(&[("a", "1")]), d(&[("b", "1")])]);
     // The store says `a` went over (2 > 1): the key is remembered.
-    let r = l.plan(&request, NOW).unwrap().decide(&[2, 2]);
+    let r = l
+        .plan(&request, UnixMillis::from_secs(NOW))
+        .unwrap()
+        .decide(&[2, 2]);
     assert_eq!(r.statuses[0].code, Code::OverLimit);
     // Next time only `b` is sent to the store, and `a` is over from the cache.
-    let plan = l.plan(&request, NOW + 1).unwrap();
+    let plan = l.plan(&request, UnixMillis::from_secs(NOW + 1)).unwrap();
     let keys: Vec<&str> = plan.increments().iter().map(|i| i.key.as_str()).collect();
     assert_eq!(keys, ["lc_b_1_1699999980"]);
     let r = plan.decide(&[3]);
@@ -246,6 +270,12 @@ fn the_local_cache_answers_known_over_limit_counters_without_the_store() {
     );
     assert_eq!(counter(&l, "ratelimit.localcache.hitCount"), Some(1));
     // A new window asks the store again.
-    assert_eq!(l.plan(&request, NOW + 60).unwrap().increments().len(), 2);
+    assert_eq!(
+        l.plan(&request, UnixMillis::from_secs(NOW + 60))
+            .unwrap()
+            .increments()
+            .len(),
+        2
+    );
     assert_eq!(l.local_cache().unwrap().usage().0, 1);
 }

@@ -1,6 +1,7 @@
 //! What an answer reports: the `RateLimit-*` headers, the time until a window resets,
 //! and the statistics a decision counts, under the names upstream gives them.
 
+use ratelimit_core::UnixMillis;
 use ratelimit_core::{RateLimitHeaders, Request, Unit};
 
 use crate::support::{NOW, ask, counter, d, engine, fixture, limiter, rules};
@@ -89,7 +90,9 @@ fn near_and_over_limit_statistics_follow_the_reference_arithmetic() {
             format!("n{i}"),
             vec![d(&[("k", "v")]).with_hits(after - before)],
         );
-        l.plan(&request, NOW).unwrap().decide(&[after]);
+        l.plan(&request, UnixMillis::from_secs(NOW))
+            .unwrap()
+            .decide(&[after]);
         let get = |stat: &str| {
             counter(&l, &format!("ratelimit.service.rate_limit.n{i}.k.{stat}")).unwrap()
         };

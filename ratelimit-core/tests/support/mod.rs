@@ -3,6 +3,7 @@
 //! fixed time. Each test file uses part of it.
 #![allow(dead_code)]
 
+use ratelimit_core::UnixMillis;
 use std::path::Path;
 
 use ratelimit_core::{Code, Config, Descriptor, Limiter, MemoryStore, Request, Response, Settings};
@@ -57,7 +58,11 @@ pub fn ask(
     descriptors: Vec<Descriptor>,
 ) -> Response {
     limiter
-        .should_rate_limit(&Request::new(domain, descriptors), store, NOW)
+        .should_rate_limit(
+            &Request::new(domain, descriptors),
+            store,
+            UnixMillis::from_secs(NOW),
+        )
         .unwrap()
 }
 
@@ -83,6 +88,6 @@ pub fn counter(limiter: &Limiter, name: &str) -> Option<u64> {
 
 /// The keys of the counters a request at `now` would increment.
 pub fn planned_keys(limiter: &Limiter, request: &Request, now: u64) -> Vec<String> {
-    let plan = limiter.plan(request, now).unwrap();
+    let plan = limiter.plan(request, UnixMillis::from_secs(now)).unwrap();
     plan.increments().iter().map(|i| i.key.clone()).collect()
 }

@@ -115,7 +115,7 @@ fn structure(fields: HashMap<String, Value>) -> Value {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use ratelimit_core::{Config, Descriptor, Limiter, MemoryStore, Settings, Unit};
+    use ratelimit_core::{Config, Descriptor, Limiter, MemoryStore, Settings, Unit, UnixMillis};
 
     fn field<'a>(s: &'a Struct, name: &str) -> &'a Kind {
         s.fields[name].kind.as_ref().unwrap()
@@ -151,7 +151,7 @@ descriptors:
         );
         request.hits_addend = 4;
         let response = limiter
-            .should_rate_limit(&request, &MemoryStore::default(), 0)
+            .should_rate_limit(&request, &MemoryStore::default(), UnixMillis::from_secs(0))
             .unwrap();
         let s = dynamic_metadata(&request, &response);
         assert_eq!(field(&s, "domain"), &Kind::StringValue("md".into()));

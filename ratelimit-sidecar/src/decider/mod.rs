@@ -9,6 +9,7 @@ pub(crate) mod buffers;
 pub mod metadata;
 pub mod outage;
 
+use ratelimit_core::UnixMillis;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
@@ -234,10 +235,11 @@ impl Decider {
         let response = match span {
             None => self
                 .limiter
-                .should_rate_limit_millis(&request, &**store, now_ms),
+                .should_rate_limit(&request, &**store, UnixMillis(now_ms)),
             Some(span) => {
                 let round_trip = traces::backend(Some(span), self.backend.name(), None);
-                let response = (self.limiter).should_rate_limit_millis(&request, &**store, now_ms);
+                let response =
+                    (self.limiter).should_rate_limit(&request, &**store, UnixMillis(now_ms));
                 round_trip.end(&response);
                 response
             }
@@ -274,7 +276,8 @@ impl Decider {
         deadline: Option<Duration>,
     ) -> Result<Response, DecisionError> {
         let now_ms = unix_now_ms();
-        let mut plan = (self.limiter).plan_millis_in(request, now_ms, buffers::plan_buffers())?;
+        let mut plan =
+            (self.limiter).plan(request, UnixMillis(now_ms).reusing(buffers::plan_buffers()))?;
         let counters = Some(plan.increments().len());
         let round_trip = traces::backend(span, self.backend.name(), counters);
         let counts = remote.run(&mut plan, deadline).await;
@@ -367,7 +370,7 @@ impl Decider {
         request: RateLimitRequest,
     ) -> Result<(Explanation, Vec<u64>, Response), DecisionError> {
         let request = request_from_pb(request)?;
-        let explanation = self.limiter.explain_millis(&request, unix_now_ms())?;
+        let explanation = self.limiter.explain(&request, UnixMillis(unix_now_ms()))?;
         let current = match &self.backend {
             Backend::Memory(store) => explanation
                 .increments()

@@ -2,6 +2,7 @@
 //! (`BACKEND_FAILURE_MODE`), and the bound on requests decided at once
 //! (`MAX_INFLIGHT_REQUESTS`).
 
+use ratelimit_core::UnixMillis;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
@@ -109,7 +110,11 @@ impl Outage {
                 self.local_used.store(true, Ordering::Release);
                 let store = self.local.load();
                 limiter
-                    .should_rate_limit_shared(request, &**store, now_ms, self.replicas)
+                    .should_rate_limit(
+                        request,
+                        &**store,
+                        UnixMillis(now_ms).shared_by(self.replicas),
+                    )
                     .map_err(|e| BackendError::Unavailable(e.to_string()))
             }
         }
