@@ -4,6 +4,7 @@
 //!
 //! `cargo run -p ratelimit-core --example prepared_loop`
 
+use ratelimit_core::UnixMillis;
 use std::error::Error;
 use std::sync::Arc;
 
@@ -24,7 +25,7 @@ fn main() -> Result<(), Box<dyn Error>> {
         // A call every 100 ms for each user: 10 calls a second, 2 refilled.
         let now_ms = start_ms + step * 100;
         for (i, user) in ["alice", "bob"].into_iter().enumerate() {
-            let decision = check.decide(&[user], &store, now_ms)?;
+            let decision = check.decide(&[user], &store, UnixMillis(now_ms))?;
             allowed[i] += u32::from(decision.allowed);
             println!(
                 "t={:>4} ms {user:<5} allowed={:<5} remaining={:?} reset={:?} s",

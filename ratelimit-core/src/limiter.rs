@@ -9,7 +9,7 @@ use smallvec::SmallVec;
 
 use crate::counting::local_cache::OverLimitCache;
 use crate::engine::Engine;
-use crate::engine::{Explanation, Plan, QuotaRule};
+use crate::engine::{Explanation, Plan, PrepareError, PreparedCheck, QuotaRule};
 use crate::model::request::{Entry, Request, RequestBounds, RequestError};
 use crate::model::response::Response;
 use crate::model::time::{Decide, Planning, UnixMillis};
@@ -186,6 +186,17 @@ impl Limiter {
             .load_full()
             .ok_or(RequestError::NoConfiguration)?;
         Ok(engine.quota_rule(domain, bucket, now_ms))
+    }
+
+    /// Resolves descriptors of `keys` (outermost first) in `domain` to their rule, for
+    /// [`PreparedCheck::decide`] on each request. Fails when the rule depends on the
+    /// values (see [`PrepareError`]).
+    pub fn prepare(
+        self: &Arc<Limiter>,
+        domain: &str,
+        keys: &[&str],
+    ) -> Result<PreparedCheck, PrepareError> {
+        PreparedCheck::new(self, domain, keys)
     }
 
     /// Plans `request` for a remote counter store: the counters to add to

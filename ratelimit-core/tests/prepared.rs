@@ -153,7 +153,7 @@ proptest! {
                 .should_rate_limit(&request(&keys, values, hits), &full_store, UnixMillis(now_ms))
                 .unwrap();
             let (allowed, headers) = if prepared {
-                let decision = check.decide_hits(values, hits, &mixed_store, now_ms).unwrap();
+                let decision = check.decide_hits(values, hits, &mixed_store, UnixMillis(now_ms)).unwrap();
                 (decision.allowed, decision.headers)
             } else {
                 let response = mixed
@@ -212,7 +212,7 @@ fn rules_that_depend_on_values_cannot_be_prepared() {
     // A whitelist prepares, and allows everything without headers.
     let free = limiter.prepare("p", &["free"]).unwrap();
     let decision = free
-        .decide(&["anyone"], &MemoryStore::default(), START_MS)
+        .decide(&["anyone"], &MemoryStore::default(), UnixMillis(START_MS))
         .unwrap();
     assert!(decision.allowed && decision.headers.is_none());
 }
@@ -237,7 +237,9 @@ fn calls_are_held_to_the_request_bounds() {
     ));
     let check = limiter.prepare("p", &["user"]).unwrap();
     let store = MemoryStore::default();
-    let error = check.decide(&["alice"], &store, START_MS).unwrap_err();
+    let error = check
+        .decide(&["alice"], &store, UnixMillis(START_MS))
+        .unwrap_err();
     let expected = limiter
         .should_rate_limit(
             &request(&["user"], &["alice"], 1),
@@ -247,19 +249,24 @@ fn calls_are_held_to_the_request_bounds() {
         .unwrap_err();
     assert_eq!(error, PrepareError::Request(expected));
     assert!(matches!(
-        check.decide_hits(&["bob"], 11, &store, START_MS),
+        check.decide_hits(&["bob"], 11, &store, UnixMillis(START_MS)),
         Err(PrepareError::Request(
             RequestError::HitsAddendTooLarge { .. }
         ))
     ));
     assert_eq!(
-        check.decide(&["bob", "x"], &store, START_MS),
+        check.decide(&["bob", "x"], &store, UnixMillis(START_MS)),
         Err(PrepareError::WrongValueCount {
             expected: 1,
             given: 2
         })
     );
-    assert!(check.decide(&["bob"], &store, START_MS).unwrap().allowed);
+    assert!(
+        check
+            .decide(&["bob"], &store, UnixMillis(START_MS))
+            .unwrap()
+            .allowed
+    );
 }
 
 #[test]
@@ -268,18 +275,30 @@ fn a_prepared_check_decides_with_reloaded_rules() {
     let limiter = rules(limit(1));
     let mut check = limiter.prepare("p", &["user"]).unwrap();
     let store = MemoryStore::default();
-    assert!(check.decide(&["alice"], &store, START_MS).unwrap().allowed);
-    assert!(!check.decide(&["alice"], &store, START_MS).unwrap().allowed);
+    assert!(
+        check
+            .decide(&["alice"], &store, UnixMillis(START_MS))
+            .unwrap()
+            .allowed
+    );
+    assert!(
+        !check
+            .decide(&["alice"], &store, UnixMillis(START_MS))
+            .unwrap()
+            .allowed
+    );
 
     limiter.set_config(&limit(5).build().unwrap());
     assert!(!check.is_current());
-    let decision = check.decide(&["alice"], &store, START_MS).unwrap();
+    let decision = check
+        .decide(&["alice"], &store, UnixMillis(START_MS))
+        .unwrap();
     assert_eq!((decision.allowed, decision.remaining()), (true, Some(2)));
     check.refresh().unwrap();
     assert!(check.is_current());
     assert_eq!(
         check
-            .decide(&["alice"], &store, START_MS)
+            .decide(&["alice"], &store, UnixMillis(START_MS))
             .unwrap()
             .remaining(),
         Some(1)
@@ -288,14 +307,14 @@ fn a_prepared_check_decides_with_reloaded_rules() {
     let valued = limit(5).rule(Rule::key("user").value("admin"));
     limiter.set_config(&valued.build().unwrap());
     assert!(matches!(
-        check.decide(&["alice"], &store, START_MS),
+        check.decide(&["alice"], &store, UnixMillis(START_MS)),
         Err(PrepareError::DependsOnValues { .. })
     ));
     assert!(check.refresh().is_err());
     let empty = Config::default();
     limiter.set_config(&empty);
     assert_eq!(
-        check.decide(&["alice"], &store, START_MS),
+        check.decide(&["alice"], &store, UnixMillis(START_MS)),
         Err(PrepareError::UnknownDomain("p".into()))
     );
 }
@@ -311,13 +330,13 @@ fn a_refused_call_says_when_to_retry() {
     for _ in 0..2 {
         assert_eq!(
             check
-                .decide(&["a"], &store, START_MS)
+                .decide(&["a"], &store, UnixMillis(START_MS))
                 .unwrap()
                 .retry_after(),
             None
         );
     }
-    let refused = check.decide(&["a"], &store, START_MS).unwrap();
+    let refused = check.decide(&["a"], &store, UnixMillis(START_MS)).unwrap();
     assert!(!refused.allowed);
     assert_eq!(
         (refused.remaining(), refused.retry_after()),
@@ -325,7 +344,7 @@ fn a_refused_call_says_when_to_retry() {
     );
     assert!(
         check
-            .decide(&["a"], &store, START_MS + 500)
+            .decide(&["a"], &store, UnixMillis(START_MS + 500))
             .unwrap()
             .allowed
     );

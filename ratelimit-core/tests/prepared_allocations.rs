@@ -1,6 +1,7 @@
 //! A prepared check allocates nothing per call once its counter exists (this test binary
 //! counts every allocation of the thread that decides).
 
+use ratelimit_core::UnixMillis;
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
 use std::sync::Arc;
@@ -53,10 +54,17 @@ fn deciding_allocates_nothing_for_every_algorithm() {
         let check = limiter.prepare("api", &[key]).unwrap();
         // The first call creates the counters (and statistics names are made at
         // prepare); the calls after it only count.
-        check.decide(&["alice"], &store, now_ms).unwrap();
+        check
+            .decide(&["alice"], &store, UnixMillis(now_ms))
+            .unwrap();
         let before = allocations();
         for _ in 0..100 {
-            assert!(check.decide(&["alice"], &store, now_ms).unwrap().allowed);
+            assert!(
+                check
+                    .decide(&["alice"], &store, UnixMillis(now_ms))
+                    .unwrap()
+                    .allowed
+            );
         }
         assert_eq!(allocations() - before, 0, "{key}: allocations in 100 calls");
     }

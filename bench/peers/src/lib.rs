@@ -78,7 +78,7 @@ impl Workload {
             at = (at + 1) % values.len();
             let value = values[at].as_str();
             check
-                .decide(&[value], &store, now_ms)
+                .decide(&[value], &store, UnixMillis(now_ms))
                 .expect("valid call")
                 .allowed
         }

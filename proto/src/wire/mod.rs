@@ -255,14 +255,7 @@ mod tests {
     use crate::envoy::request_from_pb;
 
     /// The default bounds, which the generated requests stay within.
-    const BOUNDS: RequestBounds = RequestBounds {
-        max_domain_bytes: 256,
-        max_key_bytes: 256,
-        max_value_bytes: 65_536,
-        max_hits_addend: u64::MAX,
-        max_descriptors: 256,
-        max_entries: 64,
-    };
+    const BOUNDS: RequestBounds = RequestBounds::DEFAULT;
 
     /// What prost's generated decoder and the conversion make of `bytes`.
     fn reference(bytes: &[u8]) -> Result<Request, String> {

@@ -134,18 +134,21 @@ impl Default for RequestBounds {
     /// (Envoy sends one descriptor per matching `rate_limits` entry of a route, and one
     /// entry per action).
     fn default() -> RequestBounds {
-        RequestBounds {
-            max_domain_bytes: 256,
-            max_key_bytes: 256,
-            max_value_bytes: 65_536,
-            max_hits_addend: u64::MAX,
-            max_descriptors: 256,
-            max_entries: 64,
-        }
+        RequestBounds::DEFAULT
     }
 }
 
 impl RequestBounds {
+    /// The default bounds ([`RequestBounds::default`]).
+    pub const DEFAULT: RequestBounds = RequestBounds {
+        max_domain_bytes: 256,
+        max_key_bytes: 256,
+        max_value_bytes: 65_536,
+        max_hits_addend: u64::MAX,
+        max_descriptors: 256,
+        max_entries: 64,
+    };
+
     /// Checks `request` against the bounds; the error names the first field past one.
     pub fn check(&self, request: &Request) -> Result<(), RequestError> {
         if self.within(request) {

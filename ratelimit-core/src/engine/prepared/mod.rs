@@ -26,6 +26,7 @@ use crate::engine::status::{code_when_over, count_hits, decides_over, overall_co
 use crate::limiter::Limiter;
 use crate::model::request::{Descriptor, Request, RequestError};
 use crate::model::response::{Code, DescriptorStatus, RateLimitHeaders};
+use crate::model::time::UnixMillis;
 use crate::rules::{Node, NodeId, NodeLimit};
 use crate::stats::RuleStats;
 use crate::store::CounterStore;
@@ -119,18 +120,18 @@ impl Decision {
 /// ```
 /// use std::sync::Arc;
 /// use ratelimit_core::config::{Domain, RateLimit, Rule};
-/// use ratelimit_core::{Limiter, MemoryStore, Settings, Unit};
+/// use ratelimit_core::{Limiter, MemoryStore, Settings, Unit, UnixMillis};
 ///
 /// let rules = Domain::new("api").rule(Rule::key("user").limit(RateLimit::per(Unit::Minute, 2)));
 /// let limiter = Arc::new(Limiter::new(&rules.build()?, Settings::default()));
 /// let check = limiter.prepare("api", &["user"])?;
 /// let store = MemoryStore::default();
-/// let now_ms = 1_700_000_000_000;
+/// let now = UnixMillis(1_700_000_000_000);
 /// let allowed: Vec<bool> = (0..3)
-///     .map(|_| check.decide(&["alice"], &store, now_ms).map(|d| d.allowed))
+///     .map(|_| check.decide(&["alice"], &store, now).map(|d| d.allowed))
 ///     .collect::<Result<_, _>>()?;
 /// assert_eq!(allowed, [true, true, false]);
-/// assert_eq!(check.decide(&["bob"], &store, now_ms)?.remaining(), Some(1));
+/// assert_eq!(check.decide(&["bob"], &store, now)?.remaining(), Some(1));
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 #[derive(Debug)]
@@ -184,41 +185,38 @@ struct Call<'a> {
     now_ms: u64,
 }
 
-impl Limiter {
-    /// Resolves descriptors of `keys` (outermost first) in `domain` to their rule, for
-    /// [`PreparedCheck::decide`] on each request. Fails when the rule depends on the
-    /// values (see [`PrepareError`]).
-    pub fn prepare(
-        self: &Arc<Limiter>,
+impl PreparedCheck {
+    /// Resolves descriptors of `keys` (outermost first) in `domain` to their rule in
+    /// `limiter`'s rules ([`Limiter::prepare`]).
+    pub(crate) fn new(
+        limiter: &Arc<Limiter>,
         domain: &str,
         keys: &[&str],
     ) -> Result<PreparedCheck, PrepareError> {
         let keys: Box<[Box<str>]> = keys.iter().map(|&k| k.into()).collect();
-        let (generation, target) = Target::resolve(self, domain, &keys)?;
+        let (generation, target) = Target::resolve(limiter, domain, &keys)?;
         Ok(PreparedCheck {
-            limiter: Arc::clone(self),
+            limiter: Arc::clone(limiter),
             domain: domain.into(),
             keys,
             generation,
             target,
         })
     }
-}
 
-impl PreparedCheck {
     /// Counts one hit for the descriptor whose values are `values` (one per key, in
-    /// order) against `store` at `now_ms` (unix milliseconds).
+    /// order) against `store` at `at`.
     #[inline]
     pub fn decide<S>(
         &self,
         values: &[&str],
         store: &S,
-        now_ms: u64,
+        at: UnixMillis,
     ) -> Result<Decision, PrepareError>
     where
         S: CounterStore + ?Sized,
     {
-        self.decide_hits(values, 1, store, now_ms)
+        self.decide_hits(values, 1, store, at)
     }
 
     /// [`PreparedCheck::decide`] counting `hits` (0 only checks).
@@ -227,7 +225,7 @@ impl PreparedCheck {
         values: &[&str],
         hits: u64,
         store: &S,
-        now_ms: u64,
+        at: UnixMillis,
     ) -> Result<Decision, PrepareError>
     where
         S: CounterStore + ?Sized,
@@ -238,7 +236,7 @@ impl PreparedCheck {
             keys: &self.keys,
             values,
             addend: hits,
-            now_ms,
+            now_ms: at.as_millis(),
         };
         if self.limiter.config_generation() == self.generation {
             return Ok(self.target.decide(&call, store));
