@@ -17,7 +17,7 @@ use ratelimit_proto as proto;
 use crate::actions;
 use crate::config::{FilterConfig, Global};
 use crate::metrics::metric_name;
-use crate::slots::{SharedData, SlotCounters};
+use crate::slots::{SharedData, SlotCounters, Unreadable};
 
 /// How often each worker exports its statistics as metrics.
 const METRICS_PERIOD: Duration = Duration::from_secs(1);
@@ -227,8 +227,8 @@ impl HttpContext for Filter {
 struct EnvoySharedData;
 
 impl SharedData for EnvoySharedData {
-    fn get(&self, key: &str) -> (Option<Vec<u8>>, Option<u32>) {
-        hostcalls::get_shared_data(key).unwrap_or((None, None))
+    fn get(&self, key: &str) -> Result<(Option<Vec<u8>>, Option<u32>), Unreadable> {
+        hostcalls::get_shared_data(key).map_err(|_| Unreadable)
     }
 
     fn set(&self, key: &str, value: &[u8], cas: Option<u32>) -> bool {

@@ -13,11 +13,21 @@ use ratelimit_core::{Bucket, CounterKey, CounterStore};
 
 /// The shared-data operations the counters need (Envoy's, or a test's).
 pub trait SharedData {
-    /// The value and its compare-and-swap token.
-    fn get(&self, key: &str) -> (Option<Vec<u8>>, Option<u32>);
+    /// The value and its compare-and-swap token (`None`, `None` when there is no entry),
+    /// or `Err` when the host could not read it.
+    fn get(&self, key: &str) -> Result<(Option<Vec<u8>>, Option<u32>), Unreadable>;
     /// Writes `value` if the entry still has token `cas`; `false` on a mismatch.
     fn set(&self, key: &str, value: &[u8], cas: Option<u32>) -> bool;
 }
+
+/// A slot the host could not read. A counter that cannot be read is reported past every
+/// limit, never as empty: taking it for empty would write over it without a
+/// compare-and-swap token and restart its count (failing open).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Unreadable;
+
+/// What a counter that cannot be read reports: past every limit.
+const UNREADABLE: u64 = u64::MAX;
 
 /// How many neighbouring slots a key may use before it takes over a live one.
 const PROBES: u64 = 8;
@@ -62,7 +72,9 @@ impl<S: SharedData> SlotCounters<S> {
         for probe in 0..PROBES {
             let name = self.slot_name(key, probe);
             loop {
-                let (value, cas) = self.shared.get(&name);
+                let Ok((value, cas)) = self.shared.get(&name) else {
+                    return UNREADABLE;
+                };
                 let slot = value.as_deref().and_then(decode);
                 let (value, expires, reported) = match slot {
                     Some(s) if s.key == key.as_bytes() && s.window_end > now => {
@@ -83,7 +95,9 @@ impl<S: SharedData> SlotCounters<S> {
         // cache evicts. That key's count restarts.
         let name = fallback.unwrap_or_else(|| self.slot_name(key, 0));
         loop {
-            let (_, cas) = self.shared.get(&name);
+            let Ok((_, cas)) = self.shared.get(&name) else {
+                return UNREADABLE;
+            };
             let (value, expires, reported) = change(None);
             if self.shared.set(&name, &encode(expires, value, key), cas) {
                 return reported;
@@ -144,9 +158,10 @@ impl<S: SharedData> SlotCounters<S> {
     fn get_text(&self, key: &str, now: u64) -> u64 {
         (0..PROBES)
             .find_map(|probe| {
-                let (value, _) = self.shared.get(&self.slot_name(key, probe));
-                let value = value?;
-                let slot = decode(&value)?;
+                let Ok((value, _)) = self.shared.get(&self.slot_name(key, probe)) else {
+                    return Some(UNREADABLE);
+                };
+                let slot = decode(value.as_deref()?)?;
                 (slot.key == key.as_bytes() && slot.window_end > now).then_some(slot.count)
             })
             .unwrap_or(0)
@@ -186,11 +201,11 @@ fn fnv1a(bytes: &[u8]) -> u64 {
 pub struct MemoryShared(RefCell<HashMap<String, (Vec<u8>, u32)>>);
 
 impl SharedData for &MemoryShared {
-    fn get(&self, key: &str) -> (Option<Vec<u8>>, Option<u32>) {
-        match self.0.borrow().get(key) {
+    fn get(&self, key: &str) -> Result<(Option<Vec<u8>>, Option<u32>), Unreadable> {
+        Ok(match self.0.borrow().get(key) {
             Some((value, cas)) => (Some(value.clone()), Some(*cas)),
             None => (None, None),
-        }
+        })
     }
 
     fn set(&self, key: &str, value: &[u8], cas: Option<u32>) -> bool {
@@ -250,12 +265,12 @@ mod tests {
             raced: RefCell<bool>,
         }
         impl SharedData for Racing<'_> {
-            fn get(&self, key: &str) -> (Option<Vec<u8>>, Option<u32>) {
+            fn get(&self, key: &str) -> Result<(Option<Vec<u8>>, Option<u32>), Unreadable> {
                 self.inner.get(key)
             }
             fn set(&self, key: &str, value: &[u8], cas: Option<u32>) -> bool {
                 if !self.raced.replace(true) {
-                    let (current, token) = self.inner.get(key);
+                    let (current, token) = self.inner.get(key).unwrap();
                     let slot = current
                         .as_deref()
                         .and_then(decode)
@@ -282,5 +297,41 @@ mod tests {
             7,
             "1 + the other worker's 5 + 1"
         );
+    }
+
+    #[test]
+    fn a_counter_the_host_cannot_read_is_past_its_limit_and_not_written_over() {
+        /// Shared data whose reads fail after `fail_after` of them.
+        struct Failing<'a> {
+            inner: &'a Fake,
+            reads: RefCell<u32>,
+            fail_after: u32,
+        }
+        impl SharedData for Failing<'_> {
+            fn get(&self, key: &str) -> Result<(Option<Vec<u8>>, Option<u32>), Unreadable> {
+                let mut reads = self.reads.borrow_mut();
+                *reads += 1;
+                if *reads > self.fail_after {
+                    return Err(Unreadable);
+                }
+                self.inner.get(key)
+            }
+            fn set(&self, key: &str, value: &[u8], cas: Option<u32>) -> bool {
+                self.inner.set(key, value, cas)
+            }
+        }
+        let fake = Fake::default();
+        let counters = SlotCounters::new(&fake, 16);
+        assert_eq!(counters.increment_text("k_0", 3, 60, 1), 3);
+        let failing = Failing {
+            inner: &fake,
+            reads: RefCell::new(0),
+            fail_after: 0,
+        };
+        let counters = SlotCounters::new(failing, 16);
+        assert_eq!(counters.increment_text("k_0", 1, 60, 2), u64::MAX);
+        assert_eq!(counters.get_text("k_0", 2), u64::MAX);
+        // The count was not restarted by a write without a token.
+        assert_eq!(SlotCounters::new(&fake, 16).get_text("k_0", 2), 3);
     }
 }
