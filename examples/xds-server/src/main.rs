@@ -6,7 +6,7 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use notify::{RecursiveMode, Watcher};
+use notify::{EventKind, RecursiveMode, Watcher};
 use ratelimit_core::Config;
 use ratelimit_proto::xds::from_domain;
 use ratelimit_xds_example::{ControlPlane, Snapshot};
@@ -22,12 +22,14 @@ async fn main() -> Result<(), String> {
         .parse()
         .map_err(|e| format!("{address}: {e}\n{usage}"))?;
     let plane = ControlPlane::default();
-    let mut version = 0u64;
-    publish(&plane, &directory, &mut version)?;
+    let mut published = Published::default();
+    publish(&plane, &directory, &mut published)?;
 
     let (changes_tx, mut changes) = mpsc::channel(16);
     let mut watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
-        if event.is_ok() {
+        // Only what changes files: reading them to publish (an open, an access) is an
+        // event too, which would publish again, for ever.
+        if event.is_ok_and(|event| changes_files(&event.kind)) {
             let _ = changes_tx.try_send(());
         }
     })
@@ -41,7 +43,8 @@ async fn main() -> Result<(), String> {
         while changes.recv().await.is_some() {
             tokio::time::sleep(Duration::from_millis(200)).await;
             while changes.try_recv().is_ok() {}
-            if let Err(error) = publish(&reloading, &watched, &mut version) {
+            if let Err(error) = publish(&reloading, &watched, &mut published) {
+                let version = published.version;
                 eprintln!("{error}; version {version} stays published");
             }
         }
@@ -57,8 +60,28 @@ async fn main() -> Result<(), String> {
         .map_err(|e| format!("{address}: {e}"))
 }
 
-/// Loads the directory's rules and publishes them as the next version.
-fn publish(plane: &ControlPlane, directory: &Path, version: &mut u64) -> Result<(), String> {
+/// Whether an event is a change of the directory's files.
+fn changes_files(kind: &EventKind) -> bool {
+    matches!(
+        kind,
+        EventKind::Create(_) | EventKind::Modify(_) | EventKind::Remove(_)
+    )
+}
+
+/// The version published last, and the files it was made from.
+#[derive(Default)]
+struct Published {
+    version: u64,
+    files: Vec<(String, String)>,
+}
+
+/// Loads the directory's rules and publishes them as the next version, unless they are
+/// the files published last.
+fn publish(
+    plane: &ControlPlane,
+    directory: &Path,
+    published: &mut Published,
+) -> Result<(), String> {
     let mut files = Vec::new();
     let entries =
         std::fs::read_dir(directory).map_err(|e| format!("{}: {e}", directory.display()))?;
@@ -75,7 +98,10 @@ fn publish(plane: &ControlPlane, directory: &Path, version: &mut u64) -> Result<
         }
     }
     files.sort();
-    let config = Config::from_files(files, false).map_err(|e| e.to_string())?;
+    if published.version > 0 && files == published.files {
+        return Ok(());
+    }
+    let config = Config::from_files(files.clone(), false).map_err(|e| e.to_string())?;
     let mut resources = Vec::new();
     for domain in config.domains() {
         let (resource, warnings) = from_domain(&domain.domain, domain);
@@ -84,9 +110,16 @@ fn publish(plane: &ControlPlane, directory: &Path, version: &mut u64) -> Result<
         }
         resources.push(resource);
     }
-    *version += 1;
-    let domains: Vec<&str> = resources.iter().map(|r| r.domain.as_str()).collect();
-    eprintln!("publishing version {version}: {domains:?}");
+    published.version += 1;
+    published.files = files;
+    let (version, domains) = (
+        published.version,
+        resources.iter().map(|r| r.domain.as_str()),
+    );
+    eprintln!(
+        "publishing version {version}: {:?}",
+        domains.collect::<Vec<_>>()
+    );
     plane.publish(Snapshot::of(&version.to_string(), &resources));
     Ok(())
 }

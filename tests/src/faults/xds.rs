@@ -35,6 +35,11 @@ impl ControlPlane {
         std::fs::rename(staged, self.rules()).unwrap();
     }
 
+    /// What it wrote to standard error: a line per version published.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("xds.log")).unwrap_or_default()
+    }
+
     fn rules(&self) -> PathBuf {
         self.dir.path().join("rules.yaml")
     }
