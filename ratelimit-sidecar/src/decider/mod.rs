@@ -9,7 +9,6 @@ pub(crate) mod buffers;
 pub mod metadata;
 pub mod outage;
 
-use ratelimit_core::UnixMillis;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
@@ -20,7 +19,10 @@ use bytes::BytesMut;
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use http::HeaderMap;
 use ratelimit_core::stats::{Counter, Timer, names};
-use ratelimit_core::{Explanation, HeaderFormat, Limiter, Plan, Request, RequestError, Response};
+use ratelimit_core::{
+    Explanation, HeaderFormat, Limiter, MemoryStore, Plan, Request, RequestError, Response,
+    UnixMillis,
+};
 use ratelimit_proto::envoy::{InvalidRequest, request_from_pb, response_to_pb};
 use ratelimit_proto::wire::encode_response;
 
@@ -208,11 +210,11 @@ impl Decider {
             span,
             ..
         } = call;
-        let Backend::Remote(_) = &self.backend else {
-            let decided = self.decide_now(request, unix_ms(started.at), span.as_ref());
+        if let Backend::Memory(store) = &self.backend {
+            let decided = self.decide_now(store, request, unix_ms(started.at), span.as_ref());
             self.finish(started, span, &decided);
             return Decision::Ready(decided);
-        };
+        }
         let decider = Arc::clone(self);
         Decision::Waiting(Box::pin(async move {
             let decided = decider.decide_later(request, deadline, span.as_ref()).await;
@@ -224,22 +226,18 @@ impl Decider {
     /// The decision of a call on the memory store.
     fn decide_now(
         &self,
+        store: &MemoryStore,
         request: Result<Request, InvalidRequest>,
         now_ms: u64,
         span: Option<&RequestSpan>,
     ) -> Result<Decided, DecisionError> {
-        let Backend::Memory(store) = &self.backend else {
-            unreachable!("decided now only on the memory store");
-        };
         let request = request?;
+        let at = UnixMillis(now_ms);
         let response = match span {
-            None => self
-                .limiter
-                .should_rate_limit(&request, &**store, UnixMillis(now_ms)),
+            None => self.limiter.should_rate_limit(&request, store, at),
             Some(span) => {
                 let round_trip = traces::backend(Some(span), self.backend.name(), None);
-                let response =
-                    (self.limiter).should_rate_limit(&request, &**store, UnixMillis(now_ms));
+                let response = self.limiter.should_rate_limit(&request, store, at);
                 round_trip.end(&response);
                 response
             }
@@ -258,7 +256,7 @@ impl Decider {
         span: Option<&RequestSpan>,
     ) -> Result<Decided, DecisionError> {
         let Backend::Remote(remote) = &self.backend else {
-            unreachable!("decided later only on a remote store");
+            unreachable!("a call waits only for a remote store");
         };
         let _in_flight = self.outage.enter()?;
         let request = request?;
