@@ -162,6 +162,10 @@ log "running the tests (Envoy: $ENVOY_BIN)"
 cargo test --workspace --exclude ratelimit-peer-bench --all-targets
 cargo test --workspace --exclude ratelimit-peer-bench --doc
 
+# The library crates as a user gets them: packaged, then built from the package alone.
+log "packaging ratelimit-core and ratelimit-tower as crates"
+cargo package --quiet --allow-dirty -p ratelimit-core -p ratelimit-tower
+
 CONFORMANCE="$ROOT/../shared/conformance"
 if [ -x "$CONFORMANCE/run.sh" ]; then
 	log "running the public conformance suite against the sidecar (memory backend)"

@@ -157,7 +157,7 @@ pub async fn run(settings: Settings) -> Result<(), StartError> {
             .map_err(|e| StartError::Properties(format!("KAFKA_PROPERTIES: {e}")))?,
     );
 
-    // Held until the end of the run: dropping it stops the mock broker.
+    // Held until the process exits: dropping it stops the mock broker.
     let mock = if settings.kafka_mock_broker {
         let mock = MockCluster::new(1)?;
         mock.create_topic(&settings.kafka_topic, 1, 1)?;
@@ -262,7 +262,10 @@ pub async fn run(settings: Settings) -> Result<(), StartError> {
         }
     }
     watcher.abort();
-    drop(mock);
+    // The producer outlives this function (the transaction task holds it until the
+    // runtime stops); a mock broker dropped here would leave it logging refused
+    // connections as the process exits. It goes with the process instead.
+    std::mem::forget(mock);
     Ok(())
 }
 

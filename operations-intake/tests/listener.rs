@@ -109,3 +109,20 @@ async fn health_is_answered_while_trickling_clients_hold_every_connection() {
     })
     .await;
 }
+
+/// The walkthrough's service (the mock broker) stops quietly: no librdkafka error about
+/// a broker that went away before the producer did.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_service_on_the_mock_broker_stops_without_an_error() {
+    let mut service = Intake::start(&[("KAFKA_MOCK_BROKER", "true")]);
+    let answer = post(&service, &batch("buy", 2), &[("x-client-id", "a")]).await;
+    assert_eq!(answer.status, 202, "{}", answer.body);
+    service.terminate();
+    let status = service
+        .wait_exit(Duration::from_secs(30))
+        .expect("exits after SIGTERM");
+    assert!(status.success(), "exit status {status:?}");
+    let log = service.log();
+    assert!(log.contains("bye"), "{log}");
+    assert!(!log.contains("level=error"), "{log}");
+}

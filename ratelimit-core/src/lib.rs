@@ -1,33 +1,4 @@
-//! A rate-limit engine that reads envoyproxy/ratelimit's YAML rules and decides requests
-//! the way that service does, without doing any I/O.
-//!
-//! Time is passed in as a moment in unix milliseconds ([`UnixMillis`]); nothing here
-//! reads a clock, opens a file or a socket, or spawns a task, so the same engine runs in a server, in a proxy-wasm filter
-//! and inside any Rust program.
-//!
-//! ```
-//! use ratelimit_core::{
-//!     Code, Config, Descriptor, Limiter, MemoryStore, Request, Settings, UnixMillis,
-//! };
-//!
-//! let config = Config::from_yaml(
-//!     "api.yaml",
-//!     "domain: api\ndescriptors:\n  - key: user\n    rate_limit: {unit: minute, requests_per_unit: 2}\n",
-//! )?;
-//! let limiter = Limiter::new(&config, Settings::default());
-//! let store = MemoryStore::default();
-//! let request = Request::new("api", vec![Descriptor::new([("user", "alice")])]);
-//!
-//! let now = UnixMillis::from_secs(1_700_000_000);
-//! let decide = || limiter.should_rate_limit(&request, &store, now).unwrap().overall_code;
-//! let codes: Vec<Code> = (0..3).map(|_| decide()).collect();
-//! assert_eq!(codes, [Code::Ok, Code::Ok, Code::OverLimit]);
-//!
-//! // A minute later the window has rolled over.
-//! let later = limiter.should_rate_limit(&request, &store, UnixMillis(now.0 + 60_000))?;
-//! assert_eq!(later.statuses[0].limit_remaining, 1);
-//! # Ok::<(), Box<dyn std::error::Error>>(())
-//! ```
+#![doc = include_str!("../README.md")]
 //!
 //! For a remote counter store, [`Limiter::plan`] lists the counters a request adds to
 //! ([`Plan::increments`]); run them in one round trip and pass the totals to

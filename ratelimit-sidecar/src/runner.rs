@@ -63,7 +63,7 @@ pub enum StartError {
 pub async fn run(settings: Settings) -> Result<(), StartError> {
     let pool =
         Pool::start(runtime::count(settings.server.grpc_workers)).map_err(StartError::Workers)?;
-    tracing::warn!(
+    tracing::info!(
         workers = pool.workers(),
         "serving on one single-threaded runtime per worker"
     );
@@ -231,7 +231,7 @@ async fn service(
         0 => 1_024 * workers,
         n => n,
     };
-    tracing::warn!(
+    tracing::info!(
         max_inflight,
         failure_mode = ?settings.outage.backend_failure_mode,
         "requests beyond MAX_INFLIGHT_REQUESTS are refused at once"

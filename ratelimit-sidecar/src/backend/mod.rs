@@ -165,7 +165,7 @@ pub async fn open(
 ) -> Result<Backend, BackendError> {
     match settings.backend() {
         BackendType::Memory => {
-            tracing::warn!(
+            tracing::info!(
                 max_counters = settings.limiter.memory_max_counters,
                 max_bytes = settings.bounds.memory_max_bytes,
                 "using the memory backend: counters are local to this process and not shared with other instances"
@@ -186,7 +186,7 @@ pub async fn open(
         BackendType::Redis => {
             let breakers = breakers("redis", settings, stats);
             let (main, per_second) = redis::per_worker(pool, settings, &breakers).await?;
-            tracing::warn!(redis_type = %settings.redis.redis_type, per_second = settings.redis.redis_persecond, "using the redis backend");
+            tracing::info!(redis_type = %settings.redis.redis_type, per_second = settings.redis.redis_persecond, "using the redis backend");
             Ok(Backend::Remote(Remote::new(
                 "redis",
                 main,
@@ -204,7 +204,7 @@ pub async fn open(
                 .into_iter()
                 .map(RemoteStore::Memcache)
                 .collect();
-            tracing::warn!(nodes = %settings.memcache.memcache_host_port, "using the memcache backend");
+            tracing::info!(nodes = %settings.memcache.memcache_host_port, "using the memcache backend");
             Ok(Backend::Remote(Remote::new(
                 "memcache",
                 PerWorker::new(workers),

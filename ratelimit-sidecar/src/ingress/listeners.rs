@@ -112,7 +112,7 @@ pub fn open(server: &ServerSettings, workers: usize) -> Result<Opened, ListenErr
             address: path.clone(),
             error,
         })?;
-        tracing::warn!(socket = %path, "listening for gRPC");
+        tracing::info!(socket = %path, "listening for gRPC");
         let (senders, receivers): (Vec<_>, Vec<_>) =
             (0..workers).map(|_| mpsc::unbounded_channel()).unzip();
         let sources: Vec<GrpcSource> = receivers.into_iter().map(GrpcSource::Unix).collect();
@@ -156,7 +156,7 @@ fn bind(
         error,
     })?;
     let local = listeners[0].local_addr().map_or(address, |a| a.to_string());
-    tracing::warn!(address = %local, listeners = listeners.len(), "listening for {what}");
+    tracing::info!(address = %local, listeners = listeners.len(), "listening for {what}");
     Ok(listeners)
 }
 
