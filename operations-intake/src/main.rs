@@ -2,6 +2,7 @@
 //! docs/intake-kafka.md how it produces to Kafka.
 
 use std::io::Write as _;
+use std::os::unix::fs::OpenOptionsExt as _;
 use std::path::Path;
 
 use clap::Parser;
@@ -73,9 +74,11 @@ fn keygen(
     } else {
         "\n"
     };
+    // Hashes only, but nobody else's business: a new file is the owner's alone.
     let mut file = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
+        .mode(0o600)
         .open(path)
         .map_err(|e| format!("{}: {e}", path.display()))?;
     file.write_all(format!("{separator}{entry}").as_bytes())
