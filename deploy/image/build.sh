@@ -11,12 +11,16 @@
 # `$CONTAINER_TOOL build` (podman by default; docker and buildah take the same
 # arguments) on deploy/image/<name>.Containerfile.
 #
+# Every variable is optional: a local build needs none.
 #   BIN_DIR         where the binaries are (default: target/release; build them first
 #                   with `cargo build --release -p ratelimit-sidecar` or
 #                   `-p operations-intake`)
 #   CONTAINER_TOOL  podman (default), docker or buildah
-#   IMAGE_SOURCE    the repository's address, for the org.opencontainers.image.source
-#                   label (default: the git remote `origin`; required when there is none)
+#   IMAGE_SOURCE    the repository's address, written in the image's
+#                   org.opencontainers.image.source label for whoever inspects it
+#                   (default: the URL of the git remote `origin`, without any user or
+#                   password in it; empty when there is no such remote; set it empty
+#                   for an empty label)
 #   KEEP_CONTEXT    a directory to keep the build context in, instead of a temporary one
 set -euo pipefail
 usage="usage: deploy/image/build.sh ratelimit|operations-intake [TAG]"
@@ -36,10 +40,11 @@ license="$(sed -n 's/^license = "\(.*\)"$/\1/p' "$root/Cargo.toml" | head -n 1)"
 tag="${2:-$name:$version}"
 bin_dir="${BIN_DIR:-$root/target/release}"
 tool="${CONTAINER_TOOL:-podman}"
-source="${IMAGE_SOURCE:-$(git -C "$root" config --get remote.origin.url || true)}"
-if [ -z "$source" ]; then
-	echo "IMAGE_SOURCE: no git remote 'origin' to take the repository's address from; set IMAGE_SOURCE" >&2
-	exit 2
+if [ -n "${IMAGE_SOURCE+set}" ]; then
+	source="$IMAGE_SOURCE"
+else
+	# A remote's URL can carry credentials (https://user:token@host/...): not in a label.
+	source="$(git -C "$root" config --get remote.origin.url 2>/dev/null | sed -E 's#^([A-Za-z][A-Za-z0-9+.-]*://)[^/@]*@#\1#' || true)"
 fi
 
 if [ -n "${KEEP_CONTEXT:-}" ]; then

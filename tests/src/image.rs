@@ -35,18 +35,35 @@ pub const TEST_SOURCE: &str = "https://example.test/ratelimit-rs";
 impl Image {
     /// Builds the image `name` (`ratelimit` or `operations-intake`) from the binaries
     /// the tests run (next to the test executable: the debug build, stripped by the
-    /// script), under a tag of this process's own.
+    /// script), under a tag of this process's own, with [`TEST_SOURCE`] for its source.
     pub fn build(name: &str) -> Image {
+        Image::build_with_source(name, Some(TEST_SOURCE))
+    }
+
+    /// Builds as [`Image::build`] does, with `IMAGE_SOURCE` set to `source`; with
+    /// `None`, as in a checkout with no git remote: `IMAGE_SOURCE` unset and no
+    /// repository to read a remote from (`GIT_DIR` an empty directory).
+    pub fn build_with_source(name: &str, source: Option<&str>) -> Image {
         require_tool("podman", "podman");
         let bin_dir = crate::binary(name).parent().unwrap().to_owned();
         let tag = format!("localhost/{name}-test:{}", std::process::id());
-        run_ok(
-            Command::new(repo().join("deploy/image/build.sh"))
-                .args([name, &tag])
-                .env("BIN_DIR", &bin_dir)
-                .env("IMAGE_SOURCE", TEST_SOURCE)
-                .env("CONTAINER_TOOL", "podman"),
-        );
+        let no_repository = tempfile::tempdir().unwrap();
+        let mut command = Command::new(repo().join("deploy/image/build.sh"));
+        command
+            .args([name, &tag])
+            .env("BIN_DIR", &bin_dir)
+            .env("CONTAINER_TOOL", "podman");
+        match source {
+            Some(source) => {
+                command.env("IMAGE_SOURCE", source);
+            }
+            None => {
+                command
+                    .env_remove("IMAGE_SOURCE")
+                    .env("GIT_DIR", no_repository.path());
+            }
+        }
+        run_ok(&mut command);
         Image { tag }
     }
 

@@ -42,6 +42,26 @@ pub fn kustomized_files(dir: &Path) -> Vec<PathBuf> {
     files
 }
 
+/// The objects the kustomization in `dir` brings in, with the components `components`
+/// (directories under `dir`, each a `kind: Component`) added to its own, as
+/// `components:` in it would add them: the documents of every file
+/// [`kustomized_files`] finds. Kustomize's transformers (namespace, images) are not
+/// applied; the files are checked as they are written.
+pub fn kustomized_objects(dir: &Path, components: &[&str]) -> Vec<Value> {
+    let mut files = kustomized_files(dir);
+    for component in components {
+        let path = dir.join(component);
+        let kustomization = &documents(&path.join("kustomization.yaml"))[0];
+        assert_eq!(kustomization["kind"], "Component", "{path:?}");
+        files.extend(kustomized_files(&path));
+    }
+    files
+        .iter()
+        .filter(|path| path.file_name().unwrap() != "kustomization.yaml")
+        .flat_map(|path| documents(path))
+        .collect()
+}
+
 /// The document of `kind` named `name` in `file`.
 pub fn resource(file: &str, kind: &str, name: &str) -> Value {
     documents(&manifest_path(file))

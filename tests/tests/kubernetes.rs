@@ -1,18 +1,22 @@
 //! The manifests of `deploy/kubernetes/`: every file a kustomization brings in is valid
-//! for the Kubernetes API's schemas (kubernetes-validate, strict), the probes and ports
-//! name what the services serve, and the sidecar and the intake start on their
-//! Deployment's own environment, with the rules ConfigMap and the keys Secret laid out
-//! as the kubelet mounts them; a ConfigMap update (the `..data` link swapped) is
-//! loaded without a restart, and so is a Secret update.
+//! for the Kubernetes API's schemas (kubernetes-validate, strict), the default is the
+//! sidecar alone and the intake a component that adds it beside the sidecar, the
+//! commands of docs/deploy.md name the images and components the manifests have, the
+//! probes and ports name what the services serve, and the sidecar and the intake start
+//! on their Deployment's own environment, with the rules ConfigMap and the keys Secret
+//! laid out as the kubelet mounts them; a ConfigMap update (the `..data` link swapped)
+//! is loaded without a restart, and so is a Secret update.
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
+use ratelimit_tests::envoy::repo;
 use ratelimit_tests::intake::{Intake, batch, keygen};
 use ratelimit_tests::kubernetes::{
-    Volume, container, container_env, data, documents, kustomized_files, manifest_path, resource,
+    Volume, container, container_env, data, documents, kustomized_files, kustomized_objects,
+    manifest_path, resource,
 };
 use ratelimit_tests::sidecar::{Options, Redis, Server, eventually, free_port, get_text, limit_of};
 use yaml_serde::Value;
@@ -45,6 +49,7 @@ fn yaml_files(dir: &Path) -> Vec<PathBuf> {
 #[test]
 fn every_manifest_is_listed_and_valid_for_the_kubernetes_api() {
     let mut listed = kustomized_files(&manifest_path(""));
+    listed.extend(kustomized_files(&manifest_path("intake")));
     listed.extend(kustomized_files(&manifest_path("servicemonitor")));
     let listed: BTreeSet<PathBuf> = listed.into_iter().collect();
     let present: BTreeSet<PathBuf> = yaml_files(&manifest_path("")).into_iter().collect();
@@ -69,6 +74,171 @@ fn every_manifest_is_listed_and_valid_for_the_kubernetes_api() {
     // Only the Prometheus Operator's kind has no schema there: checked below instead.
     for line in text.lines().filter(|l| !l.contains(" passed for ")) {
         assert!(line.contains("kind ServiceMonitor"), "{line}");
+    }
+}
+
+/// The objects of the sidecar, which the default kustomization creates.
+const SIDECAR: [(&str, &str); 7] = [
+    ("Namespace", "ratelimit"),
+    ("ConfigMap", "ratelimit-rules"),
+    ("Deployment", "ratelimit"),
+    ("Service", "ratelimit"),
+    ("PodDisruptionBudget", "ratelimit"),
+    ("Deployment", "redis"),
+    ("Service", "redis"),
+];
+
+/// The objects the `intake` component adds.
+const INTAKE: [(&str, &str); 4] = [
+    ("Secret", "operations-intake-api-keys"),
+    ("Deployment", "operations-intake"),
+    ("Service", "operations-intake"),
+    ("PodDisruptionBudget", "operations-intake"),
+];
+
+/// The (kind, name) of each object.
+fn kinds_and_names(objects: &[Value]) -> BTreeSet<(String, String)> {
+    objects
+        .iter()
+        .map(|object| {
+            let kind = object["kind"].as_str().unwrap().to_owned();
+            (
+                kind,
+                object["metadata"]["name"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect()
+}
+
+fn owned(pairs: &[(&str, &str)]) -> BTreeSet<(String, String)> {
+    pairs
+        .iter()
+        .map(|(kind, name)| ((*kind).to_owned(), (*name).to_owned()))
+        .collect()
+}
+
+/// The object of `kind` named `name` among `objects`.
+fn object<'a>(objects: &'a [Value], kind: &str, name: &str) -> &'a Value {
+    objects
+        .iter()
+        .find(|o| o["kind"] == kind && o["metadata"]["name"] == name)
+        .unwrap_or_else(|| panic!("no {kind} {name}"))
+}
+
+#[test]
+fn the_default_kustomization_is_the_sidecar_alone_and_the_rest_are_components() {
+    let top = &documents(&manifest_path("kustomization.yaml"))[0];
+    assert_eq!(top["kind"], "Kustomization");
+    assert_eq!(top["namespace"], "ratelimit");
+    assert!(
+        top["components"].is_null(),
+        "no component by default: {top:?}"
+    );
+    let objects = kustomized_objects(&manifest_path(""), &[]);
+    assert_eq!(kinds_and_names(&objects), owned(&SIDECAR));
+    for component in ["intake", "servicemonitor"] {
+        let path = manifest_path(component).join("kustomization.yaml");
+        let kustomization = &documents(&path)[0];
+        assert_eq!(kustomization["kind"], "Component", "{path:?}");
+        assert_eq!(
+            kustomization["apiVersion"], "kustomize.config.k8s.io/v1alpha1",
+            "{path:?}"
+        );
+    }
+}
+
+/// With `components: [intake]`, the intake is created beside the sidecar, and what its
+/// Deployment names is there: the Secret it mounts, the sidecar's Service and gRPC port
+/// it asks, the domain of the rules ConfigMap, its own Service's selector. (Each file is
+/// checked against the API's schemas above.)
+#[test]
+fn the_intake_component_adds_the_intake_asking_the_sidecar() {
+    let objects = kustomized_objects(&manifest_path(""), &["intake"]);
+    let mut expected = owned(&SIDECAR);
+    expected.extend(owned(&INTAKE));
+    assert_eq!(kinds_and_names(&objects), expected);
+
+    let deployment = object(&objects, "Deployment", "operations-intake");
+    let env = container_env(container(deployment));
+    let volumes = deployment["spec"]["template"]["spec"]["volumes"]
+        .as_sequence()
+        .unwrap();
+    let keys = volumes.iter().find(|v| v["name"] == "api-keys").unwrap();
+    object(
+        &objects,
+        "Secret",
+        keys["secret"]["secretName"].as_str().unwrap(),
+    );
+
+    let url = env_value(&env, "RATELIMIT_GRPC_URL");
+    let (host, port) = url
+        .trim_start_matches("http://")
+        .split_once(':')
+        .unwrap_or_else(|| panic!("{url}: no port"));
+    let port: u64 = port.parse().unwrap();
+    let sidecar = object(&objects, "Service", host);
+    let ports = sidecar["spec"]["ports"].as_sequence().unwrap();
+    assert!(
+        ports
+            .iter()
+            .any(|p| p["name"] == "grpc" && p["port"].as_u64() == Some(port)),
+        "{url}: not the gRPC port of the Service {host}"
+    );
+    let domain = env_value(&env, "RATELIMIT_DOMAIN");
+    let rules = object(&objects, "ConfigMap", "ratelimit-rules");
+    assert!(
+        data(rules)
+            .iter()
+            .any(|(_, text)| text.contains(&format!("domain: {domain}\n"))),
+        "no domain {domain} in the rules"
+    );
+
+    let service = object(&objects, "Service", "operations-intake");
+    let labels = &deployment["spec"]["template"]["metadata"]["labels"];
+    for (key, value) in service["spec"]["selector"].as_mapping().unwrap() {
+        assert_eq!(&labels[key.as_str().unwrap()], value);
+    }
+    assert!(!env_value(&env, "KAFKA_BOOTSTRAP_SERVERS").is_empty());
+}
+
+/// The `kustomize edit` commands of docs/deploy.md set the images the Deployments name
+/// and add a component that is one.
+#[test]
+fn the_documented_kustomize_commands_name_the_images_and_components() {
+    let page = std::fs::read_to_string(repo().join("docs/deploy.md")).unwrap();
+    let words: Vec<&str> = page
+        .split_whitespace()
+        .map(|word| word.trim_end_matches(')'))
+        .collect();
+    let mut images = BTreeSet::new();
+    let mut components = BTreeSet::new();
+    for window in words.windows(5) {
+        if window[..4] == ["kustomize", "edit", "set", "image"] {
+            let name = window[4].split_once('=').unwrap().0;
+            images.insert(name.to_owned());
+        }
+        if window[..4] == ["kustomize", "edit", "add", "component"] {
+            components.insert(window[4].to_owned());
+        }
+    }
+    let mut deployed = BTreeSet::new();
+    for (file, name) in [
+        ("ratelimit/deployment.yaml", "ratelimit"),
+        ("intake/deployment.yaml", "operations-intake"),
+    ] {
+        let deployment = resource(file, "Deployment", name);
+        let image = container(&deployment)["image"].as_str().unwrap().to_owned();
+        deployed.insert(image.split_once(':').unwrap().0.to_owned());
+    }
+    assert_eq!(images, deployed, "kustomize edit set image NAME=...");
+    assert_eq!(
+        components,
+        BTreeSet::from(["intake".to_owned()]),
+        "kustomize edit add component"
+    );
+    for component in &components {
+        // A directory beside the default kustomization, of kind Component.
+        kustomized_objects(&manifest_path(""), &[component.as_str()]);
     }
 }
 
