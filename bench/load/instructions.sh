@@ -6,7 +6,9 @@
 # those COUNT requests, divided by COUNT, are the figure (start-up and warm-up left out).
 #   bench/load/instructions.sh [COUNT=40000] [WARM=4000] [SERVERS...]
 # KEEP=DIR keeps the callgrind files (for callgrind_annotate).
-# SERVERS: floor tonic memory redis memcache (default: all that can run here).
+# SERVERS: floor tonic memory redis memcache (default: all that can run here), and with
+# UPSTREAM_RATELIMIT_BIN set (bench/upstream/run.sh), upstream-redis and upstream-memcache:
+# envoyproxy/ratelimit with GOMAXPROCS=1 on the same stores (its Go runtime counts too).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 COUNT="${1:-40000}"
@@ -61,6 +63,19 @@ measure() { # name command... (@PORT@ is the gRPC port)
 	awk -v n="$COUNT" -v name="$name" '/^summary:/ { printf "%-10s %8.0f instructions per request\n", name, $2 / n }' "$part"
 }
 
+start_redis() { # sets redis_port
+	redis_port=$(free_port)
+	redis-server --port "$redis_port" --bind 127.0.0.1 --save '' --appendonly no --dir "$WORK" >/dev/null &
+	wait_port "$redis_port"
+}
+start_memcached() { # sets memcached_port
+	memcached_port=$(free_port)
+	memcached -l 127.0.0.1 -p "$memcached_port" -U 0 -t 1 -u root >/dev/null &
+	wait_port "$memcached_port"
+}
+UPSTREAM=(env GOMAXPROCS=1 RUNTIME_ROOT="$WORK/current" RUNTIME_SUBDIRECTORY= RUNTIME_APPDIRECTORY=config
+	USE_STATSD=false LOG_LEVEL=error DEBUG_HOST=127.0.0.1 GRPC_HOST=127.0.0.1)
+
 for server in "${SERVERS[@]}"; do
 	case "$server" in
 	floor) measure floor "$BIN/rls-floor" 127.0.0.1:@PORT@ ;;
@@ -68,17 +83,21 @@ for server in "${SERVERS[@]}"; do
 	memory) measure memory "${SIDECAR[@]}" PORT=$(free_port) DEBUG_PORT=$(free_port) GRPC_PORT=@PORT@ \
 		BACKEND_TYPE=memory "$BIN/ratelimit" ;;
 	redis)
-		redis_port=$(free_port)
-		redis-server --port "$redis_port" --bind 127.0.0.1 --save '' --appendonly no --dir "$WORK" >/dev/null &
-		wait_port "$redis_port"
+		start_redis
 		measure redis "${SIDECAR[@]}" PORT=$(free_port) DEBUG_PORT=$(free_port) GRPC_PORT=@PORT@ \
 			BACKEND_TYPE=redis REDIS_SOCKET_TYPE=tcp REDIS_URL="127.0.0.1:$redis_port" "$BIN/ratelimit" ;;
 	memcache)
-		memcached_port=$(free_port)
-		memcached -l 127.0.0.1 -p "$memcached_port" -U 0 -t 1 -u root >/dev/null &
-		wait_port "$memcached_port"
+		start_memcached
 		measure memcache "${SIDECAR[@]}" PORT=$(free_port) DEBUG_PORT=$(free_port) GRPC_PORT=@PORT@ \
 			BACKEND_TYPE=memcache MEMCACHE_HOST_PORT="127.0.0.1:$memcached_port" "$BIN/ratelimit" ;;
+	upstream-redis)
+		start_redis
+		measure upstream-redis "${UPSTREAM[@]}" PORT=$(free_port) DEBUG_PORT=$(free_port) GRPC_PORT=@PORT@ \
+			BACKEND_TYPE=redis REDIS_SOCKET_TYPE=tcp REDIS_URL="127.0.0.1:$redis_port" "$UPSTREAM_RATELIMIT_BIN" ;;
+	upstream-memcache)
+		start_memcached
+		measure upstream-memcache "${UPSTREAM[@]}" PORT=$(free_port) DEBUG_PORT=$(free_port) GRPC_PORT=@PORT@ \
+			BACKEND_TYPE=memcache MEMCACHE_HOST_PORT="127.0.0.1:$memcached_port" "$UPSTREAM_RATELIMIT_BIN" ;;
 	*) echo "unknown server $server" >&2; exit 2 ;;
 	esac
 done

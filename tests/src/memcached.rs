@@ -11,6 +11,30 @@ use crate::free_port;
 /// The connections a start makes to see that memcached listens.
 const STARTUP_PROBES: u64 = 1;
 
+/// `text` with its `%XX` escapes decoded.
+fn url_decoded(text: &str) -> String {
+    let bytes = text.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let escaped = (bytes[i] == b'%')
+            .then(|| text.get(i + 1..i + 3))
+            .flatten()
+            .and_then(|hex| u8::from_str_radix(hex, 16).ok());
+        match escaped {
+            Some(byte) => {
+                out.push(byte);
+                i += 3;
+            }
+            None => {
+                out.push(bytes[i]);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
 /// A running `memcached`.
 pub struct Memcached {
     child: Child,
@@ -136,6 +160,66 @@ impl Memcached {
     fn connect(&self) -> TcpStream {
         self.probes.fetch_add(1, Ordering::Relaxed);
         TcpStream::connect(("127.0.0.1", self.port)).unwrap()
+    }
+
+    /// Every live key with its expiry (unix seconds, -1 for none), sorted, as
+    /// `lru_crawler metadump hash` lists them (it prints keys URL-encoded: decoded here).
+    /// The crawler answers BUSY while an earlier dump still runs: asked again then.
+    pub fn keys(&self) -> Vec<(String, i64)> {
+        for _ in 0..100 {
+            if let Some(mut keys) = self.metadump() {
+                keys.sort();
+                return keys;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        panic!("memcached's LRU crawler stayed busy for 2 s");
+    }
+
+    /// One `lru_crawler metadump hash`: None when the crawler is busy.
+    fn metadump(&self) -> Option<Vec<(String, i64)>> {
+        let mut stream = self.connect();
+        stream.write_all(b"lru_crawler metadump hash\r\n").unwrap();
+        let mut keys = Vec::new();
+        for line in BufReader::new(stream).lines() {
+            let line = line.unwrap();
+            if line.starts_with("BUSY") {
+                return None;
+            }
+            if line == "END" || line.starts_with("ERROR") {
+                break;
+            }
+            let field = |name: &str| {
+                line.split(' ')
+                    .find_map(|f| f.strip_prefix(name))
+                    .map(str::to_owned)
+            };
+            if let (Some(key), Some(exp)) = (field("key="), field("exp=")) {
+                keys.push((url_decoded(&key), exp.parse().unwrap_or(-1)));
+            }
+        }
+        Some(keys)
+    }
+
+    /// The value of `key` and its seconds to expiry (-1 for none), if it is there
+    /// (`mg key v t`).
+    pub fn value_and_ttl(&self, key: &str) -> Option<(String, i64)> {
+        let mut stream = self.connect();
+        write!(stream, "mg {key} v t\r\n").unwrap();
+        let mut reader = BufReader::new(stream);
+        let mut line = String::new();
+        reader.read_line(&mut line).unwrap();
+        if !line.starts_with("VA ") {
+            return None;
+        }
+        let ttl = line
+            .split_whitespace()
+            .find_map(|f| f.strip_prefix('t'))
+            .and_then(|t| t.parse().ok())
+            .unwrap_or(-1);
+        let mut value = String::new();
+        reader.read_line(&mut value).unwrap();
+        Some((value.trim_end().to_owned(), ttl))
     }
 
     /// The value of `key`, if it is there.

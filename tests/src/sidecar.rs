@@ -75,6 +75,13 @@ impl Store {
     }
 }
 
+/// The server the suites start: `RATELIMIT_SERVER_BIN` when set (bench/upstream/run.sh
+/// runs suites against envoyproxy/ratelimit's binary that way), else the workspace's
+/// `ratelimit`.
+pub fn server_binary() -> PathBuf {
+    std::env::var_os("RATELIMIT_SERVER_BIN").map_or_else(|| binary("ratelimit"), PathBuf::from)
+}
+
 /// A running server and its runtime directory (`root/current -> root/v1`).
 pub struct Server {
     child: Option<Child>,
@@ -99,6 +106,9 @@ pub struct Options {
     pub nofile: Option<u32>,
     /// Start in the runtime directory with `RUNTIME_ROOT=current`, a relative path.
     pub relative_root: bool,
+    /// Another server binary to start with the same settings (envoyproxy/ratelimit's, to
+    /// compare: bench/upstream/run.sh); else [`server_binary`].
+    pub binary: Option<PathBuf>,
 }
 
 impl Default for Options {
@@ -111,6 +121,7 @@ impl Default for Options {
             links: Vec::new(),
             nofile: None,
             relative_root: false,
+            binary: None,
         }
     }
 }
@@ -165,7 +176,12 @@ impl Server {
             .unwrap_or(grpc);
         let uds = options.uds.then(|| dir.path().join("grpc.sock"));
         let log = dir.path().join("server.log");
-        let binary = binary("ratelimit");
+        // Upstream's loader reads nothing when it watches the root with an empty
+        // RUNTIME_SUBDIRECTORY (this layout): another binary watches the config directory.
+        let foreign =
+            options.binary.is_some() || std::env::var_os("RATELIMIT_SERVER_BIN").is_some();
+        let watch_root = options.watch_root && !foreign;
+        let binary = options.binary.clone().unwrap_or_else(server_binary);
         let mut command = match options.nofile {
             Some(n) => {
                 let mut command = Command::new("prlimit");
@@ -199,7 +215,7 @@ impl Server {
             )
             .env("RUNTIME_SUBDIRECTORY", "")
             .env("RUNTIME_APPDIRECTORY", "config")
-            .env("RUNTIME_WATCH_ROOT", options.watch_root.to_string())
+            .env("RUNTIME_WATCH_ROOT", watch_root.to_string())
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(&log).unwrap());
         if let Some(path) = &uds {

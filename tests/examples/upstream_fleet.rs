@@ -1,0 +1,396 @@
+//! envoyproxy/ratelimit and this sidecar as one fleet, on one Redis (single, then with
+//! the per-second split, the local over-limit cache and
+//! `STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT`) and on one memcached.
+//!
+//! For each store, three groups decide the same calls with the same rules
+//! (`upstream_fleet.yaml`) and settings, each under a `CACHE_KEY_PREFIX` of its own: the
+//! mixed fleet (upstream and the sidecar taking turns), upstream alone and the sidecar
+//! alone. Every call must get the same answer from the three (code, limit, remaining,
+//! `duration_until_reset`, `RateLimit-*` headers), and the keys each group left in the
+//! store, without their prefix, must be the same with the same values and expiries. A
+//! call whose three answers straddle a second is not compared (its windows may differ).
+//!
+//! `UPSTREAM_RATELIMIT_BIN=… cargo run -p ratelimit-tests --example upstream_fleet`
+//! (bench/upstream/run.sh). Prints one line per store and every difference; exits 1 on
+//! any.
+
+use std::path::PathBuf;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::RateLimitOverride;
+use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
+use envoy_types::pb::google::protobuf::UInt64Value;
+use ratelimit_tests::memcached::Memcached;
+use ratelimit_tests::sidecar::{Options, Redis, Server, redis_env, request};
+
+const RULES: &str = include_str!("upstream_fleet.yaml");
+
+/// What a group's servers are started with, besides the rules and the key prefix.
+struct Store {
+    name: &'static str,
+    env: Vec<(&'static str, String)>,
+    /// The store's keys: (key, value, seconds to expiry).
+    keys: Box<dyn Fn() -> Vec<(String, String, i64)>>,
+    /// Whether counters of a group must equal the others' (not with a local over-limit
+    /// cache: the mixed fleet's two caches each let one more call reach the store).
+    same_counts: bool,
+    /// Calls on which the sidecar differs from upstream on purpose, with the reason
+    /// (docs/compatibility.md lists them): reported, not failed.
+    deliberate: &'static [(&'static str, &'static str)],
+}
+
+/// The calls, in order: each a label and a request; the whole list is sent `ROUNDS` times.
+fn calls() -> Vec<(&'static str, RateLimitRequest)> {
+    let one = |key: &'static str, value: &'static str| request("fleet", &[&[(key, value)]]);
+    let mut hits = one("hour", "h");
+    hits.hits_addend = 2;
+    let mut descriptor_hits = one("day", "d");
+    descriptor_hits.descriptors[0].hits_addend = Some(UInt64Value { value: 3 });
+    let mut overridden = one("minute", "override");
+    overridden.descriptors[0].limit = Some(RateLimitOverride {
+        requests_per_unit: 3,
+        unit: 2,
+    });
+    vec![
+        ("second", one("second", "s")),
+        ("minute", one("minute", "m")),
+        ("hits_addend", hits),
+        ("descriptor hits_addend", descriptor_hits),
+        ("week", one("week", "w")),
+        (
+            "nested",
+            request("fleet", &[&[("user", "alice"), ("method", "POST")]]),
+        ),
+        (
+            "replaces",
+            request("fleet", &[&[("user", "bob")], &[("plan", "premium")]]),
+        ),
+        (
+            "wildcard",
+            request("fleet", &[&[("path", "/api/a")], &[("path", "/api/b")]]),
+        ),
+        (
+            "share_threshold",
+            request("fleet", &[&[("tenant", "t1")], &[("tenant", "t2")]]),
+        ),
+        ("shadow_mode", one("shadow", "x")),
+        ("quota_mode", one("quota", "x")),
+        ("detailed_metric", one("detailed", "x")),
+        ("limit override", overridden),
+        (
+            "unlimited and whitelisted",
+            request("fleet", &[&[("unlimited", "u")], &[("whitelisted", "w")]]),
+        ),
+    ]
+}
+
+const ROUNDS: usize = 14;
+
+/// The groups' `CACHE_KEY_PREFIX`: the mixed fleet, upstream alone, the sidecar alone.
+const PREFIXES: [&str; 3] = ["mixed_", "upstream_", "sidecar_"];
+
+/// An answer as compared: everything but what depends on the moment is exact; the
+/// moment-dependent parts are compared only within one second.
+#[derive(Debug, PartialEq)]
+struct Answer {
+    overall: i32,
+    statuses: Vec<String>,
+    headers: Vec<String>,
+}
+
+fn answer(response: &RateLimitResponse) -> Answer {
+    let statuses = response
+        .statuses
+        .iter()
+        .map(|s| {
+            let limit = s
+                .current_limit
+                .as_ref()
+                .map(|l| format!("{}/{} {:?}", l.requests_per_unit, l.unit, l.name));
+            let reset = s.duration_until_reset.as_ref().map(|d| d.seconds);
+            format!(
+                "{} {limit:?} remaining {} reset {reset:?}",
+                s.code, s.limit_remaining
+            )
+        })
+        .collect();
+    let mut headers: Vec<String> = response
+        .response_headers_to_add
+        .iter()
+        .map(|h| format!("{}: {}", h.key, h.value))
+        .collect();
+    headers.sort();
+    Answer {
+        overall: response.overall_code,
+        statuses,
+        headers,
+    }
+}
+
+fn now_secs() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
+}
+
+/// One group's servers: the mixed fleet has two (upstream's first), the others one.
+fn start_group(upstream: &PathBuf, store: &Store, prefix: &str, members: &[bool]) -> Vec<Server> {
+    members
+        .iter()
+        .map(|&is_upstream| {
+            let mut options = Options {
+                files: vec![("fleet.yaml", RULES.to_owned())],
+                binary: is_upstream.then(|| upstream.clone()),
+                ..Options::default()
+            };
+            options.env.extend(store.env.iter().cloned());
+            options.env.extend([
+                ("CACHE_KEY_PREFIX", prefix.to_owned()),
+                ("LIMIT_RESPONSE_HEADERS_ENABLED", "true".to_owned()),
+                ("LOG_LEVEL", "warn".to_owned()),
+            ]);
+            Server::start_with(options)
+        })
+        .collect()
+}
+
+/// Sends every call to the three groups; returns (calls compared, calls at a second's
+/// edge, differences).
+async fn decide_everywhere(
+    groups: &[Vec<Server>; 3],
+    store: &Store,
+) -> (usize, usize, Vec<String>) {
+    let mut clients = Vec::new();
+    for group in groups {
+        let mut members = Vec::new();
+        for server in group {
+            members.push(server.client().await);
+        }
+        clients.push(members);
+    }
+    let (mut compared, mut at_edge, mut differences) = (0, 0, Vec::new());
+    for round in 0..ROUNDS {
+        for (index, (label, call)) in calls().into_iter().enumerate() {
+            // Three answers in one second: a call starts 100 ms before an edge at latest.
+            let into_second = SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .unwrap()
+                .subsec_millis();
+            if into_second > 900 {
+                tokio::time::sleep(std::time::Duration::from_millis(u64::from(
+                    1_005 - into_second,
+                )))
+                .await;
+            }
+            let before = now_secs();
+            let mut answers = Vec::new();
+            for members in &mut clients {
+                // Each call goes to upstream and to the sidecar in turn, round by round.
+                let member = (round + index) % members.len();
+                let client = &mut members[member];
+                let response = client.should_rate_limit(call.clone()).await;
+                answers.push(
+                    response
+                        .map(|r| answer(&r.into_inner()))
+                        .map_err(|s| s.to_string()),
+                );
+            }
+            if now_secs() != before {
+                at_edge += 1;
+                continue;
+            }
+            if store.deliberate.iter().any(|(l, _)| *l == label) {
+                continue;
+            }
+            compared += 1;
+            if answers[0] != answers[1] || answers[0] != answers[2] {
+                differences.push(format!(
+                    "round {round}, {label}:\n  mixed    {:?}\n  upstream {:?}\n  sidecar  {:?}",
+                    answers[0], answers[1], answers[2]
+                ));
+            }
+        }
+    }
+    (compared, at_edge, differences)
+}
+
+/// Keys of the store under `prefix`, without it; not the per-second limit's, whose
+/// windows end while they are read.
+fn keys_of(store: &Store, prefix: &str) -> Vec<(String, String, i64)> {
+    (store.keys)()
+        .into_iter()
+        .filter_map(|(key, value, ttl)| {
+            key.strip_prefix(prefix)
+                .filter(|rest| !rest.starts_with("fleet_second_"))
+                .map(|rest| (rest.to_owned(), value, ttl))
+        })
+        .collect()
+}
+
+/// The differences between the groups' keys (values only when `same_counts`; expiries
+/// within a second).
+fn compare_keys(store: &Store) -> Vec<String> {
+    let [mixed, upstream, ours] = PREFIXES.map(|p| keys_of(store, p));
+    let mut differences = Vec::new();
+    for (name, other) in [("upstream alone", &upstream), ("sidecar alone", &ours)] {
+        let names =
+            |keys: &[(String, String, i64)]| keys.iter().map(|k| k.0.clone()).collect::<Vec<_>>();
+        if names(&mixed) != names(other) {
+            differences.push(format!(
+                "keys: mixed {:?}\n  {name} {:?}",
+                names(&mixed),
+                names(other)
+            ));
+            continue;
+        }
+        for (a, b) in mixed.iter().zip(other.iter()) {
+            let values_differ = store.same_counts && a.1 != b.1;
+            if values_differ || (a.2 - b.2).abs() > 1 {
+                differences.push(format!("key {}: mixed {a:?}, {name} {b:?}", a.0));
+            }
+        }
+    }
+    if mixed.is_empty() {
+        differences.push("no key was written".to_owned());
+    }
+    differences
+}
+
+fn redis_store(
+    name: &'static str,
+    redis: &'static Redis,
+    extra: Vec<(&'static str, String)>,
+) -> Store {
+    let mut env = redis_env(redis.port);
+    let same_counts = !extra.iter().any(|(k, _)| *k == "LOCAL_CACHE_SIZE_IN_BYTES");
+    env.extend(extra);
+    Store {
+        name,
+        env,
+        keys: Box::new(move || {
+            redis
+                .keys()
+                .into_iter()
+                .map(|key| {
+                    let value = redis.cli(&["GET", &key]);
+                    let ttl = redis.cli(&["TTL", &key]).parse().unwrap_or(-3);
+                    (key, value, ttl)
+                })
+                .collect()
+        }),
+        same_counts,
+        deliberate: &[],
+    }
+}
+
+fn memcached_store(memcached: &'static Memcached) -> Store {
+    Store {
+        name: "memcached",
+        env: vec![
+            ("BACKEND_TYPE", "memcache".into()),
+            ("MEMCACHE_HOST_PORT", memcached.address()),
+            ("EXPIRATION_JITTER_MAX_SECONDS", "0".into()),
+        ],
+        // The LRU crawler's dumps can each miss keys: the names any dump lists, under
+        // every group's prefix, are looked up one by one.
+        keys: Box::new(move || {
+            let mut names = std::collections::BTreeSet::new();
+            for _ in 0..5 {
+                for (key, _) in memcached.keys() {
+                    let base = PREFIXES.iter().find_map(|p| key.strip_prefix(p));
+                    names.extend(base.map(str::to_owned));
+                }
+            }
+            let mut keys = Vec::new();
+            for name in names {
+                for prefix in PREFIXES {
+                    let key = format!("{prefix}{name}");
+                    if let Some((value, ttl)) = memcached.value_and_ttl(&key) {
+                        keys.push((key, value, ttl));
+                    }
+                }
+            }
+            keys
+        }),
+        same_counts: true,
+        deliberate: &[
+            (
+                "second",
+                "a counter lives one second longer than its unit: memcached expires by whole seconds of its own clock, and upstream's per-second counters can end early and admit more",
+            ),
+            (
+                "share_threshold",
+                "two descriptors of one request on one counter count in turn, as on Redis; upstream's memcached answers both from the total read before the request",
+            ),
+        ],
+    }
+}
+
+fn stores() -> Vec<Store> {
+    let leak = |redis: Redis| -> &'static Redis { Box::leak(Box::new(redis)) };
+    let (single, per_second) = (leak(Redis::start(&[])), leak(Redis::start(&[])));
+    let split = vec![
+        ("REDIS_PERSECOND", "true".to_owned()),
+        ("REDIS_PERSECOND_SOCKET_TYPE", "tcp".to_owned()),
+        (
+            "REDIS_PERSECOND_URL",
+            format!("127.0.0.1:{}", per_second.port),
+        ),
+    ];
+    let cache = vec![("LOCAL_CACHE_SIZE_IN_BYTES", "1048576".to_owned())];
+    let stop = vec![("STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT", "true".to_owned())];
+    vec![
+        redis_store("redis", single, Vec::new()),
+        redis_store("redis, per-second split", leak(Redis::start(&[])), split),
+        redis_store(
+            "redis, local over-limit cache",
+            leak(Redis::start(&[])),
+            cache,
+        ),
+        redis_store(
+            "redis, STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT",
+            leak(Redis::start(&[])),
+            stop,
+        ),
+        memcached_store(Box::leak(Box::new(Memcached::start()))),
+    ]
+}
+
+#[tokio::main]
+async fn main() -> std::process::ExitCode {
+    let Some(upstream) = std::env::var_os("UPSTREAM_RATELIMIT_BIN").map(PathBuf::from) else {
+        eprintln!(
+            "set UPSTREAM_RATELIMIT_BIN to envoyproxy/ratelimit's binary (bench/upstream/run.sh says how)"
+        );
+        return std::process::ExitCode::from(2);
+    };
+    let mut failed = false;
+    for store in stores() {
+        let groups = [
+            start_group(&upstream, &store, "mixed_", &[true, false]),
+            start_group(&upstream, &store, "upstream_", &[true]),
+            start_group(&upstream, &store, "sidecar_", &[false]),
+        ];
+        let (compared, at_edge, mut differences) = decide_everywhere(&groups, &store).await;
+        differences.extend(compare_keys(&store));
+        let keys = keys_of(&store, "mixed_").len();
+        println!(
+            "{}: {compared} calls compared over the three groups ({at_edge} at a second's edge, not compared), {keys} keys, {} differences",
+            store.name,
+            differences.len()
+        );
+        for difference in &differences {
+            println!("  {difference}");
+        }
+        for (label, reason) in store.deliberate {
+            println!("  '{label}' not compared, a deliberate difference: {reason}");
+        }
+        failed |= !differences.is_empty();
+    }
+    if failed {
+        std::process::ExitCode::FAILURE
+    } else {
+        std::process::ExitCode::SUCCESS
+    }
+}
