@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
 # Runs the command blocks marked `<!-- test: NAME -->` in README.md and in docs/*.md, as
-# written, so that they cannot rot: the sidecar and its client (README.md), the sidecar
-# following the example xDS control plane (docs/xds.md), the intake with the mock broker
-# and its curl examples (docs/intake.md), and the Envoy and wasm walkthroughs (their
-# `--demo` lines, docs/envoy.md) up to the 429. A marked block this script does not name
-# below is run once, after those, and must succeed; every name marks one block.
+# written, so that they cannot rot: the sidecar, its client and its 429 (README.md), the
+# rule format's examples (docs/rules.md: every `rules-file-*` block, the `rules-sidecar`
+# server, then every `rules-ask-*` block), the sidecar following the example xDS control
+# plane (docs/xds.md), the intake with the mock broker and its curl examples
+# (docs/intake.md), and the Envoy and wasm walkthroughs (their `--demo` lines,
+# docs/envoy.md) up to the 429. A marked block this script does not name below is run
+# once, after those, and must succeed; every name marks one block. A block followed by a
+# text block marked `<!-- output: NAME -->` must print that text (check_output).
 #
 # They use the documented default ports (8080, 8081, 6070, 3000, 10000, 9901, 10080, 18000),
 # which must be free. scripts/test.sh runs this after the tests, with ENVOY_BIN set.
@@ -165,6 +168,21 @@ expect "intake-client" "$out" '"message":"authentication required'
 expect "intake-client" "$out" 'intake_requests_total{status="202"} 1'
 stop
 
+log "the rule format's examples (docs/rules.md) on one sidecar"
+rm -rf /tmp/ratelimit-rules
+for name in $NAMES; do
+	case "$name" in rules-file-*) run_block "$name" >/dev/null ;; esac
+done
+serve rules-sidecar 8081
+# The examples count in one-minute windows: they start with 15 seconds of one left.
+while [ "$(date +%-S)" -ge 45 ]; do sleep 1; done
+asked=0
+for name in $NAMES; do
+	case "$name" in rules-ask-*) run_block "$name" >/dev/null && asked=$((asked + 1)) ;; esac
+done
+[ "$asked" -gt 0 ] || { echo "docs/rules.md: no block marked rules-ask-*" >&2; exit 1; }
+stop
+
 log "the Envoy walkthroughs up to the 429"
 out=$(run_block envoy)
 expect "envoy" "$out" 'request 4 as alice: 429'
@@ -174,6 +192,7 @@ RAN=" sidecar sidecar-client sidecar-429 xds-server xds-sidecar xds-client intak
 count=9
 for name in $NAMES; do
 	case "$RAN" in *" $name "*) continue ;; esac
+	case "$name" in rules-*) continue ;; esac
 	log "the block marked '$name'"
 	timeout 600 bash -euo pipefail -c "$(block "$name")" >"$WORK/$name.out" 2>"$WORK/$name.log" || {
 		echo "the block marked '$name' failed; its output:" >&2
