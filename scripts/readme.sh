@@ -12,6 +12,7 @@
 # They use the documented default ports (8080, 8081, 6070, 3000, 10000, 9901, 10080, 18000),
 # which must be free. scripts/test.sh runs this after the tests, with ENVOY_BIN set.
 set -euo pipefail
+shopt -s inherit_errexit
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 WORK="$(mktemp -d)"
 SERVERS=()
@@ -74,7 +75,8 @@ run_block() { # name
 		cat "$WORK/$1.out" "$WORK/$1.log" >&2
 		exit 1
 	fi
-	check_output "$1" "$WORK/$1.out"
+	# Explicitly: callers run this in a command substitution, where bash drops `set -e`.
+	check_output "$1" "$WORK/$1.out" || exit 1
 	cat "$WORK/$1.out"
 }
 
