@@ -48,7 +48,11 @@ measure() { # name command... (@PORT@ is the gRPC port)
 	command=("${command[@]:0:$i}" valgrind --tool=callgrind --callgrind-out-file="$out.%p" "${command[@]:$i}")
 	"${command[@]}" 2>"$WORK/valgrind.$name" &
 	local job=$! pid
-	wait_port "$port" 1200
+	wait_port "$port" 3000 || {
+		echo "$name did not listen within 150 s under valgrind; its output:" >&2
+		cat "$WORK/valgrind.$name" >&2
+		exit 1
+	}
 	# The process valgrind runs the server in (its launcher may be another process).
 	pid=$(pgrep -n -f "valgrind.*--callgrind-out-file=$out")
 	load "$port" "$WARM"
@@ -73,8 +77,21 @@ start_memcached() { # sets memcached_port
 	memcached -l 127.0.0.1 -p "$memcached_port" -U 0 -t 1 -u root >/dev/null &
 	wait_port "$memcached_port"
 }
-UPSTREAM=(env GOMAXPROCS=1 RUNTIME_ROOT="$WORK/current" RUNTIME_SUBDIRECTORY= RUNTIME_APPDIRECTORY=config
-	USE_STATSD=false LOG_LEVEL=error DEBUG_HOST=127.0.0.1 GRPC_HOST=127.0.0.1)
+# Upstream reads nothing when it watches the root with an empty RUNTIME_SUBDIRECTORY.
+# A server that loaded no rules answers without counting: each run must leave counters.
+counted() { # name redis|memcache port
+	local items
+	case "$2" in
+	redis) items=$(redis-cli -p "$3" dbsize) ;;
+	memcache) items=$(exec 3<>"/dev/tcp/127.0.0.1/$3" && printf 'stats\r\nquit\r\n' >&3 &&
+		awk '/curr_items/ { print $3 + 0 }' <&3) ;;
+	esac
+	[ "${items:-0}" -gt 0 ] || { echo "$1 left no counter in $2: did its rules load?" >&2; exit 1; }
+}
+# Go preempts goroutines with signals, which callgrind can trip over (an assertion in
+# its signal handling): asyncpreemptoff keeps to cooperative preemption.
+UPSTREAM=(env GOMAXPROCS=1 GODEBUG=asyncpreemptoff=1 RUNTIME_ROOT="$WORK/current" RUNTIME_SUBDIRECTORY= RUNTIME_APPDIRECTORY=config RUNTIME_WATCH_ROOT=false
+	USE_STATSD=false DISABLE_STATS=true LOG_LEVEL=error DEBUG_HOST=127.0.0.1 GRPC_HOST=127.0.0.1)
 
 for server in "${SERVERS[@]}"; do
 	case "$server" in
@@ -85,19 +102,23 @@ for server in "${SERVERS[@]}"; do
 	redis)
 		start_redis
 		measure redis "${SIDECAR[@]}" PORT=$(free_port) DEBUG_PORT=$(free_port) GRPC_PORT=@PORT@ \
-			BACKEND_TYPE=redis REDIS_SOCKET_TYPE=tcp REDIS_URL="127.0.0.1:$redis_port" "$BIN/ratelimit" ;;
+			BACKEND_TYPE=redis REDIS_SOCKET_TYPE=tcp REDIS_URL="127.0.0.1:$redis_port" "$BIN/ratelimit"
+		counted redis redis "$redis_port" ;;
 	memcache)
 		start_memcached
 		measure memcache "${SIDECAR[@]}" PORT=$(free_port) DEBUG_PORT=$(free_port) GRPC_PORT=@PORT@ \
-			BACKEND_TYPE=memcache MEMCACHE_HOST_PORT="127.0.0.1:$memcached_port" "$BIN/ratelimit" ;;
+			BACKEND_TYPE=memcache MEMCACHE_HOST_PORT="127.0.0.1:$memcached_port" "$BIN/ratelimit"
+		counted memcache memcache "$memcached_port" ;;
 	upstream-redis)
 		start_redis
 		measure upstream-redis "${UPSTREAM[@]}" PORT=$(free_port) DEBUG_PORT=$(free_port) GRPC_PORT=@PORT@ \
-			BACKEND_TYPE=redis REDIS_SOCKET_TYPE=tcp REDIS_URL="127.0.0.1:$redis_port" "$UPSTREAM_RATELIMIT_BIN" ;;
+			BACKEND_TYPE=redis REDIS_SOCKET_TYPE=tcp REDIS_URL="127.0.0.1:$redis_port" "$UPSTREAM_RATELIMIT_BIN"
+		counted upstream-redis redis "$redis_port" ;;
 	upstream-memcache)
 		start_memcached
 		measure upstream-memcache "${UPSTREAM[@]}" PORT=$(free_port) DEBUG_PORT=$(free_port) GRPC_PORT=@PORT@ \
-			BACKEND_TYPE=memcache MEMCACHE_HOST_PORT="127.0.0.1:$memcached_port" "$UPSTREAM_RATELIMIT_BIN" ;;
+			BACKEND_TYPE=memcache MEMCACHE_HOST_PORT="127.0.0.1:$memcached_port" "$UPSTREAM_RATELIMIT_BIN"
+		counted upstream-memcache memcache "$memcached_port" ;;
 	*) echo "unknown server $server" >&2; exit 2 ;;
 	esac
 done

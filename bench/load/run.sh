@@ -96,6 +96,29 @@ if command -v memcached >/dev/null; then
 		MEMCACHE_HOST_PORT="127.0.0.1:$memcached_port" "$BIN/ratelimit"
 	SERVERS+=(memcache)
 fi
+# UPSTREAM_RATELIMIT_BIN (bench/upstream/run.sh): envoyproxy/ratelimit on the same Redis
+# and memcached, with GOMAXPROCS=1 on CPU 0 as the sidecar's one worker, and with
+# GOMAXPROCS=2 unpinned beside the sidecar's two workers. It reads nothing when it watches
+# the root with an empty RUNTIME_SUBDIRECTORY: it watches the config directory.
+if [ -n "${UPSTREAM_RATELIMIT_BIN:-}" ]; then
+	UPSTREAM=(env RUNTIME_ROOT="$WORK/current" RUNTIME_SUBDIRECTORY= RUNTIME_WATCH_ROOT=false
+		USE_STATSD=false LOG_LEVEL=error HOST=127.0.0.1 PORT=@FREE@ DEBUG_HOST=127.0.0.1
+		DEBUG_PORT=@FREE@ GRPC_HOST=127.0.0.1 GRPC_PORT=@PORT@)
+	if [ -n "${redis_port:-}" ]; then
+		start upstream-redis 0 "${UPSTREAM[@]}" GOMAXPROCS=1 BACKEND_TYPE=redis \
+			REDIS_SOCKET_TYPE=tcp REDIS_URL="127.0.0.1:$redis_port" "$UPSTREAM_RATELIMIT_BIN"
+		start upstream-redis-2t "" "${UPSTREAM[@]}" GOMAXPROCS=2 BACKEND_TYPE=redis \
+			REDIS_SOCKET_TYPE=tcp REDIS_URL="127.0.0.1:$redis_port" "$UPSTREAM_RATELIMIT_BIN"
+		start redis-2w "" "${SIDECAR[@]}" BACKEND_TYPE=redis GRPC_WORKERS=2 REDIS_SOCKET_TYPE=tcp \
+			REDIS_URL="127.0.0.1:$redis_port" "$BIN/ratelimit"
+		SERVERS+=(upstream-redis upstream-redis-2t redis-2w)
+	fi
+	if [ -n "${memcached_port:-}" ]; then
+		start upstream-memcache 0 "${UPSTREAM[@]}" GOMAXPROCS=1 BACKEND_TYPE=memcache \
+			MEMCACHE_HOST_PORT="127.0.0.1:$memcached_port" "$UPSTREAM_RATELIMIT_BIN"
+		SERVERS+=(upstream-memcache)
+	fi
+fi
 # PAIR_BIN=DIR: the floor and the sidecar on each backend built in DIR run beside those
 # of $BIN and are measured in the same rounds.
 if [ -n "${PGO_BIN:-}" ]; then
@@ -171,7 +194,8 @@ by = collections.defaultdict(list)
 for r, server, tool, keys, requests, errors, secs, p50, p99, ticks in rows:
     by[(tool, keys, server)].append((int(r), int(requests), int(errors), float(secs), p50, p99, int(ticks)))
 print(f"{'load':<16} {'server':<12} {'req/s':>8} {'vs floor':>8} {'rounds':>9} {'CPU us/req':>10} {'x floor':>7} {'p50 us':>7} {'p99 us':>7} {'errors':>6} {'vs base':>17}")
-BASE = ["floor", "tonic", "memory", "sinks", "redis", "memcache", "floor-2w", "memory-2w"]
+BASE = ["floor", "tonic", "memory", "sinks", "redis", "memcache", "upstream-redis",
+        "upstream-memcache", "floor-2w", "memory-2w", "redis-2w", "upstream-redis-2t"]
 ORDER = BASE + [s + pair for s in ("floor", "memory", "redis", "memcache")]
 def rates(tool, keys, server):
     return {r: (n / s, t / tick * 1e6 / max(n, 1)) for r, n, _, s, _, _, t in by[(tool, keys, server)]}
@@ -182,7 +206,8 @@ for tool, keys in sorted({(t, k) for t, k, _ in by}, key=lambda x: (x[0], int(x[
             continue
         # Two workers are compared with the floor on two threads, the paired build with
         # its own floor, the rest with the floor.
-        floor = "floor-2w" if server.endswith("-2w") else "floor" + pair if server.endswith(pair) else "floor"
+        two = server.endswith("-2w") or server.endswith("-2t")
+        floor = "floor-2w" if two else "floor" + pair if server.endswith(pair) else "floor"
         base = rates(tool, keys, floor)
         # The paired build against the same server of the base build, within each round.
         plain = "-"
@@ -203,3 +228,7 @@ for tool, keys in sorted({(t, k) for t, k, _ in by}, key=lambda x: (x[0], int(x[
     print(f"{'':<16} the floor's req/s over the rounds: {min(floors):.0f}-{max(floors):.0f}, {max(floors) / min(floors):.2f} x apart")
 print(f"median of {len(set(r[0] for r in rows))} alternating rounds; ratios are taken within a round, to the floor (memory-2w: to floor-2w; X" + pair + ": to floor" + pair + ", and to X in 'vs base'); 'rounds' is the lowest and highest of a server's ratios over the rounds")
 PY
+# Resident memory of each server after the rounds.
+for name in "${SERVERS[@]}"; do
+	awk -v name="$name" '/^VmRSS/ { printf "%-18s RSS %6.1f MB after the rounds\n", name, $2 / 1024 }' "/proc/${PID[$name]}/status"
+done

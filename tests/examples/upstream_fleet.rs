@@ -3,7 +3,7 @@
 //! `STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT`) and on one memcached.
 //!
 //! For each store, three groups decide the same calls with the same rules
-//! (`upstream_fleet.yaml`) and settings, each under a `CACHE_KEY_PREFIX` of its own: the
+//! (`tests/src/upstream_rules.yaml`) and settings, each under a `CACHE_KEY_PREFIX` of its own: the
 //! mixed fleet (upstream and the sidecar taking turns), upstream alone and the sidecar
 //! alone. Every call must get the same answer from the three (code, limit, remaining,
 //! `duration_until_reset`, `RateLimit-*` headers), and the keys each group left in the
@@ -14,16 +14,15 @@
 //! (bench/upstream/run.sh). Prints one line per store and every difference; exits 1 on
 //! any.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::RateLimitOverride;
-use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
-use envoy_types::pb::google::protobuf::UInt64Value;
 use ratelimit_tests::memcached::Memcached;
-use ratelimit_tests::sidecar::{Options, Redis, Server, redis_env, request};
+use ratelimit_tests::sidecar::{Options, Redis, Server, redis_env};
+use ratelimit_tests::upstream::{ROUNDS, RULES, answer, calls, now_secs};
 
-const RULES: &str = include_str!("upstream_fleet.yaml");
+/// The groups' `CACHE_KEY_PREFIX`: the mixed fleet, upstream alone, the sidecar alone.
+const PREFIXES: [&str; 3] = ["mixed_", "upstream_", "sidecar_"];
 
 /// What a group's servers are started with, besides the rules and the key prefix.
 struct Store {
@@ -39,109 +38,14 @@ struct Store {
     deliberate: &'static [(&'static str, &'static str)],
 }
 
-/// The calls, in order: each a label and a request; the whole list is sent `ROUNDS` times.
-fn calls() -> Vec<(&'static str, RateLimitRequest)> {
-    let one = |key: &'static str, value: &'static str| request("fleet", &[&[(key, value)]]);
-    let mut hits = one("hour", "h");
-    hits.hits_addend = 2;
-    let mut descriptor_hits = one("day", "d");
-    descriptor_hits.descriptors[0].hits_addend = Some(UInt64Value { value: 3 });
-    let mut overridden = one("minute", "override");
-    overridden.descriptors[0].limit = Some(RateLimitOverride {
-        requests_per_unit: 3,
-        unit: 2,
-    });
-    vec![
-        ("second", one("second", "s")),
-        ("minute", one("minute", "m")),
-        ("hits_addend", hits),
-        ("descriptor hits_addend", descriptor_hits),
-        ("week", one("week", "w")),
-        (
-            "nested",
-            request("fleet", &[&[("user", "alice"), ("method", "POST")]]),
-        ),
-        (
-            "replaces",
-            request("fleet", &[&[("user", "bob")], &[("plan", "premium")]]),
-        ),
-        (
-            "wildcard",
-            request("fleet", &[&[("path", "/api/a")], &[("path", "/api/b")]]),
-        ),
-        (
-            "share_threshold",
-            request("fleet", &[&[("tenant", "t1")], &[("tenant", "t2")]]),
-        ),
-        ("shadow_mode", one("shadow", "x")),
-        ("quota_mode", one("quota", "x")),
-        ("detailed_metric", one("detailed", "x")),
-        ("limit override", overridden),
-        (
-            "unlimited and whitelisted",
-            request("fleet", &[&[("unlimited", "u")], &[("whitelisted", "w")]]),
-        ),
-    ]
-}
-
-const ROUNDS: usize = 14;
-
-/// The groups' `CACHE_KEY_PREFIX`: the mixed fleet, upstream alone, the sidecar alone.
-const PREFIXES: [&str; 3] = ["mixed_", "upstream_", "sidecar_"];
-
-/// An answer as compared: everything but what depends on the moment is exact; the
-/// moment-dependent parts are compared only within one second.
-#[derive(Debug, PartialEq)]
-struct Answer {
-    overall: i32,
-    statuses: Vec<String>,
-    headers: Vec<String>,
-}
-
-fn answer(response: &RateLimitResponse) -> Answer {
-    let statuses = response
-        .statuses
-        .iter()
-        .map(|s| {
-            let limit = s
-                .current_limit
-                .as_ref()
-                .map(|l| format!("{}/{} {:?}", l.requests_per_unit, l.unit, l.name));
-            let reset = s.duration_until_reset.as_ref().map(|d| d.seconds);
-            format!(
-                "{} {limit:?} remaining {} reset {reset:?}",
-                s.code, s.limit_remaining
-            )
-        })
-        .collect();
-    let mut headers: Vec<String> = response
-        .response_headers_to_add
-        .iter()
-        .map(|h| format!("{}: {}", h.key, h.value))
-        .collect();
-    headers.sort();
-    Answer {
-        overall: response.overall_code,
-        statuses,
-        headers,
-    }
-}
-
-fn now_secs() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .as_secs()
-}
-
 /// One group's servers: the mixed fleet has two (upstream's first), the others one.
-fn start_group(upstream: &PathBuf, store: &Store, prefix: &str, members: &[bool]) -> Vec<Server> {
+fn start_group(upstream: &Path, store: &Store, prefix: &str, members: &[bool]) -> Vec<Server> {
     members
         .iter()
         .map(|&is_upstream| {
             let mut options = Options {
                 files: vec![("fleet.yaml", RULES.to_owned())],
-                binary: is_upstream.then(|| upstream.clone()),
+                binary: is_upstream.then(|| upstream.to_path_buf()),
                 ..Options::default()
             };
             options.env.extend(store.env.iter().cloned());

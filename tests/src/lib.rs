@@ -20,6 +20,7 @@ pub mod pki;
 pub mod prometheus;
 pub mod redis_failover;
 pub mod sidecar;
+pub mod upstream;
 
 /// The names and integer parameters of a Structured Field List (RFC 8941) of strings,
 /// as the draft-11 rate-limit headers are: `"burst";q=2;w=1, ...`.
