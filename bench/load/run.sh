@@ -99,10 +99,12 @@ fi
 # UPSTREAM_RATELIMIT_BIN (bench/upstream/run.sh): envoyproxy/ratelimit on the same Redis
 # and memcached, with GOMAXPROCS=1 on CPU 0 as the sidecar's one worker, and with
 # GOMAXPROCS=2 unpinned beside the sidecar's two workers. It reads nothing when it watches
-# the root with an empty RUNTIME_SUBDIRECTORY: it watches the config directory.
+# the root with an empty RUNTIME_SUBDIRECTORY: it watches the config directory. Without a
+# sink it logs every timer value of every request (gostats' logging sink): DISABLE_STATS
+# keeps its counting and sends nothing, as the sidecar without a sink does.
 if [ -n "${UPSTREAM_RATELIMIT_BIN:-}" ]; then
 	UPSTREAM=(env RUNTIME_ROOT="$WORK/current" RUNTIME_SUBDIRECTORY= RUNTIME_WATCH_ROOT=false
-		USE_STATSD=false LOG_LEVEL=error HOST=127.0.0.1 PORT=@FREE@ DEBUG_HOST=127.0.0.1
+		USE_STATSD=false DISABLE_STATS=true LOG_LEVEL=error HOST=127.0.0.1 PORT=@FREE@ DEBUG_HOST=127.0.0.1
 		DEBUG_PORT=@FREE@ GRPC_HOST=127.0.0.1 GRPC_PORT=@PORT@)
 	if [ -n "${redis_port:-}" ]; then
 		start upstream-redis 0 "${UPSTREAM[@]}" GOMAXPROCS=1 BACKEND_TYPE=redis \
@@ -143,7 +145,7 @@ fi
 if [ -n "${ONLY:-}" ]; then
 	# A paired build's server goes with the same server of this build.
 	wanted=" floor $ONLY "
-	[[ "$wanted" != *" memory-2w "* ]] || wanted+="floor-2w "
+	[[ "$wanted" != *"-2w "* && "$wanted" != *"-2t "* ]] || wanted+="floor-2w "
 	chosen=()
 	for name in "${SERVERS[@]}"; do
 		[[ "$wanted" != *" ${name%-"$PAIR"} "* ]] || chosen+=("$name")
