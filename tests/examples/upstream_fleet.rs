@@ -24,6 +24,9 @@ use ratelimit_tests::upstream::{ROUNDS, RULES, answer, calls, now_secs};
 /// The groups' `CACHE_KEY_PREFIX`: the mixed fleet, upstream alone, the sidecar alone.
 const PREFIXES: [&str; 3] = ["mixed_", "upstream_", "sidecar_"];
 
+/// Those and the rolling fleet's, beside the sidecar alone's that it is compared with.
+const ALL_PREFIXES: [&str; 5] = ["mixed_", "upstream_", "sidecar_", "rolling_", "single_"];
+
 /// What a group's servers are started with, besides the rules and the key prefix.
 struct Store {
     name: &'static str,
@@ -33,13 +36,21 @@ struct Store {
     /// Whether counters of a group must equal the others' (not with a local over-limit
     /// cache: the mixed fleet's two caches each let one more call reach the store).
     same_counts: bool,
+    /// How far apart two groups' expiries of one key may be, in seconds: a second for
+    /// the time between their writes, and on memcached the second the sidecar adds.
+    expiry_tolerance: i64,
     /// Calls on which the sidecar differs from upstream on purpose, with the reason
     /// (docs/compatibility.md lists them): reported, not failed.
     deliberate: &'static [(&'static str, &'static str)],
 }
 
 /// One group's servers: the mixed fleet has two (upstream's first), the others one.
-fn start_group(upstream: &Path, store: &Store, prefix: &str, members: &[bool]) -> Vec<Server> {
+fn start_group(
+    upstream: &Path,
+    env: &[(&'static str, String)],
+    prefix: &str,
+    members: &[bool],
+) -> Vec<Server> {
     members
         .iter()
         .map(|&is_upstream| {
@@ -48,7 +59,7 @@ fn start_group(upstream: &Path, store: &Store, prefix: &str, members: &[bool]) -
                 binary: is_upstream.then(|| upstream.to_path_buf()),
                 ..Options::default()
             };
-            options.env.extend(store.env.iter().cloned());
+            options.env.extend(env.iter().cloned());
             options.env.extend([
                 ("CACHE_KEY_PREFIX", prefix.to_owned()),
                 ("LIMIT_RESPONSE_HEADERS_ENABLED", "true".to_owned()),
@@ -77,16 +88,7 @@ async fn decide_everywhere(
     for round in 0..ROUNDS {
         for (index, (label, call)) in calls().into_iter().enumerate() {
             // Three answers in one second: a call starts 100 ms before an edge at latest.
-            let into_second = SystemTime::now()
-                .duration_since(UNIX_EPOCH)
-                .unwrap()
-                .subsec_millis();
-            if into_second > 900 {
-                tokio::time::sleep(std::time::Duration::from_millis(u64::from(
-                    1_005 - into_second,
-                )))
-                .await;
-            }
+            before_a_second_edge().await;
             let before = now_secs();
             let mut answers = Vec::new();
             for members in &mut clients {
@@ -134,31 +136,125 @@ fn keys_of(store: &Store, prefix: &str) -> Vec<(String, String, i64)> {
 
 /// The differences between the groups' keys (values only when `same_counts`; expiries
 /// within a second).
-fn compare_keys(store: &Store) -> Vec<String> {
-    let [mixed, upstream, ours] = PREFIXES.map(|p| keys_of(store, p));
+fn compare_keys(store: &Store, prefixes: &[&str]) -> Vec<String> {
+    let [reference, others @ ..] = prefixes else {
+        return Vec::new();
+    };
+    let first = keys_of(store, reference);
+    let names =
+        |keys: &[(String, String, i64)]| keys.iter().map(|k| k.0.clone()).collect::<Vec<_>>();
     let mut differences = Vec::new();
-    for (name, other) in [("upstream alone", &upstream), ("sidecar alone", &ours)] {
-        let names =
-            |keys: &[(String, String, i64)]| keys.iter().map(|k| k.0.clone()).collect::<Vec<_>>();
-        if names(&mixed) != names(other) {
+    for prefix in others {
+        let other = keys_of(store, prefix);
+        if names(&first) != names(&other) {
             differences.push(format!(
-                "keys: mixed {:?}\n  {name} {:?}",
-                names(&mixed),
-                names(other)
+                "keys: {reference} {:?}\n  {prefix} {:?}",
+                names(&first),
+                names(&other)
             ));
             continue;
         }
-        for (a, b) in mixed.iter().zip(other.iter()) {
+        for (a, b) in first.iter().zip(other.iter()) {
             let values_differ = store.same_counts && a.1 != b.1;
-            if values_differ || (a.2 - b.2).abs() > 1 {
-                differences.push(format!("key {}: mixed {a:?}, {name} {b:?}", a.0));
+            if values_differ || (a.2 - b.2).abs() > store.expiry_tolerance {
+                differences.push(format!("key {}: {reference} {a:?}, {prefix} {b:?}", a.0));
             }
         }
     }
-    if mixed.is_empty() {
+    if first.is_empty() {
         differences.push("no key was written".to_owned());
     }
     differences
+}
+
+/// Calls between two replacements of the rolling fleet.
+const CALLS_PER_REPLACEMENT: usize = 30;
+
+/// Three instances, upstream's, replaced one at a time by the sidecar's and then back,
+/// while the calls go on to the instances that are up (a replacement starts while the
+/// others answer); each call is also put to the sidecar alone, and the answers and the
+/// keys must be the same. Returns (calls compared, differences).
+async fn rolling(upstream: &Path, store: &Store) -> (usize, Vec<String>) {
+    let single = start_group(upstream, &store.env, "single_", &[false]).remove(0);
+    let mut members: Vec<Option<Server>> =
+        start_group(upstream, &store.env, "rolling_", &[true; 3])
+            .into_iter()
+            .map(Some)
+            .collect();
+    // The replacements in order: (instance, upstream's binary or not).
+    let mut replacements = (0..6).map(|i| (i % 3, i >= 3));
+    let mut pending: Option<(usize, tokio::task::JoinHandle<Server>)> = None;
+    let (mut compared, mut differences, mut replaced) = (0, Vec::new(), 0);
+    let all: Vec<_> = calls();
+    // The calls go on until the last replacement has answered its share of them.
+    let mut last_replaced_at = usize::MAX;
+    for step in 0.. {
+        if replaced == 6 && step >= last_replaced_at + CALLS_PER_REPLACEMENT {
+            break;
+        }
+        if pending
+            .as_ref()
+            .is_some_and(|(_, handle)| handle.is_finished())
+        {
+            let (index, handle) = pending.take().unwrap();
+            members[index] = Some(handle.await.unwrap());
+            replaced += 1;
+            last_replaced_at = step;
+        }
+        if step % CALLS_PER_REPLACEMENT == 0 && pending.is_none() {
+            if let Some((index, is_upstream)) = replacements.next() {
+                members[index] = None; // stopped
+                let (upstream, env) = (upstream.to_path_buf(), store.env.clone());
+                let start =
+                    move || start_group(&upstream, &env, "rolling_", &[is_upstream]).remove(0);
+                pending = Some((index, tokio::task::spawn_blocking(start)));
+            }
+        }
+        let up: Vec<&Server> = members.iter().flatten().collect();
+        let (label, call) = &all[step % all.len()];
+        before_a_second_edge().await;
+        let before = now_secs();
+        let fleet = up[step % up.len()]
+            .client()
+            .await
+            .should_rate_limit(call.clone())
+            .await;
+        let alone = single.client().await.should_rate_limit(call.clone()).await;
+        if now_secs() != before || store.deliberate.iter().any(|(l, _)| l == label) {
+            continue;
+        }
+        let [fleet, alone] = [fleet, alone].map(|r| {
+            r.map(|r| answer(&r.into_inner()))
+                .map_err(|s| s.to_string())
+        });
+        compared += 1;
+        if fleet != alone {
+            differences.push(format!(
+                "rolling, step {step}, {label}:\n  fleet {fleet:?}\n  alone {alone:?}"
+            ));
+        }
+    }
+    if replaced != 6 {
+        differences.push(format!(
+            "{replaced} of 6 replacements done during the calls"
+        ));
+    }
+    differences.extend(compare_keys(store, &["single_", "rolling_"]));
+    (compared, differences)
+}
+
+/// Waits out the last 100 ms of a second, so that a call and its comparison fall in one.
+async fn before_a_second_edge() {
+    let into_second = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .subsec_millis();
+    if into_second > 900 {
+        tokio::time::sleep(std::time::Duration::from_millis(u64::from(
+            1_005 - into_second,
+        )))
+        .await;
+    }
 }
 
 fn redis_store(
@@ -184,6 +280,7 @@ fn redis_store(
                 .collect()
         }),
         same_counts,
+        expiry_tolerance: 1,
         deliberate: &[],
     }
 }
@@ -202,13 +299,13 @@ fn memcached_store(memcached: &'static Memcached) -> Store {
             let mut names = std::collections::BTreeSet::new();
             for _ in 0..5 {
                 for (key, _) in memcached.keys() {
-                    let base = PREFIXES.iter().find_map(|p| key.strip_prefix(p));
+                    let base = ALL_PREFIXES.iter().find_map(|p| key.strip_prefix(p));
                     names.extend(base.map(str::to_owned));
                 }
             }
             let mut keys = Vec::new();
             for name in names {
-                for prefix in PREFIXES {
+                for prefix in ALL_PREFIXES {
                     let key = format!("{prefix}{name}");
                     if let Some((value, ttl)) = memcached.value_and_ttl(&key) {
                         keys.push((key, value, ttl));
@@ -218,6 +315,7 @@ fn memcached_store(memcached: &'static Memcached) -> Store {
             keys
         }),
         same_counts: true,
+        expiry_tolerance: 2,
         deliberate: &[
             (
                 "second",
@@ -272,15 +370,17 @@ async fn main() -> std::process::ExitCode {
     let mut failed = false;
     for store in stores() {
         let groups = [
-            start_group(&upstream, &store, "mixed_", &[true, false]),
-            start_group(&upstream, &store, "upstream_", &[true]),
-            start_group(&upstream, &store, "sidecar_", &[false]),
+            start_group(&upstream, &store.env, "mixed_", &[true, false]),
+            start_group(&upstream, &store.env, "upstream_", &[true]),
+            start_group(&upstream, &store.env, "sidecar_", &[false]),
         ];
         let (compared, at_edge, mut differences) = decide_everywhere(&groups, &store).await;
-        differences.extend(compare_keys(&store));
+        differences.extend(compare_keys(&store, &PREFIXES));
+        let (rolled, rolling_differences) = rolling(&upstream, &store).await;
+        differences.extend(rolling_differences);
         let keys = keys_of(&store, "mixed_").len();
         println!(
-            "{}: {compared} calls compared over the three groups ({at_edge} at a second's edge, not compared), {keys} keys, {} differences",
+            "{}: {compared} calls compared over the three groups ({at_edge} at a second's edge, not compared), {keys} keys; {rolled} calls to a fleet of three replaced one by one, upstream to the sidecar and back; {} differences",
             store.name,
             differences.len()
         );
