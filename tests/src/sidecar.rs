@@ -429,24 +429,39 @@ pub struct Redis {
 impl Redis {
     /// Starts `redis-server` with extra arguments (`--requirepass x`, ...).
     pub fn start(extra: &[&str]) -> Redis {
-        let port = free_port();
-        Redis::start_with(port, &["--port".to_owned(), port.to_string()], extra)
+        Redis::on_a_free_port(|port| vec!["--port".to_owned(), port.to_string()], extra)
     }
 
     /// Starts `redis-server` answering only TLS on its port, with extra arguments (the
     /// certificate files).
     pub fn start_tls(extra: &[&str]) -> Redis {
-        let port = free_port();
-        let listen = [
-            "--port".to_owned(),
-            "0".to_owned(),
-            "--tls-port".to_owned(),
-            port.to_string(),
-        ];
-        Redis::start_with(port, &listen, extra)
+        let listen = |port: u16| {
+            let port = port.to_string();
+            vec![
+                "--port".to_owned(),
+                "0".to_owned(),
+                "--tls-port".to_owned(),
+                port,
+            ]
+        };
+        Redis::on_a_free_port(listen, extra)
     }
 
-    fn start_with(port: u16, listen: &[String], extra: &[&str]) -> Redis {
+    /// A port found free can be taken before redis-server binds it (and a cluster node
+    /// needs the port 10 000 above too): a server that exits at start is started again
+    /// on another port.
+    fn on_a_free_port(listen: impl Fn(u16) -> Vec<String>, extra: &[&str]) -> Redis {
+        for _ in 0..3 {
+            let port = free_port();
+            if let Some(redis) = Redis::start_with(port, &listen(port), extra) {
+                return redis;
+            }
+        }
+        panic!("redis-server exited at start on three free ports");
+    }
+
+    /// The server, once it answers; None if it exits first.
+    fn start_with(port: u16, listen: &[String], extra: &[&str]) -> Option<Redis> {
         let dir = tempfile::tempdir().unwrap();
         let args: Vec<String> = listen
             .iter()
@@ -454,14 +469,28 @@ impl Redis {
             .chain(extra.iter().map(|a| (*a).to_owned()))
             .collect();
         let child = Redis::spawn(dir.path(), &args);
-        let redis = Redis {
+        let mut redis = Redis {
             child,
             port,
             dir,
             args,
         };
-        redis.wait_ready();
-        redis
+        redis.answers_or_exits().then_some(redis)
+    }
+
+    /// Waits until it accepts connections (true) or exits (false); panics after 10 s.
+    fn answers_or_exits(&mut self) -> bool {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline {
+            if std::net::TcpStream::connect(("127.0.0.1", self.port)).is_ok() {
+                return true;
+            }
+            if self.child.try_wait().ok().flatten().is_some() {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        panic!("redis-server did not start on {}", self.port);
     }
 
     fn spawn(dir: &std::path::Path, args: &[String]) -> Child {
