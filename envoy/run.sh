@@ -4,6 +4,8 @@
 #   envoy/run.sh sidecar          # Envoy + the sidecar on envoy/rules.yaml (3 requests a minute per x-user)
 #   envoy/run.sh wasm             # Envoy running the ratelimit-wasm filter alone (same limit, decided in Envoy)
 #   envoy/run.sh rlqs             # Envoy's rate_limit_quota filter, with quota assignments from the sidecar
+#   envoy/run.sh tokens           # a token budget: 10 tokens a minute per x-user, each response costing
+#                                 # what the upstream reports in x-usage (5 here), charged at stream end
 #   envoy/run.sh sidecar --demo   # the same, then sends 4 requests as alice and stops: the 4th is a 429
 #
 # It builds what it runs (the default profile, as the tests do), starts everything on loopback, prints the
@@ -16,8 +18,8 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 ROOT="$PWD"
 MODE="${1:-sidecar}"
 DEMO="${2:-}"
-case "$MODE" in sidecar | wasm | rlqs) ;; *)
-	echo "usage: envoy/run.sh sidecar|wasm|rlqs [--demo]" >&2
+case "$MODE" in sidecar | wasm | rlqs | tokens) ;; *)
+	echo "usage: envoy/run.sh sidecar|wasm|rlqs|tokens [--demo]" >&2
 	exit 2
 	;;
 esac
@@ -60,9 +62,25 @@ wait_port() { # port what
 # Fills ${NAME} placeholders from the environment (one left unset stays, and Envoy says so).
 fill() { python3 -c 'import os, re, sys; print(re.sub(r"\$\{(\w+)\}", lambda m: os.environ.get(m.group(1), m.group(0)), sys.stdin.read()), end="")'; }
 
-# The upstream: any HTTP server; this one serves an empty directory.
+# The upstream: any HTTP server; this one serves an empty directory. For tokens, one that
+# reports the cost of every answer in `x-usage`, as an LLM gateway's upstream does.
 mkdir "$WORK/www"
-python3 -m http.server "$UPSTREAM_PORT" --bind 127.0.0.1 --directory "$WORK/www" >"$WORK/upstream.log" 2>&1 &
+if [ "$MODE" = tokens ]; then
+	python3 -c '
+import http.server, sys
+class Answer(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        body = b"five tokens of answer\n"
+        self.send_response(200)
+        self.send_header("x-usage", "5")
+        self.send_header("content-length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), Answer).serve_forever()
+' "$UPSTREAM_PORT" >"$WORK/upstream.log" 2>&1 &
+else
+	python3 -m http.server "$UPSTREAM_PORT" --bind 127.0.0.1 --directory "$WORK/www" >"$WORK/upstream.log" 2>&1 &
+fi
 wait_port "$UPSTREAM_PORT" upstream
 
 export LISTEN_PORT ADMIN_PORT UPSTREAM_PORT FAILURE_MODE_DENY=false
@@ -71,7 +89,11 @@ if [ "$MODE" != wasm ]; then
 	# The sidecar reads RUNTIME_ROOT/RUNTIME_SUBDIRECTORY/RUNTIME_APPDIRECTORY: a directory
 	# with only the rules (pointing it at envoy/ would load the Envoy files as rules too).
 	mkdir -p "$WORK/runtime/config"
-	cp envoy/rules.yaml "$WORK/runtime/config/"
+	if [ "$MODE" = tokens ]; then
+		cp envoy/tokens-rules.yaml "$WORK/runtime/config/"
+	else
+		cp envoy/rules.yaml "$WORK/runtime/config/"
+	fi
 	RUNTIME_ROOT="$WORK/runtime" RUNTIME_SUBDIRECTORY= RUNTIME_APPDIRECTORY=config \
 		BACKEND_TYPE=memory USE_STATSD=false LIMIT_RESPONSE_HEADERS_ENABLED=true \
 		HOST=127.0.0.1 PORT="$PORT" GRPC_HOST=127.0.0.1 GRPC_PORT="$GRPC_PORT" \
@@ -80,6 +102,8 @@ if [ "$MODE" != wasm ]; then
 	export RATELIMIT_PORT="$GRPC_PORT" EXPIRED_RULE=DENY_ALL
 	if [ "$MODE" = rlqs ]; then
 		fill <envoy/rlqs.yaml >"$WORK/envoy.yaml"
+	elif [ "$MODE" = tokens ]; then
+		fill <envoy/tokens.yaml >"$WORK/envoy.yaml"
 	else
 		fill <envoy/sidecar.yaml >"$WORK/envoy.yaml"
 	fi
@@ -92,19 +116,27 @@ fi
 wait_port "$LISTEN_PORT" envoy
 
 URL="http://127.0.0.1:$LISTEN_PORT/"
+[ "$MODE" != tokens ] || URL="http://127.0.0.1:$LISTEN_PORT/v1/chat"
 if [ "$DEMO" = --demo ]; then
 	for i in 1 2 3 4; do
 		status=$(curl -s -o /dev/null -w '%{http_code}' -H 'x-user: alice' "$URL")
 		echo "request $i as alice: $status"
+		# Envoy charges a response's tokens after its stream ends, apart from the answer.
+		[ "$MODE" != tokens ] || sleep 0.3
 	done
 	[ "$status" = 429 ] && exit 0
 	echo "expected the 4th request to be refused with 429" >&2
 	exit 1
 fi
+if [ "$MODE" = tokens ]; then
+	TRY="200 until alice's 10 tokens a minute are spent (5 a response), then 429"
+else
+	TRY="200 three times a minute, then 429 with x-envoy-ratelimited"
+fi
 cat <<EOF
 Envoy listens on $URL ($MODE mode; logs in $WORK). Try:
 
-  curl -i -H 'x-user: alice' $URL     # 200 three times a minute, then 429 with x-envoy-ratelimited
+  curl -i -H 'x-user: alice' $URL     # $TRY
   curl -i $URL                        # no x-user: only the other descriptors apply
 
 Ctrl-C stops everything.
