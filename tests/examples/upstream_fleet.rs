@@ -201,14 +201,14 @@ async fn rolling(upstream: &Path, store: &Store) -> (usize, Vec<String>) {
             replaced += 1;
             last_replaced_at = step;
         }
-        if step % CALLS_PER_REPLACEMENT == 0 && pending.is_none() {
-            if let Some((index, is_upstream)) = replacements.next() {
-                members[index] = None; // stopped
-                let (upstream, env) = (upstream.to_path_buf(), store.env.clone());
-                let start =
-                    move || start_group(&upstream, &env, "rolling_", &[is_upstream]).remove(0);
-                pending = Some((index, tokio::task::spawn_blocking(start)));
-            }
+        if step % CALLS_PER_REPLACEMENT == 0
+            && pending.is_none()
+            && let Some((index, is_upstream)) = replacements.next()
+        {
+            members[index] = None; // stopped
+            let (upstream, env) = (upstream.to_path_buf(), store.env.clone());
+            let start = move || start_group(&upstream, &env, "rolling_", &[is_upstream]).remove(0);
+            pending = Some((index, tokio::task::spawn_blocking(start)));
         }
         let up: Vec<&Server> = members.iter().flatten().collect();
         let (label, call) = &all[step % all.len()];
