@@ -1,5 +1,5 @@
 //! What every test suite of the workspace shares: launchers for the real processes (the
-//! sidecar and Redis in [`sidecar`], the intake and a tansu broker in [`intake`]), each
+//! sidecar in [`sidecar`], Redis in [`redis`], the intake and a tansu broker in [`intake`]), each
 //! on free loopback ports with a directory of its own, what the tests do with a running
 //! sidecar in one call ([`calls`]), and small helpers.
 //!
@@ -18,6 +18,7 @@ pub mod kubernetes;
 pub mod memcached;
 pub mod pki;
 pub mod prometheus;
+pub mod redis;
 pub mod redis_failover;
 pub mod sidecar;
 pub mod upstream;
