@@ -7,6 +7,7 @@
 //! is bounded (`OTEL_BSP_MAX_QUEUE_SIZE`, 2048 by default): when the collector is slow
 //! spans are dropped, never the decision delayed.
 
+mod https;
 mod propagation;
 
 use std::fmt::Display;
@@ -16,7 +17,9 @@ use opentelemetry::trace::{
     Span as _, SpanKind, Status, TraceContextExt, Tracer as _, TracerProvider as _,
 };
 use opentelemetry::{Array, Context, KeyValue, StringValue, Value};
-use opentelemetry_otlp::{Protocol, SpanExporter, WithExportConfig, WithTonicConfig};
+use opentelemetry_otlp::{
+    Protocol, SpanExporter, WithExportConfig, WithHttpConfig, WithTonicConfig,
+};
 use opentelemetry_sdk::Resource;
 use opentelemetry_sdk::runtime::Tokio;
 use opentelemetry_sdk::trace::span_processor_with_async_runtime::BatchSpanProcessor;
@@ -56,15 +59,15 @@ impl Traces {
                 .with_tls_config(ClientTlsConfig::new().with_native_roots())
                 .build(),
             ("grpc", None) => SpanExporter::builder().with_tonic().build(),
-            (_, Some((name, endpoint))) => return Err(format!(
-                "{name}={endpoint}: the http trace exporter does not speak TLS; use TRACING_EXPORTER_PROTOCOL=grpc or an http:// collector"
-            )),
-            (_, None) => {
-                SpanExporter::builder()
-                    .with_http()
-                    .with_protocol(Protocol::HttpBinary)
-                    .build()
-            }
+            (_, Some(_)) => SpanExporter::builder()
+                .with_http()
+                .with_http_client(https::client())
+                .with_protocol(Protocol::HttpBinary)
+                .build(),
+            (_, None) => SpanExporter::builder()
+                .with_http()
+                .with_protocol(Protocol::HttpBinary)
+                .build(),
         }
         .map_err(|error| format!("TRACING_ENABLED: the OTLP {protocol} exporter: {error}"))?;
         let instance = match settings.tracing_service_instance_id.as_str() {
@@ -254,9 +257,8 @@ fn truncate(text: &mut String, max: usize) {
     }
 }
 
-/// The variable that names the collector, and its value, as the exporters resolve it.
-/// The http exporter here speaks plain HTTP, so an `https://` collector for it is a
-/// start-up error rather than spans that fail one batch at a time.
+/// The variable that names the collector, and its value, as the exporters resolve it: an
+/// `https://` collector is asked over TLS, with the system's roots.
 fn configured_endpoint() -> Option<(&'static str, String)> {
     [
         "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
