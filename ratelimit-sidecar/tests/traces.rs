@@ -366,45 +366,45 @@ async fn http_export_follows_b3_parents_and_the_sampling_rate() {
 async fn http_export_reaches_an_https_collector_the_system_roots_trust() {
     let pki = temp_pki();
     let (collector, port) = Collector::https(pki.path()).await;
-    let mut options = traced("http", port, &[]);
-    options
-        .env
-        .retain(|(name, _)| *name != "OTEL_EXPORTER_OTLP_ENDPOINT");
-    options.env.extend([
-        (
-            "OTEL_EXPORTER_OTLP_ENDPOINT",
-            format!("https://127.0.0.1:{port}"),
-        ),
-        (
-            "SSL_CERT_FILE",
-            pki.path().join("ca.crt").display().to_string(),
-        ),
-    ]);
-    let server = Server::start_with(options);
-    let mut call = tonic::Request::new(request("t", &[&[("user", "dora")]]));
-    call.metadata_mut().insert(
-        "traceparent",
-        format!("00-{TRACE}-{PARENT}-01").parse().unwrap(),
-    );
-    let answer = server.client().await.should_rate_limit(call).await.unwrap();
-    assert_eq!(answer.into_inner().overall_code, 1);
-    let spans = collector.wait_for(TRACE, 2).await;
-    assert!(spans.iter().any(|s| s.span.kind == SpanKind::Server as i32));
+    export_to_an_https_collector(
+        &collector,
+        &pki,
+        "http",
+        "OTEL_EXPORTER_OTLP_ENDPOINT",
+        port,
+    )
+    .await;
 }
 
 #[tokio::test]
 async fn grpc_export_reaches_an_https_collector_the_system_roots_trust() {
     let pki = temp_pki();
     let (collector, port) = Collector::grpc_tls(pki.path()).await;
-    let mut options = traced("grpc", port, &[]);
+    export_to_an_https_collector(
+        &collector,
+        &pki,
+        "grpc",
+        "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+        port,
+    )
+    .await;
+}
+
+/// A traced call exported with `protocol` to the TLS collector on `port`, named by
+/// `variable` as `https://`, trusted through `SSL_CERT_FILE` (`pki`'s CA).
+async fn export_to_an_https_collector(
+    collector: &Collector,
+    pki: &tempfile::TempDir,
+    protocol: &str,
+    variable: &'static str,
+    port: u16,
+) {
+    let mut options = traced(protocol, port, &[]);
     options
         .env
         .retain(|(name, _)| *name != "OTEL_EXPORTER_OTLP_ENDPOINT");
     options.env.extend([
-        (
-            "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
-            format!("https://127.0.0.1:{port}"),
-        ),
+        (variable, format!("https://127.0.0.1:{port}")),
         (
             "SSL_CERT_FILE",
             pki.path().join("ca.crt").display().to_string(),

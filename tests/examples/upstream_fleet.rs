@@ -14,27 +14,25 @@
 //! (bench/upstream/run.sh). Prints one line per store and every difference; exits 1 on
 //! any.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use ratelimit_tests::memcached::Memcached;
 use ratelimit_tests::sidecar::{Options, Redis, Server, redis_env};
-use ratelimit_tests::upstream::{ROUNDS, RULES, answer, calls, now_secs};
+use ratelimit_tests::upstream::{ROUNDS, RULES, answer, calls, now_secs, upstream_binary};
 
 /// The groups' `CACHE_KEY_PREFIX`: the mixed fleet, upstream alone, the sidecar alone.
 const PREFIXES: [&str; 3] = ["mixed_", "upstream_", "sidecar_"];
-
-/// Those and the rolling fleet's, beside the sidecar alone's that it is compared with.
-const ALL_PREFIXES: [&str; 5] = ["mixed_", "upstream_", "sidecar_", "rolling_", "single_"];
 
 /// What a group's servers are started with, besides the rules and the key prefix.
 struct Store {
     name: &'static str,
     env: Vec<(&'static str, String)>,
     /// The store's keys: (key, value, seconds to expiry).
-    keys: Box<dyn Fn() -> Vec<(String, String, i64)>>,
-    /// Whether counters of a group must equal the others' (not with a local over-limit
-    /// cache: the mixed fleet's two caches each let one more call reach the store).
+    keys: Box<dyn Fn() -> Keys>,
+    /// Whether counters of a group, and the expiries each write renews, must equal the
+    /// others' (not with a local over-limit cache: each instance's cache holds back its
+    /// own writes, so a fleet of several writes more, and later, than one instance).
     same_counts: bool,
     /// How far apart two groups' expiries of one key may be, in seconds: a second for
     /// the time between their writes, and on memcached the second the sidecar adds.
@@ -121,11 +119,15 @@ async fn decide_everywhere(
     (compared, at_edge, differences)
 }
 
-/// Keys of the store under `prefix`, without it; not the per-second limit's, whose
+/// The store's keys: (key, value, seconds to expiry).
+type Keys = Vec<(String, String, i64)>;
+
+/// The keys of `all` (one reading of the store, so that every group's expiries are read
+/// at the same moment) under `prefix`, without it; not the per-second limit's, whose
 /// windows end while they are read.
-fn keys_of(store: &Store, prefix: &str) -> Vec<(String, String, i64)> {
-    (store.keys)()
-        .into_iter()
+fn keys_of(all: &Keys, prefix: &str) -> Keys {
+    all.iter()
+        .cloned()
         .filter_map(|(key, value, ttl)| {
             key.strip_prefix(prefix)
                 .filter(|rest| !rest.starts_with("fleet_second_"))
@@ -134,18 +136,19 @@ fn keys_of(store: &Store, prefix: &str) -> Vec<(String, String, i64)> {
         .collect()
 }
 
-/// The differences between the groups' keys (values only when `same_counts`; expiries
-/// within a second).
+/// The differences between the groups' keys: their names, and with `same_counts` their
+/// values and expiries (within `expiry_tolerance`).
 fn compare_keys(store: &Store, prefixes: &[&str]) -> Vec<String> {
     let [reference, others @ ..] = prefixes else {
         return Vec::new();
     };
-    let first = keys_of(store, reference);
+    let all = (store.keys)();
+    let first = keys_of(&all, reference);
     let names =
         |keys: &[(String, String, i64)]| keys.iter().map(|k| k.0.clone()).collect::<Vec<_>>();
     let mut differences = Vec::new();
     for prefix in others {
-        let other = keys_of(store, prefix);
+        let other = keys_of(&all, prefix);
         if names(&first) != names(&other) {
             differences.push(format!(
                 "keys: {reference} {:?}\n  {prefix} {:?}",
@@ -155,8 +158,8 @@ fn compare_keys(store: &Store, prefixes: &[&str]) -> Vec<String> {
             continue;
         }
         for (a, b) in first.iter().zip(other.iter()) {
-            let values_differ = store.same_counts && a.1 != b.1;
-            if values_differ || (a.2 - b.2).abs() > store.expiry_tolerance {
+            let expiries_differ = (a.2 - b.2).abs() > store.expiry_tolerance;
+            if store.same_counts && (a.1 != b.1 || expiries_differ) {
                 differences.push(format!("key {}: {reference} {a:?}, {prefix} {b:?}", a.0));
             }
         }
@@ -293,26 +296,15 @@ fn memcached_store(memcached: &'static Memcached) -> Store {
             ("MEMCACHE_HOST_PORT", memcached.address()),
             ("EXPIRATION_JITTER_MAX_SECONDS", "0".into()),
         ],
-        // The LRU crawler's dumps can each miss keys: the names any dump lists, under
-        // every group's prefix, are looked up one by one.
         keys: Box::new(move || {
-            let mut names = std::collections::BTreeSet::new();
-            for _ in 0..5 {
-                for (key, _) in memcached.keys() {
-                    let base = ALL_PREFIXES.iter().find_map(|p| key.strip_prefix(p));
-                    names.extend(base.map(str::to_owned));
-                }
-            }
-            let mut keys = Vec::new();
-            for name in names {
-                for prefix in ALL_PREFIXES {
-                    let key = format!("{prefix}{name}");
-                    if let Some((value, ttl)) = memcached.value_and_ttl(&key) {
-                        keys.push((key, value, ttl));
-                    }
-                }
-            }
-            keys
+            memcached
+                .keys()
+                .into_iter()
+                .filter_map(|(key, _)| {
+                    let (value, ttl) = memcached.value_and_ttl(&key)?;
+                    Some((key, value, ttl))
+                })
+                .collect()
         }),
         same_counts: true,
         expiry_tolerance: 2,
@@ -361,10 +353,7 @@ fn stores() -> Vec<Store> {
 
 #[tokio::main]
 async fn main() -> std::process::ExitCode {
-    let Some(upstream) = std::env::var_os("UPSTREAM_RATELIMIT_BIN").map(PathBuf::from) else {
-        eprintln!(
-            "set UPSTREAM_RATELIMIT_BIN to envoyproxy/ratelimit's binary (bench/upstream/run.sh says how)"
-        );
+    let Some(upstream) = upstream_binary() else {
         return std::process::ExitCode::from(2);
     };
     let mut failed = false;
@@ -378,7 +367,7 @@ async fn main() -> std::process::ExitCode {
         differences.extend(compare_keys(&store, &PREFIXES));
         let (rolled, rolling_differences) = rolling(&upstream, &store).await;
         differences.extend(rolling_differences);
-        let keys = keys_of(&store, "mixed_").len();
+        let keys = keys_of(&(store.keys)(), "mixed_").len();
         println!(
             "{}: {compared} calls compared over the three groups ({at_edge} at a second's edge, not compared), {keys} keys; {rolled} calls to a fleet of three replaced one by one, upstream to the sidecar and back; {} differences",
             store.name,

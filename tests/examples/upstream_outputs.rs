@@ -11,13 +11,13 @@
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader};
 use std::net::{TcpListener, UdpSocket};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use ratelimit_tests::free_port;
 use ratelimit_tests::sidecar::{Options, Redis, Server, post, redis_env};
-use ratelimit_tests::upstream::{ROUNDS, RULES, calls};
+use ratelimit_tests::upstream::{ROUNDS, RULES, calls, upstream_binary};
 
 /// Lines received on a statsd port: TCP (statsd, as gostats sends) or UDP (DogStatsD).
 struct Collector {
@@ -319,10 +319,7 @@ fn compare_exit_codes(upstream: &Path, redis: &Redis) -> usize {
 
 #[tokio::main]
 async fn main() -> std::process::ExitCode {
-    let Some(upstream) = std::env::var_os("UPSTREAM_RATELIMIT_BIN").map(PathBuf::from) else {
-        eprintln!(
-            "set UPSTREAM_RATELIMIT_BIN to envoyproxy/ratelimit's binary (bench/upstream/run.sh says how)"
-        );
+    let Some(upstream) = upstream_binary() else {
         return std::process::ExitCode::from(2);
     };
     let redis = Redis::start(&[]);

@@ -2,6 +2,7 @@
 //! (`tests/examples/upstream_*.rs`, run by bench/upstream/run.sh): the rules, the calls
 //! and how an answer is compared.
 
+use std::path::PathBuf;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::RateLimitOverride;
@@ -104,4 +105,16 @@ pub fn now_secs() -> u64 {
         .duration_since(UNIX_EPOCH)
         .unwrap()
         .as_secs()
+}
+
+/// `UPSTREAM_RATELIMIT_BIN`, the upstream binary to compare with; None (saying so on
+/// standard error) when it is not set.
+pub fn upstream_binary() -> Option<PathBuf> {
+    let binary = std::env::var_os("UPSTREAM_RATELIMIT_BIN").map(PathBuf::from);
+    if binary.is_none() {
+        eprintln!(
+            "set UPSTREAM_RATELIMIT_BIN to envoyproxy/ratelimit's binary (bench/upstream/run.sh says how)"
+        );
+    }
+    binary
 }

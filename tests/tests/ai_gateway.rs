@@ -7,7 +7,7 @@
 //! the cost the backend reports charged to it when the stream ends. With the sidecar's
 //! dynamic metadata on, Envoy routes to a backend whose quota is left.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use ratelimit_core::Config;
 use ratelimit_proto::xds::from_domain;
@@ -84,15 +84,11 @@ async fn ask(port: u16, model: &str, cost: u64) -> (u16, String) {
 
 /// Waits until the stream-end charges add up to `tokens`.
 async fn charged(redis: &Redis, tokens: u64) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while counted(redis) != tokens {
-        assert!(
-            Instant::now() < deadline,
-            "{} tokens counted, not {tokens}",
-            counted(redis)
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let reached = eventually(Duration::from_secs(10), || async {
+        counted(redis) == tokens
+    })
+    .await;
+    assert!(reached, "{} tokens counted, not {tokens}", counted(redis));
 }
 
 /// The sidecar with the environment of AI Gateway's rate limit Deployment (the xDS

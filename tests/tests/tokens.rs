@@ -3,11 +3,11 @@
 //! upstream reported in its `x-usage` header. The upstream here streams its body in
 //! chunks and reports the cost the test asks of it (`x-cost`).
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use ratelimit_tests::envoy::{repo, start_envoy_on};
 use ratelimit_tests::on_every_backend;
-use ratelimit_tests::sidecar::{Options, Server, Store};
+use ratelimit_tests::sidecar::{Options, Server, Store, eventually};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{TcpListener, TcpStream};
 
@@ -113,15 +113,9 @@ async fn ask(
 /// Waits until the sidecar has counted `hits` in all (the stream-end charge is sent
 /// after the client has its answer).
 async fn counted(sidecar: &Server, hits: u64) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let now = sidecar.stat(TOTAL_HITS).await.unwrap_or(0);
-        if now == hits {
-            return;
-        }
-        assert!(Instant::now() < deadline, "{now} hits counted, not {hits}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let total = || async { sidecar.stat(TOTAL_HITS).await.unwrap_or(0) };
+    let reached = eventually(Duration::from_secs(10), || async { total().await == hits }).await;
+    assert!(reached, "{} hits counted, not {hits}", total().await);
 }
 
 on_every_backend!(a_budget_is_spent_by_the_reported_usage_and_refused_only_once_spent);
