@@ -28,6 +28,7 @@ pub use config::{Algorithm, Config, ConfigError, ConfigErrorKind};
 pub use counting::CounterOp;
 pub use counting::counter_key::CounterKey;
 pub use counting::gcra::Bucket;
+pub use counting::lease::{Lease, LeaseSet, lease_id};
 pub use counting::local_cache::OverLimitCache;
 pub use engine::{
     Decision, DescriptorExplanation, Explanation, Increment, MatchedEntry, Outcome, Plan,

@@ -33,6 +33,11 @@ descriptors:
     value_to_metric: true
     rate_limit: {unlimited: true}
     metadata: {team: core, weight: 2}
+  - key: model
+    value: chat
+    descriptors:
+      - key: request_id
+        rate_limit: {unit: minute, unit_multiplier: 5, requests_per_unit: 4, algorithm: concurrency}
   - key: health
 "#;
 
@@ -71,6 +76,15 @@ fn every_feature_in_code() -> Domain {
                 .value_to_metric()
                 .limit(RateLimit::unlimited())
                 .metadata(metadata),
+        )
+        .rule(
+            Rule::key("model").value("chat").child(
+                Rule::key("request_id").limit(
+                    RateLimit::per(Unit::Minute, 4)
+                        .unit_multiplier(5)
+                        .concurrency(),
+                ),
+            ),
         )
         .rule(Rule::key("health"))
 }

@@ -7,8 +7,8 @@ use std::sync::{Arc, Mutex};
 use proptest::prelude::*;
 use ratelimit_core::config::{Domain, RateLimit, Rule};
 use ratelimit_core::{
-    Bucket, Code, Config, CounterKey, CounterStore, Descriptor, Limiter, MemoryStore, PrepareError,
-    Request, RequestBounds, RequestError, Settings, Unit,
+    Bucket, Code, Config, CounterKey, CounterStore, Descriptor, Lease, Limiter, MemoryStore,
+    PrepareError, Request, RequestBounds, RequestError, Settings, Unit,
 };
 
 /// A memory store that also writes down the text of every counter it changes, in order:
@@ -46,6 +46,14 @@ impl CounterStore for Recording {
     fn gcra(&self, key: &CounterKey<'_>, bucket: Bucket, cost: u64, now_ms: u64) -> u64 {
         self.note(key);
         self.store.gcra(key, bucket, cost, now_ms)
+    }
+    fn acquire(&self, key: &CounterKey<'_>, lease: Lease, hits: u64, now_ms: u64) -> u64 {
+        self.note(key);
+        self.store.acquire(key, lease, hits, now_ms)
+    }
+    fn release(&self, key: &CounterKey<'_>, lease: Lease, now_ms: u64) -> u64 {
+        self.note(key);
+        self.store.release(key, lease, now_ms)
     }
 }
 

@@ -1,6 +1,6 @@
 //! The plugin configuration (Envoy's `configuration` field, JSON).
 
-use ratelimit_core::{Config, HeaderFormat, Limiter, Settings};
+use ratelimit_core::{Algorithm, Config, HeaderFormat, Limiter, Settings};
 use serde::Deserialize;
 
 use crate::actions::Action;
@@ -79,6 +79,11 @@ impl FilterConfig {
         let raw: Raw =
             serde_json::from_slice(json).map_err(|e| format!("plugin configuration: {e}"))?;
         let config = Config::from_yaml("rules", &raw.rules).map_err(|e| e.to_string())?;
+        if let Some(rule) = config.rule_using(Algorithm::Concurrency.as_str()) {
+            return Err(format!(
+                "rules: {rule} is a concurrency limit, which the filter cannot hold (its places are given back at stream end): use the rate limit service for it"
+            ));
+        }
         if !config.domains().iter().any(|d| d.domain == raw.domain) {
             return Err(format!(
                 "plugin configuration: the rules define no domain '{}'",
@@ -154,5 +159,13 @@ mod tests {
                 .contains("no domain 'api'")
         );
         assert!(FilterConfig::parse(b"not json").is_err());
+        let concurrency = GOOD.replace(
+            "{unit: minute, requests_per_unit: 3}",
+            "{unit: minute, requests_per_unit: 3, algorithm: concurrency}",
+        );
+        assert_eq!(
+            FilterConfig::parse(concurrency.as_bytes()).unwrap_err(),
+            "rules: edge.user is a concurrency limit, which the filter cannot hold (its places are given back at stream end): use the rate limit service for it"
+        );
     }
 }

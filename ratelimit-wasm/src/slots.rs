@@ -9,7 +9,7 @@
 use std::cell::RefCell;
 use std::collections::HashMap;
 
-use ratelimit_core::{Bucket, CounterKey, CounterStore};
+use ratelimit_core::{Bucket, CounterKey, CounterStore, Lease};
 
 /// The shared-data operations the counters need (Envoy's, or a test's).
 pub trait SharedData {
@@ -143,6 +143,16 @@ impl<S: SharedData> CounterStore for SlotCounters<S> {
                 (back, back.max(now_ms).div_ceil(1_000) + 1, back)
             })
         })
+    }
+
+    /// The filter refuses rules with concurrency limits (`FilterConfig::parse`): it sees
+    /// no stream's end to give a place back. Were one asked, it is over every limit.
+    fn acquire(&self, _: &CounterKey<'_>, _: Lease, _: u64, _: u64) -> u64 {
+        UNREADABLE
+    }
+
+    fn release(&self, _: &CounterKey<'_>, _: Lease, _: u64) -> u64 {
+        0
     }
 }
 

@@ -2,14 +2,17 @@
 //! and how their totals become the hits that count against it. Matching, keys, plans,
 //! stores and the decision take a limit's [`Counting`] as it is. Its parts: counter keys
 //! ([`counter_key`]) and the maps keyed by them ([`keymap`]), token buckets ([`gcra`])
-//! and the cache of counters known to be over their limit ([`local_cache`]).
+//! and the cache of counters known to be over their limit ([`local_cache`]); a
+//! concurrency limit holds leases instead of hits ([`lease`]).
 
 pub(crate) mod counter_key;
 pub(crate) mod gcra;
 pub(crate) mod keymap;
+pub(crate) mod lease;
 pub(crate) mod local_cache;
 
 use crate::counting::gcra::Bucket;
+use crate::counting::lease::Lease;
 use crate::rules::unit::Window;
 
 /// What a store does with one counter.
@@ -28,6 +31,11 @@ pub enum CounterOp {
     Refund,
     /// Give the hits back to the bucket ([`Bucket::refund`]) and return its new TAT.
     GcraRefund(Bucket),
+    /// Take a place for the lease ([`LeaseSet::acquire`](lease::LeaseSet::acquire); none
+    /// for 0 hits) and return the places in use with the request.
+    Acquire(Lease),
+    /// Give the lease's place back and return the places still in use.
+    Release(Lease),
 }
 
 impl CounterOp {
@@ -37,13 +45,28 @@ impl CounterOp {
         match self {
             CounterOp::Add => CounterOp::Refund,
             CounterOp::Gcra(bucket) => CounterOp::GcraRefund(bucket),
+            CounterOp::Acquire(lease) => CounterOp::Release(lease),
             other => other,
         }
     }
 
     /// Whether the op gives hits back.
     pub fn is_refund(self) -> bool {
-        matches!(self, CounterOp::Refund | CounterOp::GcraRefund(_))
+        matches!(
+            self,
+            CounterOp::Refund | CounterOp::GcraRefund(_) | CounterOp::Release(_)
+        )
+    }
+
+    /// Whether the counter's key names no window: a bucket's or a lease set's.
+    pub fn is_windowless(self) -> bool {
+        matches!(
+            self,
+            CounterOp::Gcra(_)
+                | CounterOp::GcraRefund(_)
+                | CounterOp::Acquire(_)
+                | CounterOp::Release(_)
+        )
     }
 }
 
@@ -68,6 +91,14 @@ pub(crate) enum Counting {
     SlidingWindow(Window),
     /// A GCRA token bucket refilled over `window`.
     TokenBucket(Bucket, Window),
+    /// At most `places` requests in flight, each place held for at most `window` (its
+    /// lease) unless given back sooner.
+    Concurrency {
+        /// The lease.
+        window: Window,
+        /// Requests in flight at once.
+        places: u32,
+    },
 }
 
 /// What the totals mean for a request.
@@ -125,6 +156,17 @@ impl Counting {
                 op: CounterOp::Gcra(bucket),
                 expires: now + bucket.capacity_ms().div_ceil(1_000) + 1,
             },
+            Counting::Concurrency { window, places } => Span {
+                window,
+                start: now,
+                op: CounterOp::Acquire(Lease {
+                    // The request's, set where the descriptor is known.
+                    id: 0,
+                    places,
+                    lease_ms: window.seconds().saturating_mul(1_000),
+                }),
+                expires: now + window.seconds() + 1,
+            },
         }
     }
 
@@ -132,7 +174,9 @@ impl Counting {
     pub fn counter_count(self) -> usize {
         match self {
             Counting::SlidingWindow(_) => 2,
-            Counting::FixedWindow(_) | Counting::TokenBucket(..) => 1,
+            Counting::FixedWindow(_) | Counting::TokenBucket(..) | Counting::Concurrency { .. } => {
+                1
+            }
         }
     }
 
@@ -140,6 +184,7 @@ impl Counting {
     pub fn bound(self, requests_per_unit: u32) -> u64 {
         match self {
             Counting::TokenBucket(bucket, _) => u64::from(bucket.burst),
+            Counting::Concurrency { places, .. } => u64::from(places),
             _ => u64::from(requests_per_unit),
         }
     }
@@ -175,6 +220,12 @@ impl Counting {
                         .div_ceil(1_000),
                 }
             }
+            // A place frees whenever a request ends, which no store can foresee: one
+            // second, the shortest wait a header can say.
+            Counting::Concurrency { .. } => Assessed {
+                after: total(0),
+                reset: 1,
+            },
         }
     }
 
@@ -185,6 +236,11 @@ impl Counting {
             Counting::TokenBucket(bucket, _) => {
                 let stored = current.first().copied().unwrap_or(0);
                 !bucket.admits(bucket.next(stored, now_ms, addend), now_ms)
+            }
+            // A request takes one place, whatever its hits.
+            Counting::Concurrency { .. } => {
+                let in_use = current.first().copied().unwrap_or(0);
+                in_use.saturating_add(addend.min(1)) > bound
             }
             _ => {
                 let used = self.assess(current, 0, bound, now_ms).after;

@@ -195,6 +195,11 @@ impl Engine {
                 let next = store.gcra(key, bucket, hits, now_ms);
                 (next, Some(bucket.used(next, now_ms)))
             }
+            CounterOp::Acquire(lease) => {
+                let in_use = store.acquire(key, lease, hits, now_ms);
+                (in_use, Some(in_use))
+            }
+            CounterOp::Release(lease) => (store.release(key, lease, now_ms), None),
         };
         if let Some(used) = used {
             let bound = u32::try_from(bound).unwrap_or(u32::MAX);

@@ -2,6 +2,7 @@
 
 use super::{Item, PlanBody, Source};
 use crate::counting::counter_key::{CounterKey, Values, limit_identity};
+use crate::counting::lease::lease_id;
 use crate::counting::{CounterOp, Counting, Span};
 use crate::engine::Engine;
 use crate::model::request::{Descriptor, Entry, Request};
@@ -45,14 +46,15 @@ impl Engine {
         mut f: impl FnMut(&CounterKey<'_>, Span),
     ) {
         for mut span in counting.counters(now_ms) {
+            if let CounterOp::Acquire(lease) = &mut span.op {
+                let last = descriptor.entries.last().map_or("", |e| e.value.as_str());
+                lease.id = lease_id(last);
+            }
             if descriptor.negative_hits {
                 span.op = span.op.refunding();
             }
-            // A bucket has no window: its key ends with the entries' `_`.
-            let start = match span.op {
-                CounterOp::Gcra(_) | CounterOp::GcraRefund(_) => None,
-                _ => Some(span.start),
-            };
+            // A bucket and a lease set have no window: the key ends with the entries' `_`.
+            let start = (!span.op.is_windowless()).then_some(span.start);
             let write = |out: &mut String| {
                 self.write_key(out, domain, descriptor, &values, source, start);
             };
@@ -78,9 +80,12 @@ impl Engine {
             }
             Source::Node(id, which) => {
                 let node = self.rules.node(id);
-                let identity = node.limits[usize::from(which)].identity;
+                let limit = &node.limits[usize::from(which)];
+                let identity = limit.identity;
+                let leased = matches!(limit.counting, Counting::Concurrency { .. });
                 // A rule that shares a counter across a wildcard counts under its
-                // pattern at that level.
+                // pattern at that level; a concurrency limit's own value names the
+                // request, not the counter.
                 let root = match node.per_level_cache_key {
                     true => self.rules.domain(domain),
                     false => None,
@@ -92,6 +97,9 @@ impl Engine {
                             .find(root, &descriptor.entries, |entry, node, kind| {
                                 values.push(shared_value(entry, node, kind));
                             });
+                        if leased && let Some(last) = values.last_mut() {
+                            *last = "";
+                        }
                         (identity, Values::Listed(values))
                     }
                     None => (identity, Values::Of(&descriptor.entries)),

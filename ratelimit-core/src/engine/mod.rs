@@ -150,6 +150,8 @@ impl Increment {
             CounterOp::Gcra(bucket) => bucket.next(current, self.now_ms, self.hits),
             CounterOp::Refund => current.saturating_sub(self.hits),
             CounterOp::GcraRefund(bucket) => bucket.refund(current, self.now_ms, self.hits),
+            CounterOp::Acquire(_) => current.saturating_add(self.hits.min(1)),
+            CounterOp::Release(_) => current.saturating_sub(1),
         }
     }
 }
@@ -317,6 +319,13 @@ impl Applied<'_> {
                 let burst = share(bucket.burst);
                 self.bound = u64::from(burst);
                 Counting::TokenBucket(Bucket::new(window, self.requests_per_unit, burst), window)
+            }
+            Counting::Concurrency { window, .. } => {
+                self.bound = u64::from(self.requests_per_unit);
+                Counting::Concurrency {
+                    window,
+                    places: self.requests_per_unit,
+                }
             }
             other => {
                 self.bound = u64::from(self.requests_per_unit);

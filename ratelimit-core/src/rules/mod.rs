@@ -111,6 +111,9 @@ pub(crate) struct Node {
     /// Some level on the path to this node shares a counter across a wildcard, so the
     /// cache key depends on which rule matched at each level.
     pub per_level_cache_key: bool,
+    /// A limit here is a concurrency limit: the request's value at this entry names its
+    /// lease and is left out of the counter's key (which so depends on the level).
+    pub leased: bool,
     /// The statistics key depends on the runtime values (`value_to_metric` on the path or
     /// `detailed_metric` here).
     pub per_level_stats_key: bool,
@@ -163,6 +166,10 @@ impl NodeLimit {
                     Algorithm::TokenBucket { burst } => {
                         Counting::TokenBucket(Bucket::new(window, requests_per_unit, burst), window)
                     }
+                    Algorithm::Concurrency => Counting::Concurrency {
+                        window,
+                        places: requests_per_unit,
+                    },
                 };
                 let plain = algorithm == Algorithm::FixedWindow
                     && window.multiplier() == 1
@@ -173,6 +180,7 @@ impl NodeLimit {
                         Algorithm::FixedWindow => "fw",
                         Algorithm::SlidingWindow => "sw",
                         Algorithm::TokenBucket { .. } => "tb",
+                        Algorithm::Concurrency => "cc",
                     };
                     let _ = write!(suffix, "{tag}{}", window.seconds());
                 }
@@ -230,6 +238,7 @@ impl NodeLimit {
                     Algorithm::TokenBucket { burst } => {
                         let _ = write!(out, " token_bucket burst={burst}");
                     }
+                    Algorithm::Concurrency => out.push_str(" concurrency"),
                 }
                 out
             }
@@ -347,6 +356,9 @@ impl RuleSet {
                 .map(|(i, r)| NodeLimit::compile(r, Some(i), path, stats))
                 .collect(),
         };
+        let leased = limits
+            .iter()
+            .any(|l| matches!(l.counting, Counting::Concurrency { .. }));
         let node = Node {
             key: rule.key.as_str().into(),
             value: rule.value.as_deref().map(Into::into),
@@ -360,7 +372,8 @@ impl RuleSet {
             metadata: rule.metadata.clone().map(Arc::new),
             full_key: path.full_key.as_str().into(),
             yaml_path: path.yaml.as_str().into(),
-            per_level_cache_key: path.share_threshold,
+            per_level_cache_key: path.share_threshold || leased,
+            leased,
             per_level_stats_key: path.value_to_metric || rule.detailed_metric,
         };
         let id = NodeId::try_from(self.nodes.len()).expect("fewer than 2^32 rules");

@@ -11,8 +11,10 @@ use hashbrown::HashTable;
 use crate::counting::CounterOp;
 use crate::counting::counter_key::CounterKey;
 use crate::counting::gcra::Bucket;
+use crate::counting::lease::Lease;
 use crate::engine::Increment;
 use crate::store::CounterStore;
+use crate::store::leases::LeaseTable;
 
 const SHARDS: usize = 64;
 /// Bytes a counter costs beyond values too long to keep in its slot: the slot (one cache
@@ -44,6 +46,8 @@ pub struct MemoryStore {
     max_per_shard: usize,
     max_bytes_per_shard: usize,
     evictions: AtomicU64,
+    /// Concurrency limits' lease sets, as many as counters at most.
+    leases: LeaseTable,
 }
 
 /// How much a [`MemoryStore`] holds.
@@ -94,6 +98,7 @@ impl MemoryStore {
             max_per_shard: max_counters.div_ceil(SHARDS).max(1),
             max_bytes_per_shard: DEFAULT_MAX_BYTES / SHARDS,
             evictions: AtomicU64::new(0),
+            leases: LeaseTable::new(max_counters),
         }
     }
 
@@ -115,6 +120,9 @@ impl MemoryStore {
             usage.counters += map.counters.len();
             usage.bytes += map.bytes;
         }
+        let (sets, bytes) = self.leases.usage();
+        usage.counters += sets;
+        usage.bytes += bytes;
         usage
     }
 
@@ -226,12 +234,22 @@ impl MemoryStore {
             CounterOp::GcraRefund(bucket) => {
                 self.gcra_refund(&key, bucket, increment.hits, increment.now_ms)
             }
+            CounterOp::Acquire(lease) => {
+                self.acquire(&key, lease, increment.hits, increment.now_ms)
+            }
+            CounterOp::Release(lease) => self.release(&key, lease, increment.now_ms),
         }
     }
 
     /// The current value of the counter of `increment`, without changing it.
     pub fn current(&self, increment: &Increment) -> u64 {
-        self.get(&increment.id.key(&increment.key), increment.now_ms / 1_000)
+        let key = increment.id.key(&increment.key);
+        match increment.op {
+            CounterOp::Acquire(_) | CounterOp::Release(_) => {
+                self.leases.in_use(&key, increment.now_ms)
+            }
+            _ => self.get(&key, increment.now_ms / 1_000),
+        }
     }
 }
 
@@ -271,6 +289,18 @@ impl CounterStore for MemoryStore {
                 (keep, bucket_expiry(keep, now_ms), next)
             },
         )
+    }
+
+    fn acquire(&self, key: &CounterKey<'_>, lease: Lease, hits: u64, now_ms: u64) -> u64 {
+        let (in_use, evicted) = self.leases.acquire(key, lease, hits, now_ms);
+        if evicted {
+            self.evictions.fetch_add(1, Ordering::Relaxed);
+        }
+        in_use
+    }
+
+    fn release(&self, key: &CounterKey<'_>, lease: Lease, now_ms: u64) -> u64 {
+        self.leases.release(key, lease, now_ms)
     }
 }
 

@@ -1,10 +1,12 @@
 //! The counter store interface used by the in-process path, and the in-memory store
-//! ([`memory`]).
+//! ([`memory`], with its concurrency limits in [`leases`]).
 
+pub(crate) mod leases;
 pub(crate) mod memory;
 
 use crate::counting::counter_key::CounterKey;
 use crate::counting::gcra::Bucket;
+use crate::counting::lease::Lease;
 
 /// Counters that can be changed synchronously.
 ///
@@ -32,4 +34,13 @@ pub trait CounterStore {
     /// Runs one [`Bucket::step`] of `cost` tokens at `now_ms` on the bucket `key`,
     /// atomically, and returns the TAT the request asked for (the step's second value).
     fn gcra(&self, key: &CounterKey<'_>, bucket: Bucket, cost: u64, now_ms: u64) -> u64;
+
+    /// Runs a concurrency limit's request on the lease set `key`
+    /// ([`LeaseSet::acquire`](crate::LeaseSet::acquire): a place is taken unless `hits`
+    /// is 0) atomically, and returns the places in use with the request.
+    fn acquire(&self, key: &CounterKey<'_>, lease: Lease, hits: u64, now_ms: u64) -> u64;
+
+    /// Gives the place of `lease` back on the lease set `key` atomically (nothing when it
+    /// holds none) and returns the places still in use.
+    fn release(&self, key: &CounterKey<'_>, lease: Lease, now_ms: u64) -> u64;
 }

@@ -18,7 +18,7 @@ use std::sync::Arc;
 use smallvec::SmallVec;
 
 use crate::counting::counter_key::{CounterKey, Values};
-use crate::counting::{CounterOp, Counting, Span};
+use crate::counting::{Counting, Span};
 use crate::engine::Applied;
 use crate::engine::Engine;
 use crate::engine::keys::{push_entries, push_window_and_suffix};
@@ -64,6 +64,17 @@ pub enum PrepareError {
     /// The rule keeps statistics per value (`detailed_metric`, `value_to_metric`).
     #[error("the rule at {domain}: {path} keeps statistics per value; a prepared check cannot")]
     PerValueStatistics {
+        /// The domain.
+        domain: String,
+        /// Where the rule is in the domain's YAML.
+        path: String,
+    },
+    /// The rule is a concurrency limit, whose places are given back by each request's
+    /// refund: use the full decision ([`Limiter::should_rate_limit`]).
+    #[error(
+        "the rule at {domain}: {path} is a concurrency limit; a prepared check cannot hold a lease"
+    )]
+    Concurrency {
         /// The domain.
         domain: String,
         /// Where the rule is in the domain's YAML.
@@ -508,10 +519,7 @@ impl Target {
         call: &Call<'_>,
         f: impl FnOnce(&CounterKey<'_>) -> R,
     ) -> R {
-        let start = match span.op {
-            CounterOp::Gcra(_) | CounterOp::GcraRefund(_) => None,
-            _ => Some(span.start),
-        };
+        let start = (!span.op.is_windowless()).then_some(span.start);
         let write = |out: &mut String| {
             let prefix = &self.engine.settings.cache_key_prefix;
             let entries = call

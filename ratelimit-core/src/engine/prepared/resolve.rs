@@ -82,6 +82,12 @@ impl Kind {
         if node.limits[usize::from(first)].limit == Limit::Unlimited {
             return Ok(Kind::Unlimited);
         }
+        if node.leased {
+            return Err(PrepareError::Concurrency {
+                domain: domain.to_owned(),
+                path: node.yaml_path.to_string(),
+            });
+        }
         if node.per_level_stats_key || node.per_level_cache_key {
             return Err(PrepareError::PerValueStatistics {
                 domain: domain.to_owned(),

@@ -284,6 +284,13 @@ impl RateLimit {
         self
     }
 
+    /// `algorithm: concurrency`: at most `requests_per_unit` requests in flight, each
+    /// place lapsing one window (the lease) after it was taken unless given back sooner.
+    /// The rule's own entry takes no value: the request's value there names its lease.
+    pub fn concurrency(self) -> RateLimit {
+        self.algorithm(Algorithm::Concurrency)
+    }
+
     /// `burst`: the tokens a token bucket holds when full (only for a token bucket).
     pub fn burst(mut self, burst: u32) -> RateLimit {
         self.burst = Some(burst);

@@ -315,6 +315,23 @@ impl Cx<'_> {
                 ConfigErrorKind::RateLimitAndRateLimits,
             ));
         }
+        let leased = |r: &RateLimitRule| {
+            matches!(
+                r.limit,
+                Limit::Counted {
+                    algorithm: Algorithm::Concurrency,
+                    ..
+                }
+            )
+        };
+        if let Some(value) = &rule.value
+            && rule.rate_limit.iter().chain(&rule.rate_limits).any(leased)
+        {
+            return Err(self.error(
+                &join(path, "value"),
+                ConfigErrorKind::ConcurrencyWithValue(format!("{}_{value}", rule.key)),
+            ));
+        }
         if rule.share_threshold && !rule.value.as_deref().is_some_and(|v| v.contains('*')) {
             let shown = match &rule.value {
                 Some(value) => format!("{}_{value}", rule.key),
@@ -447,6 +464,7 @@ impl Cx<'_> {
         let algorithm = match name.as_deref() {
             None | Some("fixed_window") => Algorithm::FixedWindow,
             Some("sliding_window") => Algorithm::SlidingWindow,
+            Some("concurrency") => Algorithm::Concurrency,
             Some("token_bucket") => Algorithm::TokenBucket {
                 burst: match has_burst {
                     true => self.u32_field(block, "burst", path)?,

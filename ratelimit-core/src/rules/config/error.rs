@@ -81,14 +81,20 @@ pub enum ConfigErrorKind {
         "share_threshold can only be used with wildcard values (containing '*'), but found key '{0}'"
     )]
     ShareThresholdWithoutWildcard(String),
-    /// `algorithm` is not fixed_window, sliding_window or token_bucket.
+    /// `algorithm` is not fixed_window, sliding_window, token_bucket or concurrency.
     #[error(
-        "unknown rate limit algorithm '{0}'; expected fixed_window, sliding_window or token_bucket"
+        "unknown rate limit algorithm '{0}'; expected fixed_window, sliding_window, token_bucket or concurrency"
     )]
     UnknownAlgorithm(String),
     /// `burst` on a limit that is not a token bucket.
     #[error("burst only applies to algorithm: token_bucket")]
     BurstWithoutTokenBucket,
+    /// A concurrency limit on a rule with a `value`: the request's value at that entry
+    /// names its lease, so every request would share one.
+    #[error(
+        "a concurrency limit's entry '{0}' takes no value: the request's value there names the request (Envoy's x-request-id)"
+    )]
+    ConcurrencyWithValue(String),
     /// `unit_multiplier: 0`.
     #[error("unit_multiplier must be at least 1")]
     ZeroUnitMultiplier,

@@ -101,6 +101,11 @@ pub enum Algorithm {
         /// Tokens when full (`burst`; `requests_per_unit` unless given).
         burst: u32,
     },
+    /// At most `requests_per_unit` requests in flight at once: a place is taken when a
+    /// request starts and given back by its refund at stream end (Envoy's
+    /// `is_negative_hits`), or lapses `unit` × `unit_multiplier` (the lease) after it was
+    /// taken. The rule's own entry has no value: the request's value there names it.
+    Concurrency,
 }
 
 impl Algorithm {
@@ -110,6 +115,7 @@ impl Algorithm {
             Algorithm::FixedWindow => "fixed_window",
             Algorithm::SlidingWindow => "sliding_window",
             Algorithm::TokenBucket { .. } => "token_bucket",
+            Algorithm::Concurrency => "concurrency",
         }
     }
 }
@@ -235,6 +241,29 @@ impl Config {
     /// The domains, in the order their first file was given.
     pub fn domains(&self) -> &[DomainConfig] {
         &self.domains
+    }
+
+    /// The first rule with a limit of `algorithm` (its statistics key, `domain.key_value`),
+    /// for a host that cannot run that algorithm to refuse the rules by name.
+    pub fn rule_using(&self, algorithm: &str) -> Option<String> {
+        fn walk(rules: &[DescriptorRule], at: &str, algorithm: &str) -> Option<String> {
+            rules.iter().find_map(|rule| {
+                let mut here = format!("{at}.{}", rule.key);
+                if let Some(value) = &rule.value {
+                    here = format!("{here}_{value}");
+                }
+                let uses = |r: &RateLimitRule| match r.limit {
+                    Limit::Counted { algorithm: a, .. } => a.as_str() == algorithm,
+                    Limit::Unlimited => false,
+                };
+                match rule.rate_limit.iter().chain(&rule.rate_limits).any(uses) {
+                    true => Some(here),
+                    false => walk(&rule.descriptors, &here, algorithm),
+                }
+            })
+        }
+        let mut domains = self.domains.iter();
+        domains.find_map(|d| walk(&d.descriptors, &d.domain, algorithm))
     }
 
     /// What is accepted, as envoyproxy/ratelimit accepts it, but is most likely a mistake

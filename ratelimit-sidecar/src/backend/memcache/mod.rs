@@ -10,6 +10,7 @@
 //! keys and values are upstream's, so both kinds of server can share a memcached.
 
 mod connection;
+mod leases;
 mod ops;
 mod protocol;
 mod srv;

@@ -5,7 +5,8 @@
 //! and when another client created it first, `incr`ed again. A sliding window's
 //! previous counter is read with `get`, a refund is a `decr`. A token bucket is read
 //! with `gets` and written with `cas` (or `add` when there is none), and read again when
-//! another client changed it in between. Most requests settle in one round.
+//! another client changed it in between; a concurrency limit's lease set likewise
+//! ([`leases`](super::leases)). Most requests settle in one round.
 
 use std::time::Instant;
 
@@ -14,13 +15,14 @@ use ratelimit_service_kit::clock::unix_now;
 use smallvec::{SmallVec, smallvec};
 
 use super::connection::Link;
+use super::leases::{self, Next, Put};
 use super::protocol::{Commands, Reply};
 use super::{LONGEST_RELATIVE_EXPIRY, RACE_ATTEMPTS};
 use crate::backend::Totals;
 use crate::backend::waiting::Failure;
 
 /// What a counter does next, with the rounds its races have taken so far.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 enum Step {
     /// `incr` by the hits.
     Incr(usize),
@@ -32,10 +34,12 @@ enum Step {
     Decr,
     /// `get`: a sliding window's previous counter, or a current count.
     Get,
-    /// `gets` a token bucket (or a refund's).
+    /// `gets` a token bucket (or a refund's), or a lease set.
     Gets(usize),
     /// Store a bucket's new time with `cas` (`add` when it had none), then answer.
     Swap(Swap),
+    /// Store a lease set with `cas` (`add` when there was none), then answer.
+    Put(Put),
     Done(u64),
 }
 
@@ -65,6 +69,7 @@ pub(super) async fn increment(
         CounterOp::Read => Step::Get,
         CounterOp::Refund => Step::Decr,
         CounterOp::Gcra(_) | CounterOp::GcraRefund(_) => Step::Gets(0),
+        CounterOp::Acquire(_) | CounterOp::Release(_) => Step::Gets(0),
     });
     rounds(link, items, steps.collect(), jitter_max, deadline).await
 }
@@ -113,7 +118,7 @@ async fn rounds(
             .query(Some(deadline), |commands| {
                 for ((item, step), held) in items.iter().zip(&steps).zip(&held) {
                     if !held {
-                        send(commands, item, *step, jitter_max, now);
+                        send(commands, item, step, jitter_max, now);
                     }
                 }
             })
@@ -124,7 +129,7 @@ async fn rounds(
             if !held && !matches!(step, Step::Done(_)) {
                 let fewer = || Failure::Failed("fewer replies than commands".into());
                 let reply = replies.next().ok_or_else(fewer)?;
-                *step = next(item, *step, reply).map_err(Failure::Failed)?;
+                *step = next(item, step.clone(), reply).map_err(Failure::Failed)?;
             }
             pending |= !matches!(step, Step::Done(_));
         }
@@ -150,7 +155,7 @@ fn held(items: &[&Increment], steps: &[Step]) -> SmallVec<[bool; 4]> {
         return held;
     }
     let mut buckets: SmallVec<[usize; 4]> = (0..steps.len())
-        .filter(|&i| matches!(steps[i], Step::Gets(_) | Step::Swap(_)))
+        .filter(|&i| matches!(steps[i], Step::Gets(_) | Step::Swap(_) | Step::Put(_)))
         .collect();
     if buckets.len() < 2 {
         return held;
@@ -166,7 +171,7 @@ fn held(items: &[&Increment], steps: &[Step]) -> SmallVec<[bool; 4]> {
 }
 
 /// Writes a step's command (none once it is done).
-fn send(commands: &mut Commands<'_>, item: &Increment, step: Step, jitter_max: u64, now: u64) {
+fn send(commands: &mut Commands<'_>, item: &Increment, step: &Step, jitter_max: u64, now: u64) {
     let key = item.key.as_str();
     match step {
         Step::Incr(_) => commands.incr(key, item.store_hits()),
@@ -182,7 +187,7 @@ fn send(commands: &mut Commands<'_>, item: &Increment, step: Step, jitter_max: u
             let lifetime = item.expiry_seconds(jitter) + 1;
             commands.add(key, item.store_hits(), expiry(lifetime, now));
         }
-        Step::Unwrap(by) => commands.incr(key, by),
+        Step::Unwrap(by) => commands.incr(key, *by),
         Step::Decr => commands.decr(key, item.store_hits()),
         Step::Get => commands.get(key),
         Step::Gets(_) => commands.gets(key),
@@ -190,6 +195,13 @@ fn send(commands: &mut Commands<'_>, item: &Increment, step: Step, jitter_max: u
             Some(token) => commands.cas(key, swap.value, swap.expiry, token),
             None => commands.add(key, swap.value, swap.expiry),
         },
+        Step::Put(put) => {
+            let expiry = expiry(put.lifetime, item.now_ms / 1_000);
+            match put.token {
+                Some(token) => commands.cas_text(key, &put.text, expiry, token),
+                None => commands.add_text(key, &put.text, expiry),
+            }
+        }
         Step::Done(_) => {}
     }
 }
@@ -214,6 +226,30 @@ fn next(item: &Increment, step: Step, reply: Reply) -> Result<Step, Error> {
         (Step::Decr, Reply::Number(left)) => Step::Done(left),
         (Step::Decr | Step::Get, Reply::NotFound) => Step::Done(0),
         (Step::Get, Reply::Found { value, .. }) => Step::Done(value),
+        (Step::Get, Reply::Text { data, .. }) => match item.op {
+            CounterOp::Acquire(_) | CounterOp::Release(_) => {
+                Step::Done(leases::in_use(item, &data)?)
+            }
+            // Not a number: 0, as before lease sets were text.
+            _ => Step::Done(0),
+        },
+        (Step::Gets(tries), reply @ (Reply::NotFound | Reply::Text { .. }))
+            if matches!(item.op, CounterOp::Acquire(_) | CounterOp::Release(_)) =>
+        {
+            match leases::after_gets(item, reply, tries)? {
+                Next::Done(answer) => Step::Done(answer),
+                Next::Put(put) => Step::Put(put),
+            }
+        }
+        (Step::Put(put), Reply::Stored) => Step::Done(put.answer),
+        (Step::Put(put), Reply::Exists | Reply::NotFound | Reply::NotStored)
+            if put.tries + 1 < RACE_ATTEMPTS =>
+        {
+            Step::Gets(put.tries + 1)
+        }
+        (Step::Put(_), Reply::Exists | Reply::NotFound | Reply::NotStored) => {
+            return Err("a lease set kept changing between gets and cas".into());
+        }
         (Step::Gets(tries), found @ (Reply::Found { .. } | Reply::NotFound)) => {
             let current = match found {
                 Reply::Found { value, token } => Some((value, token)),

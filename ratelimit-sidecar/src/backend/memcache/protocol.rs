@@ -54,9 +54,12 @@ pub enum Reply {
     NotStored,
     /// `cas`: another client changed it since `gets`.
     Exists,
-    /// `get`/`gets`: the value as a number (0 when it is not one) and its
-    /// compare-and-swap token (0 for `get`).
+    /// `get`/`gets`: the value as a number and its compare-and-swap token (0 for
+    /// `get`).
     Found { value: u64, token: u64 },
+    /// `get`/`gets`: a value that is not a number (a concurrency limit's lease set), and
+    /// its token.
+    Text { data: Box<[u8]>, token: u64 },
     /// `version`.
     Version,
     /// An error reply that leaves the connection in step (`SERVER_ERROR ...`, or a
@@ -113,9 +116,29 @@ impl<'a> Commands<'a> {
         self.store(b"cas ", key, value, expiry, Some(token));
     }
 
+    /// `add key 0 expiry` with the bytes `value`.
+    pub fn add_text(&mut self, key: &str, value: &[u8], expiry: u64) {
+        self.store_bytes(b"add ", key, value, expiry, None);
+    }
+
+    /// `cas key 0 expiry` with the bytes `value`, if the key's token is still `token`.
+    pub fn cas_text(&mut self, key: &str, value: &[u8], expiry: u64, token: u64) {
+        self.store_bytes(b"cas ", key, value, expiry, Some(token));
+    }
+
     fn store(&mut self, verb: &[u8], key: &str, value: u64, expiry: u64, token: Option<u64>) {
         let mut digits = itoa::Buffer::new();
-        let value = digits.format(value).as_bytes();
+        self.store_bytes(verb, key, digits.format(value).as_bytes(), expiry, token);
+    }
+
+    fn store_bytes(
+        &mut self,
+        verb: &[u8],
+        key: &str,
+        value: &[u8],
+        expiry: u64,
+        token: Option<u64>,
+    ) {
         self.head(verb, key);
         self.out.extend_from_slice(b"0 ");
         self.number(expiry);
@@ -227,11 +250,18 @@ fn value(header: &[u8], rest: &[u8]) -> Result<Option<(Reply, usize)>, String> {
     match line(&rest[length + 2..])? {
         None => Ok(None),
         Some((b"END", end)) => {
-            let value = std::str::from_utf8(&data[..length])
+            let data = &data[..length];
+            let found = match std::str::from_utf8(data)
                 .ok()
                 .and_then(|text| text.trim().parse().ok())
-                .unwrap_or(0);
-            Ok(Some((Reply::Found { value, token }, length + 2 + end)))
+            {
+                Some(value) => Reply::Found { value, token },
+                None => Reply::Text {
+                    data: data.into(),
+                    token,
+                },
+            };
+            Ok(Some((found, length + 2 + end)))
         }
         Some((other, _)) => Err(wrong(Kind::Retrieve, other)),
     }
@@ -330,7 +360,10 @@ mod tests {
         assert_eq!(whole(block, Kind::Retrieve), (found, block.len()));
         assert_eq!(
             whole(b"VALUE k 0 3\r\nabc\r\nEND\r\n", Kind::Retrieve).0,
-            Reply::Found { value: 0, token: 0 }
+            Reply::Text {
+                data: (*b"abc").into(),
+                token: 0
+            }
         );
         assert_eq!(
             whole(b"VERSION 1.6.18\r\n", Kind::Version).0,

@@ -1,11 +1,11 @@
 //! A request's counters as one pipeline: `INCRBY` and `EXPIRE` for a window's counter,
 //! `GET` for a sliding window's previous one, and one script call (`EVALSHA`) per token
-//! bucket; or `GET` for every counter's current value.
+//! bucket or concurrency limit; or `GET` for every counter's current value.
 
 use std::sync::LazyLock;
 
 use futures_util::future::Either;
-use ratelimit_core::{CounterOp, Increment};
+use ratelimit_core::{CounterOp, Increment, Lease};
 use smallvec::SmallVec;
 
 use super::nodes::Nodes;
@@ -57,6 +57,34 @@ redis.call('SET', KEYS[1], string.format('%d', back), 'PX', math.max(back - now,
 return back
 ";
 
+/// A concurrency limit's request, as `ratelimit_core::LeaseSet::acquire` computes it, on
+/// a sorted set of lease ids scored by when they lapse (unix ms): lapsed leases go, a
+/// held lease is renewed, a new one is added while there is a place. Returns the places
+/// in use with the request (one more than the places when it found none). The set lives
+/// as long as its newest lease.
+/// KEYS[1]: the set; ARGV: now, lease, places (milliseconds, count), id, take (0 or 1).
+const LEASE_LUA: &str = r"
+local now = tonumber(ARGV[1])
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+local held = redis.call('ZCARD', KEYS[1])
+if ARGV[5] == '0' then return held end
+if not redis.call('ZSCORE', KEYS[1], ARGV[4]) then
+  if held >= tonumber(ARGV[3]) then return held + 1 end
+  held = held + 1
+end
+redis.call('ZADD', KEYS[1], now + tonumber(ARGV[2]), ARGV[4])
+redis.call('PEXPIRE', KEYS[1], ARGV[2])
+return held
+";
+
+/// A lease given back (`ratelimit_core::LeaseSet::release`): its id leaves the set, and
+/// the places still in use are returned. KEYS[1]: the set; ARGV: now, id.
+const RELEASE_LUA: &str = r"
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', tonumber(ARGV[1]))
+redis.call('ZREM', KEYS[1], ARGV[2])
+return redis.call('ZCARD', KEYS[1])
+";
+
 /// A script and its SHA1, which `EVALSHA` names it by.
 struct Script {
     source: &'static str,
@@ -74,6 +102,14 @@ static GCRA: Script = Script {
 static REFUND: Script = Script {
     source: REFUND_LUA,
     sha1: LazyLock::new(|| sha1(REFUND_LUA)),
+};
+static LEASE: Script = Script {
+    source: LEASE_LUA,
+    sha1: LazyLock::new(|| sha1(LEASE_LUA)),
+};
+static RELEASE: Script = Script {
+    source: RELEASE_LUA,
+    sha1: LazyLock::new(|| sha1(RELEASE_LUA)),
 };
 static GCRA_REFUND: Script = Script {
     source: GCRA_REFUND_LUA,
@@ -176,6 +212,13 @@ impl RedisCounters {
                     &[now, Arg::Int(bucket.interval_ms), hits],
                 );
             }
+            CounterOp::Acquire(lease) => {
+                let take = Arg::Int(u64::from(increment.hits > 0));
+                script(command, &LEASE, &lease_args(now, lease, take));
+            }
+            CounterOp::Release(lease) => {
+                script(command, &RELEASE, &[now, Arg::Int(lease.id)]);
+            }
         }
     }
 
@@ -195,7 +238,19 @@ impl RedisCounters {
         deadlines: Deadlines,
     ) -> Result<Totals, BackendError> {
         let values = run_batched(self, items, deadlines, |command, increment| {
-            command(&[Arg::Verb(resp::GET), Arg::Text(&increment.key)]);
+            let key = Arg::Text(&increment.key);
+            match increment.op {
+                // A lease set's places in use: the script, taking none (with its source:
+                // this path is rare, and must not fail on a script not loaded).
+                CounterOp::Acquire(lease) | CounterOp::Release(lease) => {
+                    let now = Arg::Int(increment.now_ms);
+                    let head = [Arg::Text("EVAL"), Arg::Text(LEASE.source), Arg::Int(1), key];
+                    let args = lease_args(now, lease, Arg::Int(0));
+                    let all: SmallVec<[Arg<'_>; 9]> = head.into_iter().chain(args).collect();
+                    command(&all);
+                }
+                _ => command(&[Arg::Verb(resp::GET), key]),
+            }
         })
         .await?;
         values
@@ -222,6 +277,18 @@ impl RemoteCounters for RedisCounters {
         let replies = query(&self.store, None, |command| command(&[Arg::Text("PING")])).await;
         matches!(replies.as_deref(), Ok([reply]) if !matches!(reply, Reply::Error(_)))
     }
+}
+
+/// The arguments of [`LEASE_LUA`].
+fn lease_args<'a>(now: Arg<'a>, lease: Lease, take: Arg<'a>) -> [Arg<'a>; 5] {
+    let places = Arg::Int(u64::from(lease.places));
+    [
+        now,
+        Arg::Int(lease.lease_ms),
+        places,
+        Arg::Int(lease.id),
+        take,
+    ]
 }
 
 /// A counter's total (or a bucket's TAT). Redis refuses to go past `i64::MAX`; a counter
