@@ -6,6 +6,8 @@
 #   envoy/run.sh rlqs             # Envoy's rate_limit_quota filter, with quota assignments from the sidecar
 #   envoy/run.sh tokens           # a token budget: 10 tokens a minute per x-user, each response costing
 #                                 # what the upstream reports in x-usage (5 here), charged at stream end
+#   envoy/run.sh concurrency      # at most 2 requests in flight (each answer takes a second), each
+#                                 # place given back when its stream ends
 #   envoy/run.sh sidecar --demo   # the same, then sends 4 requests as alice and stops: the 4th is a 429
 #
 # It builds what it runs (the default profile, as the tests do), starts everything on loopback, prints the
@@ -18,8 +20,8 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 ROOT="$PWD"
 MODE="${1:-sidecar}"
 DEMO="${2:-}"
-case "$MODE" in sidecar | wasm | rlqs | tokens) ;; *)
-	echo "usage: envoy/run.sh sidecar|wasm|rlqs|tokens [--demo]" >&2
+case "$MODE" in sidecar | wasm | rlqs | tokens | concurrency) ;; *)
+	echo "usage: envoy/run.sh sidecar|wasm|rlqs|tokens|concurrency [--demo]" >&2
 	exit 2
 	;;
 esac
@@ -63,21 +65,24 @@ wait_port() { # port what
 fill() { python3 -c 'import os, re, sys; print(re.sub(r"\$\{(\w+)\}", lambda m: os.environ.get(m.group(1), m.group(0)), sys.stdin.read()), end="")'; }
 
 # The upstream: any HTTP server; this one serves an empty directory. For tokens, one that
-# reports the cost of every answer in `x-usage`, as an LLM gateway's upstream does.
+# reports the cost of every answer in `x-usage`, as an LLM gateway's upstream does; for
+# concurrency, one that takes a second over every answer, serving many at once.
 mkdir "$WORK/www"
-if [ "$MODE" = tokens ]; then
+if [ "$MODE" = tokens ] || [ "$MODE" = concurrency ]; then
 	python3 -c '
-import http.server, sys
+import http.server, sys, time
 class Answer(http.server.BaseHTTPRequestHandler):
     def do_GET(self):
         body = b"five tokens of answer\n"
+        if sys.argv[2] == "concurrency":
+            time.sleep(1)
         self.send_response(200)
         self.send_header("x-usage", "5")
         self.send_header("content-length", str(len(body)))
         self.end_headers()
         self.wfile.write(body)
-http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), Answer).serve_forever()
-' "$UPSTREAM_PORT" >"$WORK/upstream.log" 2>&1 &
+http.server.ThreadingHTTPServer(("127.0.0.1", int(sys.argv[1])), Answer).serve_forever()
+' "$UPSTREAM_PORT" "$MODE" >"$WORK/upstream.log" 2>&1 &
 else
 	python3 -m http.server "$UPSTREAM_PORT" --bind 127.0.0.1 --directory "$WORK/www" >"$WORK/upstream.log" 2>&1 &
 fi
@@ -89,8 +94,8 @@ if [ "$MODE" != wasm ]; then
 	# The sidecar reads RUNTIME_ROOT/RUNTIME_SUBDIRECTORY/RUNTIME_APPDIRECTORY: a directory
 	# with only the rules (pointing it at envoy/ would load the Envoy files as rules too).
 	mkdir -p "$WORK/runtime/config"
-	if [ "$MODE" = tokens ]; then
-		cp envoy/tokens-rules.yaml "$WORK/runtime/config/"
+	if [ "$MODE" = tokens ] || [ "$MODE" = concurrency ]; then
+		cp "envoy/$MODE-rules.yaml" "$WORK/runtime/config/"
 	else
 		cp envoy/rules.yaml "$WORK/runtime/config/"
 	fi
@@ -102,8 +107,8 @@ if [ "$MODE" != wasm ]; then
 	export RATELIMIT_PORT="$GRPC_PORT" EXPIRED_RULE=DENY_ALL
 	if [ "$MODE" = rlqs ]; then
 		fill <envoy/rlqs.yaml >"$WORK/envoy.yaml"
-	elif [ "$MODE" = tokens ]; then
-		fill <envoy/tokens.yaml >"$WORK/envoy.yaml"
+	elif [ "$MODE" = tokens ] || [ "$MODE" = concurrency ]; then
+		fill <"envoy/$MODE.yaml" >"$WORK/envoy.yaml"
 	else
 		fill <envoy/sidecar.yaml >"$WORK/envoy.yaml"
 	fi
@@ -116,7 +121,24 @@ fi
 wait_port "$LISTEN_PORT" envoy
 
 URL="http://127.0.0.1:$LISTEN_PORT/"
-[ "$MODE" != tokens ] || URL="http://127.0.0.1:$LISTEN_PORT/v1/chat"
+[ "$MODE" != tokens ] && [ "$MODE" != concurrency ] || URL="http://127.0.0.1:$LISTEN_PORT/v1/chat"
+if [ "$DEMO" = --demo ] && [ "$MODE" = concurrency ]; then
+	ask() { curl -s -o /dev/null -w '%{http_code}\n' "$URL"; }
+	asking=()
+	for i in 1 2 3; do
+		ask >"$WORK/at-once-$i" &
+		asking+=($!)
+	done
+	wait "${asking[@]}"
+	echo "3 requests at once: $(sort "$WORK"/at-once-* | tr '\n' ' ' | sed 's/ $//')"
+	# Envoy gives each place back after its stream ends, apart from the answer.
+	sleep 0.3
+	status=$(ask)
+	echo "then one more: $status"
+	[ "$(sort "$WORK"/at-once-* | tr -d '\n')" = 200200429 ] && [ "$status" = 200 ] && exit 0
+	echo "expected two 200s and a 429 at once, then a 200" >&2
+	exit 1
+fi
 if [ "$DEMO" = --demo ]; then
 	for i in 1 2 3 4; do
 		status=$(curl -s -o /dev/null -w '%{http_code}' -H 'x-user: alice' "$URL")
@@ -130,6 +152,8 @@ if [ "$DEMO" = --demo ]; then
 fi
 if [ "$MODE" = tokens ]; then
 	TRY="200 until alice's 10 tokens a minute are spent (5 a response), then 429"
+elif [ "$MODE" = concurrency ]; then
+	TRY="200 after a second; a third at the same time as two others is a 429"
 else
 	TRY="200 three times a minute, then 429 with x-envoy-ratelimited"
 fi
