@@ -8,7 +8,8 @@ use std::time::Duration;
 use envoy_types::pb::google::protobuf::UInt64Value;
 use ratelimit_tests::on_every_backend;
 use ratelimit_tests::sidecar as support;
-use support::{Options, Server, Store, request};
+use serde_json::Value;
+use support::{Options, Server, Store, post, request};
 
 const OK: i32 = 1;
 const OVER: i32 = 2;
@@ -77,6 +78,17 @@ async fn places_are_held_until_each_request_ends_or_its_lease_lapses(store: &Sto
     assert_eq!(start_request(&server, "f").await, OK);
     assert_eq!(start_request(&server, "g").await, OK);
     assert_eq!(start_request(&server, "h").await, OVER);
+    // An explanation reads the places in use and takes none.
+    for _ in 0..2 {
+        let body = r#"{"domain":"llm","descriptors":[{"entries":[{"key":"model","value":"chat"},{"key":"request_id","value":"x"}]}]}"#;
+        let (status, text) = post(&server.debug_url("/explain"), body).await;
+        assert_eq!(status, 200, "{text}");
+        let json: Value = serde_json::from_str(&text).unwrap();
+        let explained = &json["descriptors"][0];
+        assert_eq!(explained["current"], 2, "{text}");
+        assert_eq!(explained["code"], "OVER_LIMIT", "{text}");
+        assert_eq!(explained["cacheKey"], "llm_model_chat_request_id__cc2");
+    }
     if matches!(store, Store::Memory) {
         return;
     }
