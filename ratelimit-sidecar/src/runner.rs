@@ -78,9 +78,12 @@ pub async fn run(settings: Settings) -> Result<(), StartError> {
             None
         }
     };
-    if matches!(service.backend, Backend::Remote(_)) {
+    if service.backend.remote().is_some() {
         let ping = settings.redis.redis_health_check_active_connection;
         tokio::spawn(watch_backend(Arc::clone(&service), ping));
+    }
+    if let Backend::WriteBehind(behind) = &service.backend {
+        tokio::spawn(Arc::clone(behind).run());
     }
 
     let server = &settings.server;
@@ -297,7 +300,7 @@ async fn follow_xds(settings: &Settings, service: &Arc<Decider>) -> Result<(), S
 /// unhealthy while any is open) and, with
 /// `ping`, whether the remote store answers a ping (every second).
 async fn watch_backend(service: Arc<Decider>, ping: bool) {
-    let Backend::Remote(remote) = &service.backend else {
+    let Some(remote) = service.backend.remote() else {
         return;
     };
     let mut alive = true;

@@ -37,7 +37,7 @@ async fn remote(args: &[String]) -> Remote {
         .unwrap()
     {
         Backend::Remote(remote) => remote,
-        Backend::Memory(_) => panic!("a remote backend was asked for"),
+        _ => panic!("a remote backend, counted through, was asked for"),
     }
 }
 

@@ -40,6 +40,19 @@ pub const MEMORY_BYTES: &str = "ratelimit.memory.bytes";
 /// Counters the memory backend dropped to stay within its bound.
 pub const MEMORY_EVICTIONS: &str = "ratelimit.memory.evictions";
 
+/// Hits a write-behind replica has counted and not yet sent (a gauge, at each flush).
+pub const WRITE_BEHIND_PENDING_HITS: &str = "ratelimit.write_behind.pending_hits";
+/// Keys a write-behind replica holds (a gauge, at each flush).
+pub const WRITE_BEHIND_KEYS: &str = "ratelimit.write_behind.keys";
+/// Flushes that sent something.
+pub const WRITE_BEHIND_FLUSHES: &str = "ratelimit.write_behind.flushes";
+/// Flush calls the store failed; their hits go with the next flush.
+pub const WRITE_BEHIND_FLUSH_ERRORS: &str = "ratelimit.write_behind.flush_errors";
+/// Hits never sent: their window ended, or their key was evicted, first.
+pub const WRITE_BEHIND_DROPPED_HITS: &str = "ratelimit.write_behind.dropped_hits";
+/// How long flushes take.
+pub const WRITE_BEHIND_FLUSH_TIME: &str = "ratelimit.write_behind.flush_time";
+
 /// Requests answered OK because the store was unavailable (failure mode `allow`).
 pub const FALLBACK_ALLOWED: &str = "ratelimit.service.backend_fallback_allowed";
 /// Requests decided in process because the store was unavailable (failure mode `local`).

@@ -12,6 +12,7 @@ pub mod memcache;
 pub mod redis;
 mod send_buffer;
 mod waiting;
+pub mod write_behind;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -22,6 +23,7 @@ use ratelimit_core::{Increment, MemoryStore, MemoryUsage, Plan};
 use smallvec::SmallVec;
 
 use self::breaker::Breakers;
+use self::write_behind::WriteBehind;
 use crate::runtime::{PerWorker, Pool};
 use crate::settings::{BackendType, Settings};
 
@@ -157,8 +159,30 @@ impl RemoteStore {
 pub type PerWorkerStore = PerWorker<RemoteStore>;
 
 /// Opens the backend the settings choose, with one set of connections per worker of
-/// `pool` for a remote store.
+/// `pool` for a remote store, written behind with `WRITE_BEHIND=true`.
 pub async fn open(
+    settings: &Settings,
+    pool: &Pool,
+    stats: &StatsRegistry,
+) -> Result<Backend, BackendError> {
+    let behind = &settings.write_behind;
+    match open_store(settings, pool, stats).await? {
+        Backend::Remote(remote) if behind.write_behind => {
+            let interval = behind.write_behind_flush_interval;
+            tracing::warn!(
+                ?interval,
+                "write-behind counters: decisions read local counts, sent to the store every interval; across replicas a key may admit more than its limit (docs/backends.md)"
+            );
+            let max_keys = behind.write_behind_max_keys;
+            let behind = WriteBehind::new(remote, interval, max_keys, stats);
+            Ok(Backend::WriteBehind(Arc::new(behind)))
+        }
+        backend => Ok(backend),
+    }
+}
+
+/// The store the settings choose.
+async fn open_store(
     settings: &Settings,
     pool: &Pool,
     stats: &StatsRegistry,
@@ -233,6 +257,8 @@ pub enum Backend {
     Memory(Arc<MemoryStore>),
     /// A remote store, shared by every instance pointed at it.
     Remote(Remote),
+    /// A remote store, counted here and sent to it in the background.
+    WriteBehind(Arc<WriteBehind>),
 }
 
 impl Backend {
@@ -241,6 +267,25 @@ impl Backend {
         match self {
             Backend::Memory(_) => "memory",
             Backend::Remote(remote) => remote.name,
+            Backend::WriteBehind(behind) => behind.remote().name,
+        }
+    }
+
+    /// The remote store, counted through or written behind.
+    pub fn remote(&self) -> Option<&Remote> {
+        match self {
+            Backend::Memory(_) => None,
+            Backend::Remote(remote) => Some(remote),
+            Backend::WriteBehind(behind) => Some(behind.remote()),
+        }
+    }
+
+    /// Why rules cannot be counted on this backend: write-behind counters refuse the
+    /// algorithms that need the store's answer for each request.
+    pub fn refusal(&self, config: &ratelimit_core::Config) -> Option<String> {
+        match self {
+            Backend::WriteBehind(_) => write_behind::refusal(config),
+            _ => None,
         }
     }
 }
@@ -323,6 +368,20 @@ impl Remote {
             Err(BackendError::Late) if wait < self.deadline => {
                 return Err(BackendError::CallerDeadline(wait));
             }
+            Err(BackendError::Late) => Err(self.late()),
+            result => result,
+        };
+        if result.is_err() {
+            self.errors.add(1);
+        }
+        result
+    }
+
+    /// Sends `increments` (a write-behind flush) within the store's deadline, through its
+    /// breakers; a failure counts in its error statistic.
+    pub async fn send(&self, increments: &[Increment]) -> Result<Totals, BackendError> {
+        let until = Deadlines::store(Instant::now() + self.deadline);
+        let result = match self.routed(increments, Mode::Increment, until).await {
             Err(BackendError::Late) => Err(self.late()),
             result => result,
         };

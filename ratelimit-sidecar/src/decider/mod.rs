@@ -26,6 +26,7 @@ use ratelimit_core::{
 use ratelimit_proto::envoy::{InvalidRequest, request_from_pb, response_to_pb};
 use ratelimit_proto::wire::encode_response;
 
+use crate::backend::write_behind::WriteBehind;
 use crate::backend::{Backend, BackendError, Remote, Totals};
 use crate::decider::metadata::dynamic_metadata;
 use crate::decider::outage::{Outage, Overloaded};
@@ -199,9 +200,9 @@ impl Decider {
         Some(traces.request(transport.span_name(), headers, request))
     }
 
-    /// Decides `call`: on the memory store at once, on a remote store within its place
-    /// among the calls in flight (MAX_INFLIGHT_REQUESTS), by the failure mode when the
-    /// store fails. Counted, timed and traced here, for every transport.
+    /// Decides `call`: on the memory store or write-behind counters at once, on a remote
+    /// store within its place among the calls in flight (MAX_INFLIGHT_REQUESTS), by the
+    /// failure mode when the store fails. Counted, timed and traced here, for every transport.
     pub fn decide(self: &Arc<Self>, call: Call) -> Decision {
         let started = self.begin(call.transport);
         let Call {
@@ -210,17 +211,21 @@ impl Decider {
             span,
             ..
         } = call;
-        if let Backend::Memory(store) = &self.backend {
-            let decided = self.decide_now(store, request, unix_ms(started.at), span.as_ref());
-            self.finish(started, span, &decided);
-            return Decision::Ready(decided);
-        }
-        let decider = Arc::clone(self);
-        Decision::Waiting(Box::pin(async move {
-            let decided = decider.decide_later(request, deadline, span.as_ref()).await;
-            decider.finish(started, span, &decided);
-            decided
-        }))
+        let now_ms = unix_ms(started.at);
+        let decided = match &self.backend {
+            Backend::Memory(store) => self.decide_now(store, request, now_ms, span.as_ref()),
+            Backend::WriteBehind(behind) => self.decide_behind(behind, request, now_ms),
+            Backend::Remote(_) => {
+                let decider = Arc::clone(self);
+                return Decision::Waiting(Box::pin(async move {
+                    let decided = decider.decide_later(request, deadline, span.as_ref()).await;
+                    decider.finish(started, span, &decided);
+                    decided
+                }));
+            }
+        };
+        self.finish(started, span, &decided);
+        Decision::Ready(decided)
     }
 
     /// The decision of a call on the memory store.
@@ -246,6 +251,26 @@ impl Decider {
             response: response?,
             request,
         })
+    }
+
+    /// The decision of a call from write-behind counters: the plan a remote store would
+    /// run, counted here at once.
+    fn decide_behind(
+        &self,
+        behind: &WriteBehind,
+        request: Result<Request, InvalidRequest>,
+        now_ms: u64,
+    ) -> Result<Decided, DecisionError> {
+        let request = request?;
+        let at = UnixMillis(now_ms).reusing(buffers::plan_buffers());
+        let mut plan = self.limiter.plan(&request, at)?;
+        if plan.needs_current_counts() {
+            plan.apply_current(&behind.current(plan.increments()));
+        }
+        let totals = behind.apply(plan.increments());
+        let (response, buffers) = plan.decide_keeping_buffers(&totals);
+        buffers::recycle_plan_buffers(buffers);
+        Ok(Decided { request, response })
     }
 
     /// The decision of a call on the remote store, in its place among those in flight.
@@ -333,6 +358,7 @@ impl Decider {
             Backend::Memory(store) => {
                 return Ok(plan.increments().iter().map(|i| store.apply(i)).collect());
             }
+            Backend::WriteBehind(behind) => return Ok(behind.apply(plan.increments())),
             Backend::Remote(remote) => remote,
         };
         let totals = remote.run(plan, None).await?;
@@ -376,6 +402,7 @@ impl Decider {
                 .map(|increment| store.current(increment))
                 .collect(),
             Backend::Remote(remote) => remote.current(explanation.increments()).await?.into_vec(),
+            Backend::WriteBehind(behind) => behind.current(explanation.increments()).into_vec(),
         };
         let answer = explanation.answer(&current);
         Ok((explanation, current, answer))

@@ -25,6 +25,10 @@ pub async fn apply_from(
     result: Result<Config, String>,
 ) {
     let stats = service.limiter.stats();
+    let result = result.and_then(|config| match service.backend.refusal(&config) {
+        Some(refusal) => Err(refusal),
+        None => Ok(config),
+    });
     match result {
         Ok(config) => {
             service.limiter.set_config(&config);

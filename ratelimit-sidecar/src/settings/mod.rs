@@ -15,7 +15,7 @@ mod server;
 mod stats;
 mod tls;
 mod traces;
-
+mod write_behind;
 mod xds;
 
 use clap::parser::ValueSource;
@@ -30,6 +30,7 @@ pub use self::server::{LogFormat, ServerSettings};
 pub use self::stats::{Outputs, StatsSettings};
 pub use self::tls::TlsSettings;
 pub use self::traces::TracingSettings;
+pub use self::write_behind::WriteBehindSettings;
 pub use self::xds::XdsSettings;
 pub use crate::settings::bounds::BoundsSettings;
 pub use ratelimit_service_kit::values::{StringMap, go_bool, go_duration, go_map};
@@ -54,6 +55,8 @@ pub struct Settings {
     pub redis: RedisSettings,
     #[command(flatten, next_help_heading = "memcached backend")]
     pub memcache: MemcacheSettings,
+    #[command(flatten, next_help_heading = "Write-behind counters")]
+    pub write_behind: WriteBehindSettings,
     #[command(flatten, next_help_heading = "Backend outages")]
     pub outage: OutageSettings,
     #[command(flatten, next_help_heading = "Bounds")]
@@ -90,6 +93,11 @@ impl Settings {
         settings
             .tls
             .check(&settings.server.grpc_uds)
+            .map_err(LoadError::Invalid)?;
+        let remote = settings.backend() != BackendType::Memory;
+        settings
+            .write_behind
+            .check(remote)
             .map_err(LoadError::Invalid)?;
         let warnings = settings.warnings(&matches, outputs.statsd);
         Ok((settings, warnings))
