@@ -18,3 +18,14 @@ descriptors:
     rate_limit: {unit: hour, requests_per_unit: 4000000000}
 YAML
 }
+
+# Builds the release sidecar and load tools, and sets BIN to them and WORK to a new
+# directory holding the bench rules (`current/config`), removed on exit after every job
+# (thawed first, should one be frozen) is stopped.
+bench_setup() {
+	cargo build --quiet --release -p ratelimit-sidecar -p ratelimit-load-bench
+	BIN=target/release
+	WORK="$(mktemp -d)"
+	trap 'kill -CONT $(jobs -p) 2>/dev/null || true; kill $(jobs -p) 2>/dev/null || true; wait 2>/dev/null || true; rm -rf "$WORK"' EXIT
+	bench_rules "$WORK/current/config"
+}

@@ -6,7 +6,8 @@
 # those COUNT requests, divided by COUNT, are the figure (start-up and warm-up left out).
 #   bench/load/instructions.sh [COUNT=40000] [WARM=4000] [SERVERS...]
 # KEEP=DIR keeps the callgrind files (for callgrind_annotate).
-# SERVERS: floor tonic memory redis memcache (default: all that can run here), and with
+# SERVERS: floor tonic memory redis memcache (default: all that can run here),
+# redis-behind and memcache-behind (WRITE_BEHIND=true on the same stores), and with
 # UPSTREAM_RATELIMIT_BIN set (bench/upstream/run.sh), upstream-redis and upstream-memcache:
 # envoyproxy/ratelimit with GOMAXPROCS=1 on the same stores (its Go runtime counts too).
 set -euo pipefail
@@ -88,6 +89,12 @@ counted() { # name redis|memcache port
 	esac
 	[ "${items:-0}" -gt 0 ] || { echo "$1 left no counter in $2: did its rules load?" >&2; exit 1; }
 }
+# The commands a Redis ran per request sent (WARM + COUNT), from INFO commandstats.
+commands() { # name port
+	redis-cli -p "$2" info commandstats | tr ',=:' '   ' |
+		awk -v n="$((WARM + COUNT))" -v name="$1" '/^cmdstat_/ && $1 !~ /info|ping|client|hello|select|command/ { calls += $3 }
+			END { printf "%-10s %8.4f Redis commands per request\n", name, calls / n }'
+}
 # Go preempts goroutines with signals, which callgrind can trip over (an assertion in
 # its signal handling): asyncpreemptoff keeps to cooperative preemption.
 UPSTREAM=(env GOMAXPROCS=1 GODEBUG=asyncpreemptoff=1 RUNTIME_ROOT="$WORK/current" RUNTIME_SUBDIRECTORY= RUNTIME_APPDIRECTORY=config RUNTIME_WATCH_ROOT=false
@@ -103,7 +110,19 @@ for server in "${SERVERS[@]}"; do
 		start_redis
 		measure redis "${SIDECAR[@]}" PORT=$(free_port) DEBUG_PORT=$(free_port) GRPC_PORT=@PORT@ \
 			BACKEND_TYPE=redis REDIS_SOCKET_TYPE=tcp REDIS_URL="127.0.0.1:$redis_port" "$BIN/ratelimit"
-		counted redis redis "$redis_port" ;;
+		counted redis redis "$redis_port"
+		commands redis "$redis_port" ;;
+	redis-behind)
+		start_redis
+		measure redis-behind "${SIDECAR[@]}" PORT=$(free_port) DEBUG_PORT=$(free_port) GRPC_PORT=@PORT@ \
+			BACKEND_TYPE=redis REDIS_SOCKET_TYPE=tcp REDIS_URL="127.0.0.1:$redis_port" WRITE_BEHIND=true "$BIN/ratelimit"
+		counted redis-behind redis "$redis_port"
+		commands redis-behind "$redis_port" ;;
+	memcache-behind)
+		start_memcached
+		measure memcache-behind "${SIDECAR[@]}" PORT=$(free_port) DEBUG_PORT=$(free_port) GRPC_PORT=@PORT@ \
+			BACKEND_TYPE=memcache MEMCACHE_HOST_PORT="127.0.0.1:$memcached_port" WRITE_BEHIND=true "$BIN/ratelimit"
+		counted memcache-behind memcache "$memcached_port" ;;
 	memcache)
 		start_memcached
 		measure memcache "${SIDECAR[@]}" PORT=$(free_port) DEBUG_PORT=$(free_port) GRPC_PORT=@PORT@ \

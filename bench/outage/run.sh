@@ -9,12 +9,8 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 OPEN_SECONDS="${1:-5}"
-cargo build --quiet --release -p ratelimit-sidecar -p ratelimit-load-bench
-BIN=target/release
-WORK="$(mktemp -d)"
-trap 'kill -CONT $(jobs -p) 2>/dev/null || true; kill $(jobs -p) 2>/dev/null || true; rm -rf "$WORK"' EXIT
 . bench/common.sh
-bench_rules "$WORK/current/config"
+bench_setup
 now_ms() { date +%s%3N; }
 stat() { curl -s "http://127.0.0.1:$1/stats" | awk -v n="$2:" '$1 == n { print $2 }'; }
 until_stat() { # debug_port name -> waits until the statistic is at least 1

@@ -3,9 +3,11 @@
 //! ([`super`]) takes a batch with [`Table::drain`] and gives the store's answers back
 //! with [`Table::settle`].
 
-use std::collections::HashMap;
-use std::sync::Mutex;
+use std::hash::BuildHasher;
+use std::sync::{Mutex, MutexGuard};
 
+use foldhash::fast::RandomState;
+use hashbrown::HashTable;
 use ratelimit_core::{CounterOp, Increment};
 
 /// Shards of the table, each behind its own lock.
@@ -13,18 +15,20 @@ const SHARDS: usize = 16;
 /// How many keys an eviction looks at to pick the one whose window ends first.
 const EVICTION_SAMPLE: usize = 8;
 
-/// One shard: entries by their store key (upstream's cache key).
-type Shard = HashMap<Box<str>, Entry>;
+/// One shard: entries by the hash of their store key (upstream's cache key).
+type Shard = HashTable<Entry>;
 
-/// Keys by their store key, in shards.
+/// Keys by their store key, in shards; one hash of the key picks both.
 #[derive(Debug)]
 pub struct Table {
     shards: Box<[Mutex<Shard>]>,
+    hasher: RandomState,
     max_per_shard: usize,
 }
 
 #[derive(Debug)]
 struct Entry {
+    hash: u64,
     /// The store's total at the last flush that reached it.
     known: u64,
     /// Hits counted here and not yet in `known`; refunds count down.
@@ -59,6 +63,7 @@ impl Table {
     pub fn new(max_keys: usize) -> Table {
         Table {
             shards: (0..SHARDS).map(|_| Mutex::default()).collect(),
+            hasher: RandomState::default(),
             max_per_shard: max_keys.div_ceil(SHARDS).max(1),
         }
     }
@@ -66,22 +71,22 @@ impl Table {
     /// Counts `increment` here and returns what the store would report: the known total
     /// plus the hits not yet sent. The second value is the hits evicted to make room.
     pub fn apply(&self, increment: &Increment) -> (u64, u64) {
-        let mut shard = self.lock(&increment.key);
+        let (hash, mut shard) = self.lock(&increment.key);
         let now = increment.now_ms / 1_000;
         let mut evicted = 0;
-        if !shard.contains_key(increment.key.as_str()) {
+        let key = increment.key.as_str();
+        if find(&mut shard, hash, key).is_none() {
             evicted = make_room(&mut shard, self.max_per_shard, now);
             let entry = Entry {
+                hash,
                 known: 0,
                 pending: 0,
                 read: false,
                 counter: increment.clone(),
             };
-            shard.insert(increment.key.as_str().into(), entry);
+            shard.insert_unique(hash, entry, |e| e.hash);
         }
-        let entry = shard
-            .get_mut(increment.key.as_str())
-            .expect("inserted above");
+        let entry = find(&mut shard, hash, key).expect("inserted above");
         let hits = i64::try_from(increment.store_hits()).unwrap_or(i64::MAX);
         match increment.op {
             CounterOp::Add => entry.pending = entry.pending.saturating_add(hits),
@@ -95,8 +100,8 @@ impl Table {
 
     /// What the store would report for `increment` now, counting nothing.
     pub fn current(&self, increment: &Increment) -> u64 {
-        let mut shard = self.lock(&increment.key);
-        match shard.get_mut(increment.key.as_str()) {
+        let (hash, mut shard) = self.lock(&increment.key);
+        match find(&mut shard, hash, &increment.key) {
             Some(entry) => {
                 entry.read = true;
                 entry.total()
@@ -113,7 +118,7 @@ impl Table {
         let mut drained = Drained::default();
         for shard in self.shards.iter() {
             let mut shard = shard.lock().unwrap_or_else(|e| e.into_inner());
-            shard.retain(|_, entry| {
+            shard.retain(|entry| {
                 let live = entry.counter.expires > now;
                 if !live {
                     drained.dropped += entry.pending.unsigned_abs();
@@ -121,7 +126,7 @@ impl Table {
                 live
             });
             drained.keys += shard.len() as u64;
-            for entry in shard.values_mut() {
+            for entry in shard.iter_mut() {
                 drained.pending += entry.pending.unsigned_abs();
                 if entry.pending == 0 && !entry.read {
                     continue;
@@ -146,19 +151,21 @@ impl Table {
     /// the hits sent leave its pending ones (hits counted during the flush stay).
     pub fn settle(&self, batch: &Batch, totals: &[u64]) {
         for ((increment, &sent), &total) in batch.increments.iter().zip(&batch.sent).zip(totals) {
-            let mut shard = self.lock(&increment.key);
-            if let Some(entry) = shard.get_mut(increment.key.as_str()) {
+            let (hash, mut shard) = self.lock(&increment.key);
+            if let Some(entry) = find(&mut shard, hash, &increment.key) {
                 entry.known = total;
                 entry.pending = entry.pending.saturating_sub(sent);
             }
         }
     }
 
-    fn lock(&self, key: &str) -> std::sync::MutexGuard<'_, Shard> {
-        let index = shard_of(key);
-        self.shards[index]
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    /// The hash of `key` and its shard, locked.
+    fn lock(&self, key: &str) -> (u64, MutexGuard<'_, Shard>) {
+        let hash = self.hasher.hash_one(key);
+        // The top bits: the table inside the shard uses the low ones.
+        let index = (hash >> 60) as usize % SHARDS;
+        let shard = self.shards[index].lock();
+        (hash, shard.unwrap_or_else(|poisoned| poisoned.into_inner()))
     }
 }
 
@@ -169,12 +176,8 @@ impl Entry {
     }
 }
 
-/// A stable shard for `key` (FNV-1a).
-fn shard_of(key: &str) -> usize {
-    let hash = key.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
-        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
-    });
-    (hash >> 32) as usize % SHARDS
+fn find<'a>(shard: &'a mut Shard, hash: u64, key: &str) -> Option<&'a mut Entry> {
+    shard.find_mut(hash, |e| e.hash == hash && *e.counter.key == *key)
 }
 
 /// Room for one more key in a full shard: keys whose window ended go first, then the one
@@ -184,7 +187,7 @@ fn make_room(shard: &mut Shard, max: usize, now: u64) -> u64 {
         return 0;
     }
     let mut dropped = 0;
-    shard.retain(|_, entry| {
+    shard.retain(|entry| {
         let live = entry.counter.expires > now;
         if !live {
             dropped += entry.pending.unsigned_abs();
@@ -195,12 +198,12 @@ fn make_room(shard: &mut Shard, max: usize, now: u64) -> u64 {
         let victim = shard
             .iter()
             .take(EVICTION_SAMPLE)
-            .min_by_key(|(_, entry)| entry.counter.expires)
-            .map(|(key, _)| key.clone());
-        if let Some(key) = victim
-            && let Some(entry) = shard.remove(&key)
+            .min_by_key(|entry| entry.counter.expires)
+            .map(|entry| (entry.hash, entry.counter.key.clone()));
+        if let Some((hash, key)) = victim
+            && let Ok(entry) = shard.find_entry(hash, |e| e.hash == hash && e.counter.key == key)
         {
-            dropped += entry.pending.unsigned_abs();
+            dropped += entry.remove().0.pending.unsigned_abs();
         }
     }
     dropped
