@@ -304,12 +304,15 @@ impl CounterStore for MemoryStore {
     }
 }
 
-/// The shard of a counter whose key hashes to `hash`: bits 51 to 56. The table inside a
+/// The shard of a counter whose key hashes to `hash`: the top six bits of the hash
+/// multiplied by an odd constant, which every bit of the hash moves. The table inside a
 /// shard finds a bucket with the low bits and tells its entries apart by a tag of the top
-/// seven, so the shard must take neither: with the top bits, every counter of a shard had
-/// nearly the same tag, and a lookup compared about half the slots of its group.
+/// seven, so the shard must not be either: with the top bits, every counter of a shard
+/// had nearly the same tag, and a lookup compared about half the slots of its group. Nor
+/// is it a fixed run of the hash's bits: for some seeds, short keys that differ in a
+/// character or two (`k1_60`, `k2_60`) left a sixth of the shards unused in bits 51 to 56.
 fn shard_index(hash: u64) -> usize {
-    (hash >> 51) as usize % SHARDS
+    (hash.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 58) as usize % SHARDS
 }
 
 /// The unix second after which a bucket whose TAT is `tat` is full, so not needed.
@@ -493,6 +496,11 @@ mod tests {
         }
         let usage = store.usage();
         assert_eq!(usage.counters, 1_000, "old windows were dropped");
+        // Which relies on the new keys reaching every shard.
+        let shards: std::collections::BTreeSet<usize> = (0..1_000)
+            .map(|i| shard_index(store.hash(&CounterKey::of_text(&format!("k{i}_60")))))
+            .collect();
+        assert_eq!(shards.len(), SHARDS);
         assert_eq!(usage.evictions, 0);
     }
 
