@@ -11,7 +11,6 @@ use super::{
     Algorithm, ConfigError, ConfigErrorKind, DescriptorRule, DomainConfig, Limit, Metadata,
     RateLimitRule,
 };
-use crate::rules::unit::{Unit, Window};
 
 /// Every field name the schema knows, at any depth (envoyproxy/ratelimit checks one flat
 /// list, so a known field in the wrong place is ignored rather than rejected).
@@ -172,10 +171,10 @@ fn parse_first_document(file: &str, text: &str) -> Result<Value, ConfigError> {
     })
 }
 
-struct Cx<'a> {
-    file: &'a str,
+pub(super) struct Cx<'a> {
+    pub(super) file: &'a str,
     plain: HashMap<String, String>,
-    warnings: RefCell<Vec<String>>,
+    pub(super) warnings: RefCell<Vec<String>>,
     /// Errors found so far, when reading goes on past them.
     errors: RefCell<Vec<ConfigError>>,
 }
@@ -185,11 +184,31 @@ impl Cx<'_> {
         self.errors.borrow_mut().push(error);
     }
 
-    fn error(&self, path: &str, kind: ConfigErrorKind) -> ConfigError {
+    /// The list at `field` of `map` (empty when absent or null), found at `path`.
+    pub(super) fn list<'v>(
+        &self,
+        map: &'v Mapping,
+        field: &str,
+        path: &str,
+        expected: &'static str,
+    ) -> Result<&'v [Value], ConfigError> {
+        match map.get(field) {
+            None | Some(Value::Null) => Ok(&[]),
+            Some(Value::Sequence(items)) => Ok(items),
+            Some(other) => Err(self.wrong_type(path, expected, other)),
+        }
+    }
+
+    pub(super) fn error(&self, path: &str, kind: ConfigErrorKind) -> ConfigError {
         ConfigError::new(self.file, path, kind)
     }
 
-    fn wrong_type(&self, path: &str, expected: &'static str, found: &Value) -> ConfigError {
+    pub(super) fn wrong_type(
+        &self,
+        path: &str,
+        expected: &'static str,
+        found: &Value,
+    ) -> ConfigError {
         self.error(
             path,
             ConfigErrorKind::WrongType {
@@ -254,11 +273,7 @@ impl Cx<'_> {
         parents: &str,
     ) -> Result<Vec<DescriptorRule>, ConfigError> {
         let path = join(path, "descriptors");
-        let items = match map.get("descriptors") {
-            None | Some(Value::Null) => return Ok(Vec::new()),
-            Some(Value::Sequence(items)) => items,
-            Some(other) => return Err(self.wrong_type(&path, "a list of descriptors", other)),
-        };
+        let items = self.list(map, "descriptors", &path, "a list of descriptors")?;
         let mut seen = HashSet::new();
         let mut rules = Vec::with_capacity(items.len());
         for (index, item) in items.iter().enumerate() {
@@ -352,174 +367,9 @@ impl Cx<'_> {
         Ok(rule)
     }
 
-    fn rate_limit(&self, map: &Mapping, path: &str) -> Result<Option<RateLimitRule>, ConfigError> {
-        let path = join(path, "rate_limit");
-        let block = match map.get("rate_limit") {
-            None => return Ok(None),
-            Some(Value::Null) => {
-                self.warnings.borrow_mut().push(format!(
-                    "{}: {path} is empty, so this descriptor is not limited (a whitelist); were `unit` and `requests_per_unit` meant to be indented under it?",
-                    self.file
-                ));
-                return Ok(None);
-            }
-            Some(Value::Mapping(block)) => block,
-            Some(other) => return Err(self.wrong_type(&path, "a rate_limit map", other)),
-        };
-        self.limit_block(block, &path).map(Some)
-    }
-
-    /// `rate_limits:`: a list of blocks, each a `rate_limit` without `unlimited`.
-    fn rate_limits(&self, map: &Mapping, path: &str) -> Result<Vec<RateLimitRule>, ConfigError> {
-        let path = join(path, "rate_limits");
-        let items = match map.get("rate_limits") {
-            None | Some(Value::Null) => return Ok(Vec::new()),
-            Some(Value::Sequence(items)) => items,
-            Some(other) => return Err(self.wrong_type(&path, "a list of rate_limit maps", other)),
-        };
-        let mut rules: Vec<RateLimitRule> = Vec::with_capacity(items.len());
-        for (index, item) in items.iter().enumerate() {
-            let path = format!("{path}[{index}]");
-            let Value::Mapping(block) = item else {
-                return Err(self.error(&path, ConfigErrorKind::ListOfNonMap(describe(item))));
-            };
-            let rule = self.limit_block(block, &path)?;
-            if rule.limit == Limit::Unlimited {
-                return Err(self.error(
-                    &join(&path, "unlimited"),
-                    ConfigErrorKind::UnlimitedInRateLimits,
-                ));
-            }
-            if let Some(name) = &rule.name
-                && rules.iter().any(|other| other.name.as_ref() == Some(name))
-            {
-                return Err(self.error(
-                    &join(&path, "name"),
-                    ConfigErrorKind::DuplicateLimitName(name.clone()),
-                ));
-            }
-            rules.push(rule);
-        }
-        Ok(rules)
-    }
-
-    /// One limit block, at `path`.
-    fn limit_block(&self, block: &Mapping, path: &str) -> Result<RateLimitRule, ConfigError> {
-        let path = path.to_owned();
-        let unit_name = self.string_field(block, "unit", &path)?.unwrap_or_default();
-        let requests_per_unit = self.u32_field(block, "requests_per_unit", &path)?;
-        let unlimited = self.bool_field(block, "unlimited", &path)?;
-        let name = self
-            .string_field(block, "name", &path)?
-            .filter(|n| !n.is_empty());
-        let unit = Unit::parse(&unit_name);
-        let limit = match (unlimited, unit) {
-            (true, Some(_)) => {
-                return Err(self.error(&join(&path, "unit"), ConfigErrorKind::UnlimitedWithUnit));
-            }
-            (true, None) => Limit::Unlimited,
-            (false, Some(unit)) => Limit::Counted {
-                window: Window::new(unit, self.multiplier(block, &path)?),
-                requests_per_unit,
-                algorithm: self.algorithm(block, &path, requests_per_unit)?,
-            },
-            (false, None) => {
-                return Err(self.error(
-                    &join(&path, "unit"),
-                    ConfigErrorKind::InvalidUnit(unit_name),
-                ));
-            }
-        };
-        let replaces = self.replaces(block, &path, name.as_deref())?;
-        Ok(RateLimitRule {
-            limit,
-            name,
-            replaces,
-        })
-    }
-
-    /// `unit_multiplier`: 1 when absent, never 0.
-    fn multiplier(&self, block: &Mapping, path: &str) -> Result<u32, ConfigError> {
-        if !block.contains_key("unit_multiplier") {
-            return Ok(1);
-        }
-        match self.u32_field(block, "unit_multiplier", path)? {
-            0 => Err(self.error(
-                &join(path, "unit_multiplier"),
-                ConfigErrorKind::ZeroUnitMultiplier,
-            )),
-            n => Ok(n),
-        }
-    }
-
-    /// `algorithm` and, for a token bucket, `burst`.
-    fn algorithm(
-        &self,
-        block: &Mapping,
-        path: &str,
-        requests_per_unit: u32,
-    ) -> Result<Algorithm, ConfigError> {
-        let name = self.string_field(block, "algorithm", path)?;
-        let has_burst = block.get("burst").is_some_and(|b| !b.is_null());
-        let algorithm = match name.as_deref() {
-            None | Some("fixed_window") => Algorithm::FixedWindow,
-            Some("sliding_window") => Algorithm::SlidingWindow,
-            Some("concurrency") => Algorithm::Concurrency,
-            Some("token_bucket") => Algorithm::TokenBucket {
-                burst: match has_burst {
-                    true => self.u32_field(block, "burst", path)?,
-                    false => requests_per_unit,
-                },
-            },
-            Some(other) => {
-                return Err(self.error(
-                    &join(path, "algorithm"),
-                    ConfigErrorKind::UnknownAlgorithm(other.to_owned()),
-                ));
-            }
-        };
-        if has_burst && !matches!(algorithm, Algorithm::TokenBucket { .. }) {
-            return Err(self.error(
-                &join(path, "burst"),
-                ConfigErrorKind::BurstWithoutTokenBucket,
-            ));
-        }
-        Ok(algorithm)
-    }
-
-    fn replaces(
-        &self,
-        block: &Mapping,
-        path: &str,
-        own_name: Option<&str>,
-    ) -> Result<Vec<String>, ConfigError> {
-        let path = join(path, "replaces");
-        let items = match block.get("replaces") {
-            None | Some(Value::Null) => return Ok(Vec::new()),
-            Some(Value::Sequence(items)) => items,
-            Some(other) => return Err(self.wrong_type(&path, "a list of {name: ...} maps", other)),
-        };
-        let mut names = Vec::with_capacity(items.len());
-        for (index, item) in items.iter().enumerate() {
-            let path = format!("{path}[{index}]");
-            let Value::Mapping(item) = item else {
-                return Err(self.error(&path, ConfigErrorKind::ListOfNonMap(describe(item))));
-            };
-            let name = self.string_field(item, "name", &path)?.unwrap_or_default();
-            if name.is_empty() {
-                return Err(self.error(&path, ConfigErrorKind::EmptyReplaces));
-            }
-            if Some(name.as_str()) == own_name {
-                return Err(self.error(&path, ConfigErrorKind::ReplacesSelf));
-            }
-            names.push(name);
-        }
-        Ok(names)
-    }
-
     /// Strings, and scalars written without quotes (`key: 0x10`) as written (as upstream
     /// reads them into a string). Null or absent is `None`.
-    fn string_field(
+    pub(super) fn string_field(
         &self,
         map: &Mapping,
         field: &str,
@@ -536,7 +386,12 @@ impl Cx<'_> {
         }
     }
 
-    fn bool_field(&self, map: &Mapping, field: &str, path: &str) -> Result<bool, ConfigError> {
+    pub(super) fn bool_field(
+        &self,
+        map: &Mapping,
+        field: &str,
+        path: &str,
+    ) -> Result<bool, ConfigError> {
         let at = join(path, field);
         match map.get(field) {
             None | Some(Value::Null) => Ok(false),
@@ -547,7 +402,12 @@ impl Cx<'_> {
         }
     }
 
-    fn u32_field(&self, map: &Mapping, field: &str, path: &str) -> Result<u32, ConfigError> {
+    pub(super) fn u32_field(
+        &self,
+        map: &Mapping,
+        field: &str,
+        path: &str,
+    ) -> Result<u32, ConfigError> {
         let at = join(path, field);
         let number = match map.get(field) {
             None | Some(Value::Null) => return Ok(0),
@@ -561,7 +421,7 @@ impl Cx<'_> {
     }
 }
 
-fn join(path: &str, field: &str) -> String {
+pub(super) fn join(path: &str, field: &str) -> String {
     if path.is_empty() {
         field.to_owned()
     } else {
@@ -580,7 +440,7 @@ fn depth(value: &Value) -> usize {
 }
 
 /// A short rendering of a YAML value for messages: scalars as written, containers by kind.
-fn describe(value: &Value) -> String {
+pub(super) fn describe(value: &Value) -> String {
     match value {
         Value::Null => "null".to_owned(),
         Value::Bool(b) => b.to_string(),

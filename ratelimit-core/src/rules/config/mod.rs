@@ -4,6 +4,7 @@ mod build;
 mod decode;
 mod error;
 mod events;
+mod limit_block;
 mod nesting;
 mod position;
 mod yaml11;
