@@ -44,6 +44,10 @@ pub struct Global {
     pub timeout_ms: u64,
     /// Domain asked at the sidecar.
     pub domain: String,
+    /// Set: decide from the service's last reports and report each worker's hits every
+    /// this many milliseconds, instead of a callout per request ([`crate::fleet`]).
+    #[serde(default)]
+    pub report_interval_ms: Option<u64>,
 }
 
 fn default_timeout_ms() -> u64 {
@@ -89,6 +93,9 @@ impl FilterConfig {
                 "plugin configuration: the rules define no domain '{}'",
                 raw.domain
             ));
+        }
+        if raw.global.as_ref().and_then(|g| g.report_interval_ms) == Some(0) {
+            return Err("plugin configuration: global.report_interval_ms must be above 0".into());
         }
         let headers_format = HeaderFormat::parse(&raw.response_headers_format).ok_or_else(|| {
             format!(

@@ -2,6 +2,7 @@
 //! core over counters in Envoy's shared data, a local 429 when over.
 
 use ratelimit_core::UnixMillis;
+use std::cell::RefCell;
 use std::collections::HashMap;
 use std::rc::Rc;
 use std::time::{Duration, UNIX_EPOCH};
@@ -16,6 +17,7 @@ use ratelimit_proto as proto;
 
 use crate::actions;
 use crate::config::{FilterConfig, Global};
+use crate::fleet::{Pending, admits, fleet_key, known_from};
 use crate::metrics::metric_name;
 use crate::slots::{SharedData, SlotCounters, Unreadable};
 
@@ -24,18 +26,47 @@ const METRICS_PERIOD: Duration = Duration::from_secs(1);
 
 proxy_wasm::main! {{
     proxy_wasm::set_log_level(LogLevel::Warn);
-    proxy_wasm::set_root_context(|_| -> Box<dyn RootContext> { Box::new(Root { config: None, metric_ids: HashMap::new(), exported: Deltas::default() }) });
+    proxy_wasm::set_root_context(|_| -> Box<dyn RootContext> { Box::new(Root::default()) });
 }}
 
+#[derive(Default)]
 struct Root {
     config: Option<Rc<FilterConfig>>,
     /// Metric id per statistic.
     metric_ids: HashMap<Name, u32>,
     /// What was exported so far.
     exported: Deltas,
+    /// This worker's hits not yet reported to the global tier (reporting mode).
+    pending: Rc<RefCell<Pending>>,
+    /// Reports in flight: the descriptor's shared-data name, the descriptor, its hits.
+    reports: HashMap<u32, (String, Descriptor, u64)>,
+    /// Ticks since the metrics were last exported.
+    ticks: u64,
 }
 
-impl Context for Root {}
+impl Context for Root {
+    /// A report's answer: the fleet's count for its descriptor, kept in shared data for
+    /// every worker until the window ends. A report that failed is sent again.
+    fn on_grpc_call_response(&mut self, token: u32, status_code: u32, response_size: usize) {
+        let Some((key, descriptor, sent)) = self.reports.remove(&token) else {
+            return;
+        };
+        let response = (status_code == 0)
+            .then(|| self.get_grpc_call_response_body(0, response_size))
+            .flatten()
+            .and_then(|body| proto::RateLimitResponse::decode(body.as_slice()).ok());
+        let Some(response) = response else {
+            self.pending.borrow_mut().add(&key, &descriptor, sent);
+            return;
+        };
+        let (Some(config), Some((known, seconds))) = (&self.config, known_from(&response)) else {
+            return;
+        };
+        let now = unix_ms(self) / 1_000;
+        let counters = SlotCounters::new(EnvoySharedData, config.shared_slots);
+        counters.put_known(&key, known, now + seconds, now);
+    }
+}
 
 impl RootContext for Root {
     fn on_configure(&mut self, _: usize) -> bool {
@@ -45,8 +76,10 @@ impl RootContext for Root {
         };
         match parsed {
             Ok(config) => {
+                let report = config.global.as_ref().and_then(|g| g.report_interval_ms);
+                let period = report.map_or(METRICS_PERIOD, Duration::from_millis);
+                self.set_tick_period(period.min(METRICS_PERIOD));
                 self.config = Some(Rc::new(config));
-                self.set_tick_period(METRICS_PERIOD);
                 true
             }
             Err(error) => {
@@ -56,10 +89,21 @@ impl RootContext for Root {
         }
     }
 
-    /// Exports what this worker counted since the last tick as proxy-wasm counters, which
-    /// Envoy sums over the workers.
+    /// Reports this worker's hits to the global tier (reporting mode), and exports what it
+    /// counted as proxy-wasm counters, which Envoy sums over the workers, once a second.
     fn on_tick(&mut self) {
-        let Some(config) = &self.config else { return };
+        let Some(config) = self.config.clone() else {
+            return;
+        };
+        let period = self.get_tick_period(&config);
+        if let Some(global) = &config.global {
+            self.report(global);
+        }
+        self.ticks += 1;
+        if u128::from(self.ticks) * period.as_millis() < METRICS_PERIOD.as_millis() {
+            return;
+        }
+        self.ticks = 0;
         for sample in config.limiter.stats().snapshot().samples {
             let (Some(metric), Value::Counter(value)) = (metric_name(&sample.name), sample.value)
             else {
@@ -84,6 +128,7 @@ impl RootContext for Root {
         Some(Box::new(Filter {
             config,
             headers: Vec::new(),
+            pending: Rc::clone(&self.pending),
         }))
     }
 
@@ -92,10 +137,60 @@ impl RootContext for Root {
     }
 }
 
+impl Root {
+    /// The tick period `config` asks for.
+    fn get_tick_period(&self, config: &FilterConfig) -> Duration {
+        let report = config.global.as_ref().and_then(|g| g.report_interval_ms);
+        report
+            .map_or(METRICS_PERIOD, Duration::from_millis)
+            .min(METRICS_PERIOD)
+    }
+
+    /// Sends each descriptor's pending hits in one `ShouldRateLimit` with `hits_addend`
+    /// (reporting mode; nothing in callout mode, where nothing is pending).
+    fn report(&mut self, global: &Global) {
+        let taken = self.pending.borrow_mut().take();
+        for (key, descriptor, hits) in taken {
+            let request = Request::new(
+                global.domain.clone(),
+                vec![descriptor.clone().with_hits(hits)],
+            );
+            let message = proto::client::request_to_pb(&request).encode_to_vec();
+            let timeout = Duration::from_millis(global.timeout_ms);
+            let sent = self.dispatch_grpc_call(
+                &global.cluster,
+                proto::SERVICE,
+                proto::METHOD,
+                vec![],
+                Some(&message),
+                timeout,
+            );
+            match sent {
+                Ok(token) => {
+                    self.reports.insert(token, (key, descriptor, hits));
+                }
+                Err(_) => {
+                    self.pending.borrow_mut().add(&key, &descriptor, hits);
+                }
+            }
+        }
+    }
+}
+
+/// The host's clock, in unix milliseconds.
+fn unix_ms(context: &dyn Context) -> u64 {
+    context
+        .get_current_time()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
 struct Filter {
     config: Rc<FilterConfig>,
     /// The rate-limit headers for the response, in the configured format.
     headers: Vec<(String, String)>,
+    /// This worker's hits not yet reported (reporting mode).
+    pending: Rc<RefCell<Pending>>,
 }
 
 impl Filter {
@@ -116,6 +211,44 @@ impl Filter {
             Ok(_) => Action::Pause,
             Err(_) => self.global_failed(),
         }
+    }
+
+    /// Decides descriptors that passed locally from what the global tier last reported
+    /// and this worker's unreported hits (reporting mode); a request with more new
+    /// descriptors than the worker can hold asks with a callout.
+    fn decide_from_reports(
+        &mut self,
+        global: &Global,
+        descriptors: &[Descriptor],
+        now_ms: u64,
+    ) -> Action {
+        let counters = SlotCounters::new(EnvoySharedData, self.config.shared_slots);
+        let keys: Vec<String> = descriptors
+            .iter()
+            .map(|d| fleet_key(&global.domain, d))
+            .collect();
+        let now = now_ms / 1_000;
+        let over = descriptors.iter().zip(&keys).any(|(d, key)| {
+            let pending = self.pending.borrow().get(key);
+            !admits(
+                counters.known(key, now),
+                pending,
+                d.hits_addend.unwrap_or(1),
+            )
+        });
+        if over {
+            let headers = [("x-envoy-ratelimited", "true")];
+            self.send_http_response(429, headers.to_vec(), Some(b"Too Many Requests\n"));
+            return Action::Pause;
+        }
+        if !self.pending.borrow().fits(&keys) {
+            return self.ask_global(global, descriptors);
+        }
+        let mut pending = self.pending.borrow_mut();
+        for (d, key) in descriptors.iter().zip(&keys) {
+            pending.add(key, d, d.hits_addend.unwrap_or(1));
+        }
+        Action::Continue
     }
 
     /// The sidecar could not answer: deny with 500, or let the request through.
@@ -176,10 +309,7 @@ impl HttpContext for Filter {
         if descriptors.is_empty() {
             return Action::Continue;
         }
-        let now_ms = self
-            .get_current_time()
-            .duration_since(UNIX_EPOCH)
-            .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+        let now_ms = unix_ms(self);
         let request = Request::new(self.config.domain.clone(), descriptors);
         let config = Rc::clone(&self.config);
         let counters = SlotCounters::new(EnvoySharedData, config.shared_slots);
@@ -202,6 +332,9 @@ impl HttpContext for Filter {
                     self.headers = response.header_pairs(&config.headers_format);
                 }
                 match &config.global {
+                    Some(global) if global.report_interval_ms.is_some() => {
+                        self.decide_from_reports(global, &request.descriptors, now_ms)
+                    }
                     Some(global) => self.ask_global(global, &request.descriptors),
                     None => Action::Continue,
                 }

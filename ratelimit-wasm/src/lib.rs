@@ -9,5 +9,6 @@ pub mod actions;
 pub mod config;
 #[cfg(target_arch = "wasm32")]
 mod filter;
+pub mod fleet;
 pub mod metrics;
 pub mod slots;

@@ -165,6 +165,16 @@ impl<S: SharedData> SlotCounters<S> {
         })
     }
 
+    /// Sets the value of `key` to `value` until unix second `until`.
+    pub fn set_value(&self, key: &str, value: u64, until: u64, now: u64) {
+        self.update(key, now, |_| (value, until, value));
+    }
+
+    /// The value of `key` at unix second `now`; 0 when it has none.
+    pub fn value(&self, key: &str, now: u64) -> u64 {
+        self.get_text(key, now)
+    }
+
     fn get_text(&self, key: &str, now: u64) -> u64 {
         (0..PROBES)
             .find_map(|probe| {

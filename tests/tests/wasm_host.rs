@@ -303,6 +303,48 @@ fn the_global_tier_is_answered_by_a_real_sidecar() {
     assert_eq!(hits, Some(3));
 }
 
+/// With `report_interval_ms`, workers decide from the service's last reports plus their
+/// own unreported hits, with no callout per request, and each tick reports their hits.
+#[test]
+fn reporting_workers_decide_without_a_callout_and_share_the_fleet_count() {
+    let fleet = "domain: fleet\ndescriptors:\n  - key: user\n    rate_limit: {unit: minute, requests_per_unit: 5}\n";
+    let sidecar = Server::start(&[("fleet.yaml", fleet)]);
+    let mut plugin = plugin();
+    plugin.upstream("ratelimit", &format!("http://127.0.0.1:{}", sidecar.grpc));
+    let local = "domain: edge\ndescriptors:\n  - key: user\n    rate_limit: {unit: minute, requests_per_unit: 100}\n";
+    let global = r#","global":{"cluster":"ratelimit","timeout_ms":2000,"domain":"fleet","report_interval_ms":100}"#;
+    let mut a = plugin.worker(&configuration(local, global)).unwrap();
+    let mut b = plugin.worker(&configuration(local, global)).unwrap();
+    for _ in 0..3 {
+        assert_eq!(as_user(&mut a, "ivy").status(), 200);
+    }
+    assert_eq!(a.waiting_callouts(), 0, "no callout per request");
+    // A reports its 3; B then sees the fleet at 3 of 5, and its own 2 more fill it.
+    a.tick();
+    assert_eq!(as_user(&mut b, "ivy").status(), 200);
+    assert_eq!(as_user(&mut b, "ivy").status(), 200);
+    let refused = as_user(&mut b, "ivy");
+    assert_eq!(refused.status(), 429);
+    assert_eq!(
+        refused.local().unwrap().header("x-envoy-ratelimited"),
+        Some("true")
+    );
+    b.tick();
+    assert_eq!(as_user(&mut a, "ivy").status(), 429, "B's report reached A");
+    assert_eq!(
+        as_user(&mut a, "jo").status(),
+        200,
+        "another user's count is its own"
+    );
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let stat = "ratelimit.service.rate_limit.fleet.user.total_hits";
+    assert_eq!(
+        runtime.block_on(sidecar.stat(stat)),
+        Some(5),
+        "admitted hits, reported once"
+    );
+}
+
 #[test]
 fn a_sidecar_outage_follows_the_failure_mode() {
     let sidecar = Server::start(&[("fleet.yaml", GLOBAL_RULES)]);

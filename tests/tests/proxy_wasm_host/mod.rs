@@ -323,9 +323,18 @@ impl Worker {
         }
     }
 
-    /// Fires the timer the filter asked for.
+    /// Fires the timer the filter asked for, and delivers the callouts it made to the
+    /// root context.
     pub fn tick(&mut self) {
         self.call::<i32, ()>("proxy_on_tick", ROOT_CONTEXT);
+        for callout in std::mem::take(&mut self.store.data_mut().callouts) {
+            self.deliver(ROOT_CONTEXT, &callout);
+        }
+    }
+
+    /// Callouts made since the last request or tick delivered them.
+    pub fn waiting_callouts(&self) -> usize {
+        self.store.data().callouts.len()
     }
 
     pub fn host(&self) -> &Host {
