@@ -7,6 +7,7 @@
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
+use ratelimit_tests::most_within;
 use ratelimit_tests::sidecar as support;
 use support::{Options, Server, Store, eventually, request};
 
@@ -69,20 +70,6 @@ fn counters(store: &Store, prefix: &str) -> HashMap<String, u64> {
             .collect(),
         Store::Memory => unreachable!("write-behind needs a remote store"),
     }
-}
-
-/// The most of `times` (sorted, in ms) within any interval of `length` ms.
-fn most_within(times: &[u64], length: u64) -> usize {
-    let mut start = 0;
-    (0..times.len())
-        .map(|end| {
-            while times[end] - times[start] > length {
-                start += 1;
-            }
-            end - start + 1
-        })
-        .max()
-        .unwrap_or(0)
 }
 
 /// Sends `count` requests for the hot key, one after the other, and returns when each

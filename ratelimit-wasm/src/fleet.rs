@@ -190,7 +190,6 @@ mod tests {
                     seconds: 42,
                     nanos: 0,
                 }),
-                ..Default::default()
             }],
             ..Default::default()
         };

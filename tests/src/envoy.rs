@@ -85,7 +85,9 @@ pub fn start_envoy_workers(
     let template = template
         .replace("${UPSTREAM_PORT}", &upstream.to_string())
         .replace("${RATELIMIT_PORT}", &ratelimit.to_string())
-        .replace("${FAILURE_MODE_DENY}", &deny.to_string());
+        .replace("${FAILURE_MODE_DENY}", &deny.to_string())
+        // Optional: empty unless `more` filled it.
+        .replace("${GLOBAL_OPTIONS}", "");
     let mut log = String::new();
     for _ in 0..5 {
         match launch(&template, workers) {

@@ -111,6 +111,21 @@ pub fn listening(port: u16) -> bool {
     })
 }
 
+/// The most of `times` (sorted, in ms) within any interval of `length` ms: what a fleet
+/// admitted in its busiest stretch, the slack a shared limit's written bound allows.
+pub fn most_within(times: &[u64], length: u64) -> usize {
+    let mut start = 0;
+    (0..times.len())
+        .map(|end| {
+            while times[end] - times[start] > length {
+                start += 1;
+            }
+            end - start + 1
+        })
+        .max()
+        .unwrap_or(0)
+}
+
 /// Polls `check` every 50 ms until it holds (true) or `timeout` passes (false).
 pub async fn eventually<F, Fut>(timeout: Duration, mut check: F) -> bool
 where
