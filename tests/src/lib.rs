@@ -126,6 +126,20 @@ pub fn most_within(times: &[u64], length: u64) -> usize {
         .unwrap_or(0)
 }
 
+/// Waits, when needed, so that the next `seconds` fall within one minute of the wall
+/// clock: a test of a per-minute limit must not see its window end half-way.
+pub async fn within_one_minute(seconds: u64) {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    let into = now.as_millis() % 60_000;
+    let needed = u128::from(seconds.min(50)) * 1_000;
+    if into + needed > 60_000 {
+        let wait = 60_000 - into + 200;
+        tokio::time::sleep(Duration::from_millis(wait as u64)).await;
+    }
+}
+
 /// Polls `check` every 50 ms until it holds (true) or `timeout` passes (false).
 pub async fn eventually<F, Fut>(timeout: Duration, mut check: F) -> bool
 where

@@ -122,6 +122,8 @@ fn sidecar(xds_port: u16, redis: &Redis, root: &std::path::Path) -> Server {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_spent_backend_sends_traffic_to_the_next_and_both_spent_refuse() {
+    // The budgets are per minute: the whole run in one.
+    ratelimit_tests::within_one_minute(20).await;
     let plane = ControlPlane::default();
     let config = Config::from_files([("quota.yaml", RULES)], false).unwrap();
     let resources: Vec<_> = config

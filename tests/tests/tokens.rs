@@ -6,8 +6,8 @@
 use std::time::Duration;
 
 use ratelimit_tests::envoy::{repo, start_envoy_on};
-use ratelimit_tests::on_every_backend;
 use ratelimit_tests::sidecar::{Options, Server, Store, eventually};
+use ratelimit_tests::{on_every_backend, within_one_minute};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{TcpListener, TcpStream};
 
@@ -121,6 +121,8 @@ async fn counted(sidecar: &Server, hits: u64) {
 on_every_backend!(a_budget_is_spent_by_the_reported_usage_and_refused_only_once_spent);
 
 async fn a_budget_is_spent_by_the_reported_usage_and_refused_only_once_spent(store: &Store) {
+    // The budget is per minute: the whole run in one.
+    within_one_minute(15).await;
     let sidecar = sidecar(store);
     let envoy = start_envoy_on("tokens.yaml", upstream().await, sidecar.grpc, false);
     // 5 tokens a response against 10 a minute: after two, the budget is spent exactly.
@@ -191,6 +193,7 @@ on_every_backend!(stop_cache_key_increment_still_counts_a_charge_that_crosses_th
 /// its limit is still added to when it is the one going over (only the request's other
 /// keys are held back): a budget's stream-end charge is counted in full.
 async fn stop_cache_key_increment_still_counts_a_charge_that_crosses_the_limit(store: &Store) {
+    within_one_minute(15).await;
     let sidecar = sidecar_with(
         store,
         &[("STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT", "true")],

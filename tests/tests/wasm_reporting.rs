@@ -7,23 +7,16 @@
 use std::time::{Duration, Instant};
 
 use ratelimit_tests::envoy::{repo, start_envoy_workers, upstream};
-use ratelimit_tests::most_within;
 use ratelimit_tests::sidecar::{Options, Server, eventually};
+use ratelimit_tests::{most_within, within_one_minute};
 
 /// The report interval, in milliseconds.
 const REPORT_MS: u64 = 100;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_envoys_share_one_limit_within_the_written_bound() {
-    // One minute window for the whole run: not within its last seconds.
-    let second = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_secs()
-        % 60;
-    if second > 50 {
-        tokio::time::sleep(Duration::from_secs(61 - second)).await;
-    }
+    // One minute window for the whole run.
+    within_one_minute(10).await;
     let upstream = upstream().await;
     // envoy/rules.yaml: 3 requests a minute per user.
     let rules = std::fs::read_to_string(repo().join("envoy/rules.yaml")).unwrap();
