@@ -7,8 +7,8 @@
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-use ratelimit_tests::most_within;
 use ratelimit_tests::sidecar as support;
+use ratelimit_tests::{most_within, on_remote_backends};
 use support::{Options, Server, Store, eventually, request};
 
 const OK: i32 = 1;
@@ -138,21 +138,7 @@ fn incrby_calls(redis: &support::Redis) -> u64 {
     calls.map_or(0, |n| n.parse().unwrap())
 }
 
-mod hot_key {
-    use super::*;
-
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn redis() {
-        let store = Store::Redis(support::Redis::start(&[]));
-        a_hot_key_stays_within_the_bound_and_every_hit_reaches_the_store(&store).await;
-    }
-
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn memcache() {
-        let store = Store::Memcached(ratelimit_tests::memcached::Memcached::start());
-        a_hot_key_stays_within_the_bound_and_every_hit_reaches_the_store(&store).await;
-    }
-}
+on_remote_backends!(a_hot_key_stays_within_the_bound_and_every_hit_reaches_the_store);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn over_ten_thousand_keys_the_counts_add_up_under_upstreams_keys() {
@@ -237,21 +223,7 @@ fn freeze(store: &Store, frozen: bool) {
     }
 }
 
-mod frozen_store {
-    use super::*;
-
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn redis() {
-        let store = Store::Redis(support::Redis::start(&[]));
-        with_the_store_frozen_decisions_go_on_and_the_hits_follow(&store).await;
-    }
-
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn memcache() {
-        let store = Store::Memcached(ratelimit_tests::memcached::Memcached::start());
-        with_the_store_frozen_decisions_go_on_and_the_hits_follow(&store).await;
-    }
-}
+on_remote_backends!(with_the_store_frozen_decisions_go_on_and_the_hits_follow);
 
 #[test]
 fn write_behind_on_the_memory_backend_stops_start_up() {

@@ -76,9 +76,7 @@ impl RootContext for Root {
         };
         match parsed {
             Ok(config) => {
-                let report = config.global.as_ref().and_then(|g| g.report_interval_ms);
-                let period = report.map_or(METRICS_PERIOD, Duration::from_millis);
-                self.set_tick_period(period.min(METRICS_PERIOD));
+                self.set_tick_period(tick_period(&config));
                 self.config = Some(Rc::new(config));
                 true
             }
@@ -95,7 +93,7 @@ impl RootContext for Root {
         let Some(config) = self.config.clone() else {
             return;
         };
-        let period = self.get_tick_period(&config);
+        let period = tick_period(&config);
         if let Some(global) = &config.global {
             self.report(global);
         }
@@ -138,34 +136,13 @@ impl RootContext for Root {
 }
 
 impl Root {
-    /// The tick period `config` asks for.
-    fn get_tick_period(&self, config: &FilterConfig) -> Duration {
-        let report = config.global.as_ref().and_then(|g| g.report_interval_ms);
-        report
-            .map_or(METRICS_PERIOD, Duration::from_millis)
-            .min(METRICS_PERIOD)
-    }
-
     /// Sends each descriptor's pending hits in one `ShouldRateLimit` with `hits_addend`
     /// (reporting mode; nothing in callout mode, where nothing is pending).
     fn report(&mut self, global: &Global) {
         let taken = self.pending.borrow_mut().take();
         for (key, descriptor, hits) in taken {
-            let request = Request::new(
-                global.domain.clone(),
-                vec![descriptor.clone().with_hits(hits)],
-            );
-            let message = proto::client::request_to_pb(&request).encode_to_vec();
-            let timeout = Duration::from_millis(global.timeout_ms);
-            let sent = self.dispatch_grpc_call(
-                &global.cluster,
-                proto::SERVICE,
-                proto::METHOD,
-                vec![],
-                Some(&message),
-                timeout,
-            );
-            match sent {
+            let report = [descriptor.clone().with_hits(hits)];
+            match call_service(self, global, &report) {
                 Ok(token) => {
                     self.reports.insert(token, (key, descriptor, hits));
                 }
@@ -175,6 +152,33 @@ impl Root {
             }
         }
     }
+}
+
+/// Sends `descriptors` to the global tier's service (one `ShouldRateLimit`); the call's
+/// token, whose answer comes to `context`'s `on_grpc_call_response`.
+fn call_service(
+    context: &dyn Context,
+    global: &Global,
+    descriptors: &[Descriptor],
+) -> Result<u32, Status> {
+    let request = Request::new(global.domain.clone(), descriptors.to_vec());
+    let message = proto::client::request_to_pb(&request).encode_to_vec();
+    context.dispatch_grpc_call(
+        &global.cluster,
+        proto::SERVICE,
+        proto::METHOD,
+        vec![],
+        Some(&message),
+        Duration::from_millis(global.timeout_ms),
+    )
+}
+
+/// The tick period `config` asks for: the report interval, at most the metrics period.
+fn tick_period(config: &FilterConfig) -> Duration {
+    let report = config.global.as_ref().and_then(|g| g.report_interval_ms);
+    report
+        .map_or(METRICS_PERIOD, Duration::from_millis)
+        .min(METRICS_PERIOD)
 }
 
 /// The host's clock, in unix milliseconds.
@@ -197,17 +201,7 @@ impl Filter {
     /// Asks the sidecar tier about descriptors that passed locally; the request waits
     /// for [`Context::on_grpc_call_response`].
     fn ask_global(&mut self, global: &Global, descriptors: &[Descriptor]) -> Action {
-        let request = Request::new(global.domain.clone(), descriptors.to_vec());
-        let message = proto::client::request_to_pb(&request).encode_to_vec();
-        let timeout = Duration::from_millis(global.timeout_ms);
-        match self.dispatch_grpc_call(
-            &global.cluster,
-            proto::SERVICE,
-            proto::METHOD,
-            vec![],
-            Some(&message),
-            timeout,
-        ) {
+        match call_service(self, global, descriptors) {
             Ok(_) => Action::Pause,
             Err(_) => self.global_failed(),
         }

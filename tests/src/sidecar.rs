@@ -15,6 +15,27 @@ pub use crate::calls::{ask, get_text, post, run_ok};
 pub use crate::redis::{Redis, redis_addresses, redis_cluster, redis_env};
 pub use crate::{binary, eventually, free_port};
 
+/// Runs the test `$name(store: &Store)` on the shared stores, on a runtime of two
+/// threads: a real Redis (`$name::redis`) and a real memcached (`$name::memcache`).
+#[macro_export]
+macro_rules! on_remote_backends {
+    ($name:ident) => {
+        mod $name {
+            use $crate::sidecar::Store;
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn redis() {
+                super::$name(&Store::Redis($crate::sidecar::Redis::start(&[]))).await;
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn memcache() {
+                super::$name(&Store::Memcached($crate::memcached::Memcached::start())).await;
+            }
+        }
+    };
+}
+
 /// Runs the test `$name(store: &Store)` on every backend: the memory backend
 /// (`$name::memory`), a real Redis (`$name::redis`) and a real memcached
 /// (`$name::memcache`).

@@ -142,13 +142,7 @@ async fn a_spent_backend_sends_traffic_to_the_next_and_both_spent_refuse() {
     let (redis, root) = (Redis::start(&[]), tempfile::tempdir().unwrap());
     let server = sidecar(xds_port, &redis, root.path());
     let acked = eventually(Duration::from_secs(10), || async {
-        plane.seen().iter().any(|s| {
-            s.request
-                .node
-                .as_ref()
-                .is_some_and(|n| n.id == "envoy-ai-gateway-ratelimit")
-                && s.request.version_info == "1"
-        })
+        plane.acknowledged("envoy-ai-gateway-ratelimit", "1")
     })
     .await;
     assert!(acked, "the rules were not acknowledged:\n{}", server.log());

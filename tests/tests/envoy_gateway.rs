@@ -127,13 +127,7 @@ async fn envoy_asks_the_sidecar_started_as_envoy_gateway_starts_it() {
         ..Options::default()
     });
     let seen = eventually(Duration::from_secs(10), || async {
-        plane.seen().iter().any(|s| {
-            s.request
-                .node
-                .as_ref()
-                .is_some_and(|n| n.id == "envoy-ratelimit")
-                && s.request.version_info == "1"
-        })
+        plane.acknowledged("envoy-ratelimit", "1")
     })
     .await;
     assert!(seen, "the rules were not acknowledged:\n{}", server.log());

@@ -98,6 +98,15 @@ impl ControlPlane {
         self.seen.lock().unwrap().iter().cloned().collect()
     }
 
+    /// Whether the node `node_id` has asked with version `version`: it acknowledged that
+    /// version's rules.
+    pub fn acknowledged(&self, node_id: &str, version: &str) -> bool {
+        self.seen.lock().unwrap().iter().any(|s| {
+            let node = s.request.node.as_ref();
+            node.is_some_and(|n| n.id == node_id) && s.request.version_info == version
+        })
+    }
+
     /// The gRPC service.
     pub fn service(&self) -> AggregatedDiscoveryServiceServer<ControlPlane> {
         AggregatedDiscoveryServiceServer::new(self.clone())

@@ -5,8 +5,11 @@
 //! whose last lease lapses first is evicted (its places are freed early, as when its
 //! leases run out).
 
-use std::collections::HashMap;
+use std::hash::{BuildHasher, Hasher};
 use std::sync::Mutex;
+
+use foldhash::fast::RandomState;
+use hashbrown::HashTable;
 
 use crate::counting::counter_key::CounterKey;
 use crate::counting::lease::{Lease, LeaseSet};
@@ -14,13 +17,20 @@ use crate::counting::lease::{Lease, LeaseSet};
 /// How many sets an eviction looks at.
 const EVICTION_SAMPLE: usize = 8;
 
-/// A set's name: its limit's identity and the joined values of its key.
-type SetName = (u64, Box<[u8]>);
+/// One key's set: its limit's identity and the joined values of its key name it.
+#[derive(Debug)]
+struct Held {
+    hash: u64,
+    identity: u64,
+    values: Box<[u8]>,
+    set: LeaseSet,
+}
 
-/// Lease sets by name.
+/// Lease sets by key, found without writing the key out.
 #[derive(Debug)]
 pub(crate) struct LeaseTable {
-    sets: Mutex<HashMap<SetName, LeaseSet>>,
+    sets: Mutex<HashTable<Held>>,
+    hasher: RandomState,
     max_sets: usize,
 }
 
@@ -28,7 +38,8 @@ impl LeaseTable {
     /// A table of at most `max_sets` sets.
     pub fn new(max_sets: usize) -> LeaseTable {
         LeaseTable {
-            sets: Mutex::new(HashMap::new()),
+            sets: Mutex::new(HashTable::new()),
+            hasher: RandomState::default(),
             max_sets: max_sets.max(1),
         }
     }
@@ -42,17 +53,17 @@ impl LeaseTable {
         hits: u64,
         now_ms: u64,
     ) -> (u64, bool) {
+        let hash = self.hash(key);
         let mut sets = self.sets.lock().unwrap_or_else(|e| e.into_inner());
-        let name = (key.identity, key.values.join());
-        if let Some(set) = sets.get_mut(&name) {
-            return (set.acquire(lease, hits > 0, now_ms), false);
+        if let Some(held) = sets.find_mut(hash, is(key)) {
+            return (held.set.acquire(lease, hits > 0, now_ms), false);
         }
         if hits == 0 {
             return (0, false);
         }
         let mut evicted = false;
         if sets.len() >= self.max_sets {
-            sets.retain(|_, set| set.in_use(now_ms) > 0);
+            sets.retain(|held| held.set.in_use(now_ms) > 0);
             if sets.len() >= self.max_sets {
                 evict_one(&mut sets);
                 evicted = true;
@@ -60,29 +71,36 @@ impl LeaseTable {
         }
         let mut set = LeaseSet::default();
         let in_use = set.acquire(lease, true, now_ms);
-        sets.insert(name, set);
+        let held = Held {
+            hash,
+            identity: key.identity,
+            values: key.values.join(),
+            set,
+        };
+        sets.insert_unique(hash, held, |h| h.hash);
         (in_use, evicted)
     }
 
     /// [`LeaseSet::release`] of `lease` on the set of `key`: the places still in use.
     pub fn release(&self, key: &CounterKey<'_>, lease: Lease, now_ms: u64) -> u64 {
+        let hash = self.hash(key);
         let mut sets = self.sets.lock().unwrap_or_else(|e| e.into_inner());
-        let name = (key.identity, key.values.join());
-        let Some(set) = sets.get_mut(&name) else {
+        let Ok(mut entry) = sets.find_entry(hash, is(key)) else {
             return 0;
         };
-        let left = set.release(lease.id, now_ms);
-        if set.is_empty() {
-            sets.remove(&name);
+        let left = entry.get_mut().set.release(lease.id, now_ms);
+        if entry.get().set.is_empty() {
+            entry.remove();
         }
         left
     }
 
     /// Places in use on the set of `key`, changing nothing.
     pub fn in_use(&self, key: &CounterKey<'_>, now_ms: u64) -> u64 {
+        let hash = self.hash(key);
         let sets = self.sets.lock().unwrap_or_else(|e| e.into_inner());
-        let name = (key.identity, key.values.join());
-        sets.get(&name).map_or(0, |set| set.in_use(now_ms))
+        sets.find(hash, is(key))
+            .map_or(0, |held| held.set.in_use(now_ms))
     }
 
     /// Sets held and their approximate bytes.
@@ -90,21 +108,35 @@ impl LeaseTable {
         let sets = self.sets.lock().unwrap_or_else(|e| e.into_inner());
         let bytes = sets
             .iter()
-            .map(|((_, values), set)| 64 + values.len() + 16 * set.len())
+            .map(|held| 64 + held.values.len() + 16 * held.set.len())
             .sum();
         (sets.len(), bytes)
     }
+
+    fn hash(&self, key: &CounterKey<'_>) -> u64 {
+        let mut hasher = self.hasher.build_hasher();
+        hasher.write_u64(key.identity);
+        key.values.hash_into(&mut hasher);
+        hasher.finish()
+    }
+}
+
+/// Whether `held` is the set of `key`.
+fn is<'k>(key: &'k CounterKey<'_>) -> impl Fn(&Held) -> bool + 'k {
+    move |held| held.identity == key.identity && key.values.matches(&held.values)
 }
 
 /// Removes the set whose last lease lapses first among a few.
-fn evict_one(sets: &mut HashMap<SetName, LeaseSet>) {
+fn evict_one(sets: &mut HashTable<Held>) {
     let victim = sets
         .iter()
         .take(EVICTION_SAMPLE)
-        .min_by_key(|(_, set)| set.expires_ms())
-        .map(|(name, _)| name.clone());
-    if let Some(name) = victim {
-        sets.remove(&name);
+        .min_by_key(|held| held.set.expires_ms())
+        .map(|held| (held.hash, held.identity, held.values.clone()));
+    if let Some((hash, identity, values)) = victim
+        && let Ok(entry) = sets.find_entry(hash, |h| h.identity == identity && h.values == values)
+    {
+        entry.remove();
     }
 }
 

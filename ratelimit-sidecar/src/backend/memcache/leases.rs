@@ -10,7 +10,6 @@ use super::protocol::Reply;
 /// A lease set to write back, and what the request is answered once it is stored.
 #[derive(Clone, Debug)]
 pub(super) struct Put {
-    pub tries: usize,
     pub text: Box<[u8]>,
     /// Seconds the value lives: until its newest lease lapses.
     pub lifetime: u64,
@@ -26,7 +25,7 @@ pub(super) enum Next {
 }
 
 /// The request of `item` (a concurrency limit's) on the set `reply` holds.
-pub(super) fn after_gets(item: &Increment, reply: Reply, tries: usize) -> Result<Next, String> {
+pub(super) fn after_gets(item: &Increment, reply: Reply) -> Result<Next, String> {
     let (mut set, token) = match reply {
         Reply::NotFound => (LeaseSet::default(), None),
         Reply::Text { data, token } => (decode(&data)?, Some(token)),
@@ -42,7 +41,6 @@ pub(super) fn after_gets(item: &Increment, reply: Reply, tries: usize) -> Result
         return Ok(Next::Done(answer));
     }
     Ok(Next::Put(Put {
-        tries,
         text: set.encode().into_bytes().into(),
         lifetime: set.expires_ms().saturating_sub(item.now_ms).div_ceil(1_000) + 1,
         token,

@@ -15,7 +15,7 @@ use ratelimit_service_kit::clock::unix_now;
 use smallvec::{SmallVec, smallvec};
 
 use super::connection::Link;
-use super::leases::{self, Next, Put};
+use super::leases::{self, Next};
 use super::protocol::{Commands, Reply};
 use super::{LONGEST_RELATIVE_EXPIRY, RACE_ATTEMPTS};
 use crate::backend::Totals;
@@ -36,21 +36,27 @@ enum Step {
     Get,
     /// `gets` a token bucket (or a refund's), or a lease set.
     Gets(usize),
-    /// Store a bucket's new time with `cas` (`add` when it had none), then answer.
+    /// Store a bucket's new time or a lease set with `cas` (`add` when there was none),
+    /// then answer.
     Swap(Swap),
-    /// Store a lease set with `cas` (`add` when there was none), then answer.
-    Put(Put),
     Done(u64),
 }
 
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 struct Swap {
     tries: usize,
-    value: u64,
+    value: Value,
     expiry: u64,
-    /// `None`: no bucket yet, so `add`.
+    /// `None`: no value yet, so `add`.
     token: Option<u64>,
     answer: u64,
+}
+
+/// What a swap stores: a bucket's time, or a lease set's text.
+#[derive(Clone, Debug)]
+enum Value {
+    Number(u64),
+    Text(Box<[u8]>),
 }
 
 /// Why a counter's operation failed.
@@ -155,7 +161,7 @@ fn held(items: &[&Increment], steps: &[Step]) -> SmallVec<[bool; 4]> {
         return held;
     }
     let mut buckets: SmallVec<[usize; 4]> = (0..steps.len())
-        .filter(|&i| matches!(steps[i], Step::Gets(_) | Step::Swap(_) | Step::Put(_)))
+        .filter(|&i| matches!(steps[i], Step::Gets(_) | Step::Swap(_)))
         .collect();
     if buckets.len() < 2 {
         return held;
@@ -191,17 +197,12 @@ fn send(commands: &mut Commands<'_>, item: &Increment, step: &Step, jitter_max: 
         Step::Decr => commands.decr(key, item.store_hits()),
         Step::Get => commands.get(key),
         Step::Gets(_) => commands.gets(key),
-        Step::Swap(swap) => match swap.token {
-            Some(token) => commands.cas(key, swap.value, swap.expiry, token),
-            None => commands.add(key, swap.value, swap.expiry),
+        Step::Swap(swap) => match (&swap.value, swap.token) {
+            (Value::Number(n), Some(token)) => commands.cas(key, *n, swap.expiry, token),
+            (Value::Number(n), None) => commands.add(key, *n, swap.expiry),
+            (Value::Text(text), Some(token)) => commands.cas_text(key, text, swap.expiry, token),
+            (Value::Text(text), None) => commands.add_text(key, text, swap.expiry),
         },
-        Step::Put(put) => {
-            let expiry = expiry(put.lifetime, item.now_ms / 1_000);
-            match put.token {
-                Some(token) => commands.cas_text(key, &put.text, expiry, token),
-                None => commands.add_text(key, &put.text, expiry),
-            }
-        }
         Step::Done(_) => {}
     }
 }
@@ -236,19 +237,16 @@ fn next(item: &Increment, step: Step, reply: Reply) -> Result<Step, Error> {
         (Step::Gets(tries), reply @ (Reply::NotFound | Reply::Text { .. }))
             if matches!(item.op, CounterOp::Acquire(_) | CounterOp::Release(_)) =>
         {
-            match leases::after_gets(item, reply, tries)? {
+            match leases::after_gets(item, reply)? {
                 Next::Done(answer) => Step::Done(answer),
-                Next::Put(put) => Step::Put(put),
+                Next::Put(put) => Step::Swap(Swap {
+                    tries,
+                    value: Value::Text(put.text),
+                    expiry: expiry(put.lifetime, item.now_ms / 1_000),
+                    token: put.token,
+                    answer: put.answer,
+                }),
             }
-        }
-        (Step::Put(put), Reply::Stored) => Step::Done(put.answer),
-        (Step::Put(put), Reply::Exists | Reply::NotFound | Reply::NotStored)
-            if put.tries + 1 < RACE_ATTEMPTS =>
-        {
-            Step::Gets(put.tries + 1)
-        }
-        (Step::Put(_), Reply::Exists | Reply::NotFound | Reply::NotStored) => {
-            return Err("a lease set kept changing between gets and cas".into());
         }
         (Step::Gets(tries), found @ (Reply::Found { .. } | Reply::NotFound)) => {
             let current = match found {
@@ -267,8 +265,12 @@ fn next(item: &Increment, step: Step, reply: Reply) -> Result<Step, Error> {
         {
             Step::Gets(swap.tries + 1)
         }
-        (Step::Swap(_), Reply::Exists | Reply::NotFound | Reply::NotStored) => {
-            return Err("a token bucket kept changing between gets and cas".into());
+        (Step::Swap(swap), Reply::Exists | Reply::NotFound | Reply::NotStored) => {
+            let what = match swap.value {
+                Value::Number(_) => "a token bucket",
+                Value::Text(_) => "a lease set",
+            };
+            return Err(format!("{what} kept changing between gets and cas"));
         }
         (step, reply) => return Err(format!("unexpected reply to {step:?}: {reply:?}")),
     })
@@ -307,7 +309,7 @@ fn swap(
     let lifetime = Bucket::expiry_ms(value, item.now_ms).div_ceil(1_000) + 1;
     Step::Swap(Swap {
         tries,
-        value,
+        value: Value::Number(value),
         expiry: expiry(lifetime, item.now_ms / 1_000),
         token: current.map(|(_, token)| token),
         answer,

@@ -73,20 +73,26 @@ impl Table {
     pub fn apply(&self, increment: &Increment) -> (u64, u64) {
         let (hash, mut shard) = self.lock(&increment.key);
         let now = increment.now_ms / 1_000;
-        let mut evicted = 0;
         let key = increment.key.as_str();
-        if find(&mut shard, hash, key).is_none() {
+        // A full shard makes room before a new key goes in; otherwise one lookup.
+        let mut evicted = 0;
+        if shard.len() >= self.max_per_shard && find(&mut shard, hash, key).is_none() {
             evicted = make_room(&mut shard, self.max_per_shard, now);
-            let entry = Entry {
+        }
+        let entry = shard
+            .entry(
+                hash,
+                |e| e.hash == hash && *e.counter.key == *key,
+                |e| e.hash,
+            )
+            .or_insert_with(|| Entry {
                 hash,
                 known: 0,
                 pending: 0,
                 read: false,
                 counter: increment.clone(),
-            };
-            shard.insert_unique(hash, entry, |e| e.hash);
-        }
-        let entry = find(&mut shard, hash, key).expect("inserted above");
+            })
+            .into_mut();
         let hits = i64::try_from(increment.store_hits()).unwrap_or(i64::MAX);
         match increment.op {
             CounterOp::Add => entry.pending = entry.pending.saturating_add(hits),
@@ -183,9 +189,6 @@ fn find<'a>(shard: &'a mut Shard, hash: u64, key: &str) -> Option<&'a mut Entry>
 /// Room for one more key in a full shard: keys whose window ended go first, then the one
 /// whose window ends soonest among a few. Returns the unsent hits that went with them.
 fn make_room(shard: &mut Shard, max: usize, now: u64) -> u64 {
-    if shard.len() < max {
-        return 0;
-    }
     let mut dropped = 0;
     shard.retain(|entry| {
         let live = entry.counter.expires > now;
