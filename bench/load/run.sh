@@ -5,7 +5,7 @@
 # and answering one pre-encoded message and `grpc-status: 0`, with no gRPC or protobuf
 # work, so every microsecond above it is the server's own. rls-tonic, tonic's generated
 # server answering OK without deciding, is a second reference. The servers under test are
-# the sidecar on the memory backend, on Redis and on memcached, each pinned to CPU 0 (so
+# the sidecar on the memory backend, on Redis (exact, and write-behind) and on memcached, each pinned to CPU 0 (so
 # one worker), the same memory sidecar with every statistics output on (statsd over UDP
 # flushed every second, Prometheus scraped every 2 s; the other has DISABLE_STATS=true),
 # and the sidecar on memory with GRPC_WORKERS=2 unpinned, against the floor on two
@@ -85,7 +85,10 @@ if command -v redis-server >/dev/null; then
 	wait_port "$redis_port"
 	start redis 0 "${SIDECAR[@]}" BACKEND_TYPE=redis REDIS_SOCKET_TYPE=tcp \
 		REDIS_URL="127.0.0.1:$redis_port" "$BIN/ratelimit"
-	SERVERS+=(redis)
+	# The same with write-behind counters (WRITE_BEHIND=true, on the same Redis).
+	start redis-behind 0 "${SIDECAR[@]}" BACKEND_TYPE=redis REDIS_SOCKET_TYPE=tcp \
+		REDIS_URL="127.0.0.1:$redis_port" WRITE_BEHIND=true "$BIN/ratelimit"
+	SERVERS+=(redis redis-behind)
 fi
 if command -v memcached >/dev/null; then
 	memcached_port=$(free_port)
@@ -196,7 +199,7 @@ by = collections.defaultdict(list)
 for r, server, tool, keys, requests, errors, secs, p50, p99, ticks in rows:
     by[(tool, keys, server)].append((int(r), int(requests), int(errors), float(secs), p50, p99, int(ticks)))
 print(f"{'load':<16} {'server':<12} {'req/s':>8} {'vs floor':>8} {'rounds':>9} {'CPU us/req':>10} {'x floor':>7} {'p50 us':>7} {'p99 us':>7} {'errors':>6} {'vs base':>17}")
-BASE = ["floor", "tonic", "memory", "sinks", "redis", "memcache", "upstream-redis",
+BASE = ["floor", "tonic", "memory", "sinks", "redis", "redis-behind", "memcache", "upstream-redis",
         "upstream-memcache", "floor-2w", "memory-2w", "redis-2w", "upstream-redis-2t"]
 ORDER = BASE + [s + pair for s in ("floor", "memory", "redis", "memcache")]
 def rates(tool, keys, server):
